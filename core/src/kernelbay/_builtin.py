@@ -1,0 +1,60 @@
+"""The core's own plugin: the always-available plain-torch reference backends."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from kernelbay._version import PLUGIN_API_VERSION
+from kernelbay.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from kernelbay.layers import (
+        AttentionBackend,
+        CheckpointFormat,
+        Collective,
+        LinearMethod,
+        Proposer,
+    )
+
+KERNELBAY_PLUGIN_API = PLUGIN_API_VERSION
+
+
+@hookimpl
+def kernelbay_checkpoint_formats() -> Sequence[type[CheckpointFormat]]:
+    """The unquantized format."""
+    from kernelbay.layers.unquantized_format import UnquantizedFormat
+
+    return [UnquantizedFormat]
+
+
+@hookimpl
+def kernelbay_linear_methods() -> Sequence[type[LinearMethod]]:
+    """The unquantized torch linear."""
+    from kernelbay.layers.torch_linear import TorchUnquantizedLinear
+
+    return [TorchUnquantizedLinear]
+
+
+@hookimpl
+def kernelbay_attention_backends() -> Sequence[type[AttentionBackend]]:
+    """Paged attention in plain torch."""
+    from kernelbay.layers.torch_attention import TorchPagedAttention
+
+    return [TorchPagedAttention]
+
+
+@hookimpl
+def kernelbay_proposers() -> Sequence[type[Proposer]]:
+    """The n-gram (prompt lookup) proposer."""
+    from kernelbay.layers.ngram_proposer import NGramProposer
+
+    return [NGramProposer]
+
+
+@hookimpl
+def kernelbay_collectives() -> Sequence[type[Collective]]:
+    """torch.distributed collectives."""
+    from kernelbay.layers.torch_collectives import TorchDistributedCollective
+
+    return [TorchDistributedCollective]

@@ -1,0 +1,73 @@
+"""The ``kernelbay`` command: ``plugins``, ``doctor``, ``explain``.
+
+Each subcommand imports what it needs when it runs, so ``kernelbay plugins`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from kernelbay._version import PLUGIN_API_VERSION, __version__
+from kernelbay.errors import KernelbayError
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kernelbay",
+        description="Pick and explain LLM inference backends from installed plugins.")
+    parser.add_argument("--version", action="version",
+                        version=f"kernelbay {__version__} (plugin API {PLUGIN_API_VERSION})")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("plugins", help="list installed plugins and what each offers")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="show tracebacks of plugins that failed to load")
+
+    p = sub.add_parser("doctor", help="device facts and what each plugin can do here")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--device", help="describe a device instead of probing (sm_90, cpu+amx)")
+
+    p = sub.add_parser("explain", help="the per-layer plan of a checkpoint with every verdict")
+    p.add_argument("model", help="path of a local checkpoint folder")
+    p.add_argument("--device", help="plan for this device (sm_100, sm_90, gfx950, cpu+amx)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    p.add_argument("--kv-cache", default="auto", help="KV-cache record kind (default auto)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="print every candidate's verdict for every layer group")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``kernelbay`` console script."""
+    args = _parser().parse_args(argv)
+    try:
+        from kernelbay.policy import Policy
+
+        policy = Policy.from_env()
+        if getattr(args, "device", None):
+            policy = policy.updated(device=args.device)
+        if args.command == "plugins":
+            from kernelbay.cli.plugins_cmd import run_plugins
+
+            return run_plugins(policy, as_json=args.json, verbose=args.verbose)
+        if args.command == "doctor":
+            from kernelbay.cli.doctor import run_doctor
+
+            return run_doctor(policy, as_json=args.json)
+        if args.command == "explain":
+            from kernelbay.cli.explain import run_explain
+
+            if args.tp < 1:
+                raise KernelbayError(f"--tp must be >= 1, got {args.tp}")
+            return run_explain(policy, args.model, tp_size=args.tp, kv_cache=args.kv_cache,
+                               as_json=args.json, verbose=args.verbose)
+    except KernelbayError as exc:
+        print(f"kernelbay: error: {exc}", file=sys.stderr)
+        return 2
+    return 2

@@ -1,0 +1,5 @@
+"""``python -m kernelbay.cli``."""
+
+from kernelbay.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,26 @@
+"""Base classes of the five backend kinds, and the core's plain-torch reference backends.
+
+Importing this package imports no torch: the references import it when they run.
+"""
+
+from kernelbay.layers.attention import AttentionBackend, AttentionMetadata, KVCacheLayout
+from kernelbay.layers.checkpoint_format import CheckpointFormat, LinearModule
+from kernelbay.layers.collective import Collective
+from kernelbay.layers.device_probe import DeviceProbe
+from kernelbay.layers.linear import LinearMethod, TensorSpec
+from kernelbay.layers.proposer import DraftBuffers, DraftLogitsSpec, Proposer
+
+__all__ = [
+    "AttentionBackend",
+    "AttentionMetadata",
+    "CheckpointFormat",
+    "Collective",
+    "DeviceProbe",
+    "DraftBuffers",
+    "DraftLogitsSpec",
+    "KVCacheLayout",
+    "LinearMethod",
+    "LinearModule",
+    "Proposer",
+    "TensorSpec",
+]

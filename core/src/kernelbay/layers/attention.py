@@ -1,0 +1,82 @@
+"""Attention backends: the KV-cache record layout, writing K/V into pages, and attention."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, final
+
+from kernelbay.backend import Backend
+from kernelbay.kinds import BackendKind
+from kernelbay.requests import AttentionRequest
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["AttentionBackend", "AttentionMetadata", "KVCacheLayout"]
+
+
+@final
+@dataclass(frozen=True)
+class KVCacheLayout:
+    """What one token of one layer occupies in the paged cache, and how pages align.
+
+    The engine sizes the cache from this, never from literals: ``page_bytes`` is the page
+    stride, rounded up to ``alignment`` bytes.
+    """
+
+    bytes_per_token: int
+    page_size: int
+    alignment: int = 256
+    record: str = ""
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes per page of one layer, rounded up to the alignment."""
+        raw = self.bytes_per_token * self.page_size
+        return -(-raw // self.alignment) * self.alignment
+
+    def pages_for(self, budget_bytes: int, num_layers: int) -> int:
+        """How many pages fit in ``budget_bytes`` when every one of ``num_layers`` layers has one."""
+        return max(0, budget_bytes // (self.page_bytes * max(1, num_layers)))
+
+
+@dataclass
+class AttentionMetadata:
+    """Where a batch's tokens live in the paged cache (torch tensors on the compute device).
+
+    ``query_start_loc`` [B+1] cumulative new-token counts; ``seq_lens`` [B] context length
+    after this step (new tokens included); ``block_tables`` [B, max_pages] page ids;
+    ``slot_mapping`` [T] ``page * page_size + offset`` of each new token.
+    """
+
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_tables: torch.Tensor
+    slot_mapping: torch.Tensor
+
+
+class AttentionBackend(Backend[AttentionRequest]):
+    """One way to store K/V in pages and attend over them; an instance serves one layer kind."""
+
+    kind: ClassVar[BackendKind] = BackendKind.ATTENTION
+
+    def __init__(self, request: AttentionRequest) -> None:
+        self.request = request
+
+    def kv_layout(self) -> KVCacheLayout:
+        """The record layout of one token of one layer."""
+        raise NotImplementedError(f"{type(self).__qualname__} does not implement kv_layout")
+
+    def allocate_cache(self, num_pages: int, device: torch.device | str) -> torch.Tensor:
+        """An empty cache of ``num_pages`` pages for one layer."""
+        raise NotImplementedError(f"{type(self).__qualname__} does not implement allocate_cache")
+
+    def write_kv(self, cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None,
+                 slot_mapping: torch.Tensor) -> None:
+        """Store the new tokens' keys and values (for MLA: the latent, ``value`` None)."""
+        raise NotImplementedError(f"{type(self).__qualname__} does not implement write_kv")
+
+    def forward(self, query: torch.Tensor, cache: torch.Tensor, metadata: AttentionMetadata,
+                scale: float) -> torch.Tensor:
+        """Causal attention of the new queries [T, H, D] over each sequence's cached context."""
+        raise NotImplementedError(f"{type(self).__qualname__} does not implement forward")

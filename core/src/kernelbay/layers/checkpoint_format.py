@@ -1,0 +1,50 @@
+"""Checkpoint formats: recognise a quantization config and give each layer its scheme."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, final
+
+from kernelbay.backend import Backend
+from kernelbay.kinds import BackendKind
+from kernelbay.requests import FormatRequest, QuantScheme
+
+if TYPE_CHECKING:
+    from kernelbay.checkpoint.tensors import TensorInfo
+
+__all__ = ["CheckpointFormat", "LinearModule"]
+
+
+@final
+@dataclass(frozen=True)
+class LinearModule:
+    """A linear layer found in a checkpoint, with its logical (unpacked) shape."""
+
+    name: str
+    in_features: int
+    out_features: int
+    bias: bool
+    role: str
+    dtype: str
+
+
+class CheckpointFormat(Backend[FormatRequest]):
+    """Reads one family of checkpoints; ``can_implement`` says whether it recognises the
+    quantization config, and an instance (built on that request) answers per layer."""
+
+    kind: ClassVar[BackendKind] = BackendKind.CHECKPOINT_FORMAT
+
+    def __init__(self, request: FormatRequest) -> None:
+        self.request = request
+
+    def scheme_for(self, module: str) -> QuantScheme:
+        """The quant scheme of the linear layer ``module`` (unquantized for excluded layers)."""
+        raise NotImplementedError(f"{type(self).__qualname__} does not implement scheme_for")
+
+    def linear_modules(self, tensors: Mapping[str, TensorInfo]) -> Sequence[LinearModule]:
+        """The linear layers among ``tensors`` (default: each 2-D ``<module>.weight`` that is
+        not an embedding), with their logical shapes."""
+        from kernelbay.checkpoint.layout import plain_linear_modules
+
+        return plain_linear_modules(tensors)

@@ -1,0 +1,114 @@
+"""The always-available paged attention for MHA/GQA/MQA, in plain torch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from kernelbay._version import PLUGIN_API_VERSION
+from kernelbay.layers.attention import AttentionBackend, AttentionMetadata, KVCacheLayout
+from kernelbay.requests import AttentionRequest
+from kernelbay.verdict import Verdict
+
+if TYPE_CHECKING:
+    import torch
+
+    from kernelbay.device import DeviceCapability
+
+__all__ = ["TorchPagedAttention"]
+
+# Record kinds this backend stores, by name, with the torch dtype and its size in bytes.
+_RECORDS = {"bf16": ("bfloat16", 2), "fp16": ("float16", 2), "fp32": ("float32", 4)}
+_DTYPE_RECORD = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def _record(request: AttentionRequest) -> str:
+    return _DTYPE_RECORD.get(request.dtype, "?") if request.kv_cache == "auto" else request.kv_cache
+
+
+class TorchPagedAttention(AttentionBackend):
+    """Paged causal attention in plain torch: K and V pages, fp32 softmax, any device.
+
+    Cache layout per layer: ``[num_pages, 2, page_size, num_kv_heads, head_dim]``.
+    """
+
+    name: ClassVar[str] = "torch-paged"
+    api_version: ClassVar[str] = PLUGIN_API_VERSION
+    priority: ClassVar[int] = 0
+    batch_invariant: ClassVar[bool] = True
+    summary: ClassVar[str] = "MHA/GQA/MQA paged attention in plain torch, any device"
+
+    @classmethod
+    def can_implement(cls, request: AttentionRequest, device: DeviceCapability) -> Verdict:
+        r = request
+        return Verdict.all(
+            Verdict.check(r.attention in ("mha", "gqa", "mqa"),
+                          f"implements mha/gqa/mqa, request is {r.attention!r}"),
+            Verdict.check(_record(r) in _RECORDS,
+                          f"stores K/V records {sorted(_RECORDS)} only, request asks "
+                          f"{r.kv_cache!r} with dtype {r.dtype!r}"),
+            Verdict.check(r.num_kv_heads > 0 and r.num_heads % r.num_kv_heads == 0,
+                          f"needs num_heads a multiple of num_kv_heads, got {r.num_heads} "
+                          f"and {r.num_kv_heads}"),
+            Verdict.check(r.v_head_dim in (None, r.head_dim),
+                          f"needs v_head_dim == head_dim, got {r.v_head_dim} and {r.head_dim}"),
+            Verdict.check(r.sparse_topk is None,
+                          f"has no sparse top-k attention, request asks top-{r.sparse_topk}"),
+        )
+
+    def kv_layout(self) -> KVCacheLayout:
+        r = self.request
+        record = _record(r)
+        itemsize = _RECORDS[record][1]
+        return KVCacheLayout(2 * r.num_kv_heads * r.head_dim * itemsize, r.page_size,
+                             record=record)
+
+    def allocate_cache(self, num_pages: int, device: torch.device | str) -> torch.Tensor:
+        import torch
+
+        r = self.request
+        dtype = getattr(torch, _RECORDS[_record(r)][0])
+        return torch.zeros((num_pages, 2, r.page_size, r.num_kv_heads, r.head_dim),
+                           dtype=dtype, device=device)
+
+    def write_kv(self, cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None,
+                 slot_mapping: torch.Tensor) -> None:
+        if value is None:
+            raise ValueError(f"{self.name}: write_kv needs a value tensor for "
+                             f"{self.request.attention!r} attention")
+        page_size = self.request.page_size
+        pages = slot_mapping // page_size
+        offsets = slot_mapping % page_size
+        cache[pages, 0, offsets] = key.to(cache.dtype)
+        cache[pages, 1, offsets] = value.to(cache.dtype)
+
+    def forward(self, query: torch.Tensor, cache: torch.Tensor, metadata: AttentionMetadata,
+                scale: float) -> torch.Tensor:
+        import torch
+
+        r = self.request
+        group = r.num_heads // r.num_kv_heads
+        out = torch.empty_like(query)
+        starts = metadata.query_start_loc.tolist()
+        lengths = metadata.seq_lens.tolist()
+        for b, context in enumerate(lengths):
+            q = query[starts[b]:starts[b + 1]].float()            # [L, H, D]
+            num_new = q.shape[0]
+            if num_new == 0:
+                continue
+            num_pages = -(-context // r.page_size)
+            pages = metadata.block_tables[b, :num_pages].long()
+            kv = cache[pages].float()                             # [P, 2, S, Hkv, D]
+            k = kv[:, 0].reshape(-1, r.num_kv_heads, r.head_dim)[:context]
+            v = kv[:, 1].reshape(-1, r.num_kv_heads, r.head_dim)[:context]
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
+            scores = torch.einsum("lhd,chd->hlc", q, k) * scale   # [H, L, C]
+            q_pos = torch.arange(context - num_new, context, device=q.device)[:, None]
+            k_pos = torch.arange(context, device=q.device)[None, :]
+            allowed = k_pos <= q_pos
+            if r.sliding_window is not None:
+                allowed &= k_pos > q_pos - r.sliding_window
+            scores = scores.masked_fill(~allowed, float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
+            out[starts[b]:starts[b + 1]] = torch.einsum("hlc,chd->lhd", probs, v).to(out.dtype)
+        return out

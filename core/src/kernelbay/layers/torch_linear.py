@@ -1,0 +1,59 @@
+"""The always-available unquantized linear method, in plain torch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, ClassVar
+
+from kernelbay._version import PLUGIN_API_VERSION
+from kernelbay.layers.linear import LinearMethod, TensorSpec
+from kernelbay.requests import LinearRequest
+from kernelbay.verdict import Verdict
+
+if TYPE_CHECKING:
+    import torch
+
+    from kernelbay.device import DeviceCapability
+
+__all__ = ["TorchUnquantizedLinear"]
+
+_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+class TorchUnquantizedLinear(LinearMethod):
+    """``torch.nn.functional.linear`` on unquantized weights, on any device."""
+
+    name: ClassVar[str] = "torch-unquantized"
+    api_version: ClassVar[str] = PLUGIN_API_VERSION
+    priority: ClassVar[int] = 0
+    summary: ClassVar[str] = "unquantized weights, torch F.linear, any device"
+
+    @classmethod
+    def can_implement(cls, request: LinearRequest, device: DeviceCapability) -> Verdict:
+        return Verdict.all(
+            Verdict.check(not request.scheme.is_quantized,
+                          f"handles unquantized weights only, layer is "
+                          f"{request.scheme.describe()}"),
+            Verdict.check(request.activation_dtype in _FLOAT_DTYPES,
+                          f"needs activation dtype in {_FLOAT_DTYPES}, "
+                          f"request has {request.activation_dtype!r}"),
+        )
+
+    def tensor_specs(self) -> Mapping[str, TensorSpec]:
+        r = self.request
+        weight_shard = {"column": 0, "row": 1}.get(r.parallel)
+        specs = {"weight": TensorSpec((r.out_features, r.in_features), r.activation_dtype,
+                                      weight_shard)}
+        if r.bias:
+            specs["bias"] = TensorSpec((r.out_features,), r.activation_dtype,
+                                       0 if r.parallel == "column" else None)
+        return specs
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        bias = getattr(layer, "bias", None)
+        # Row-parallel partial sums are all-reduced afterwards: add the bias on one rank only.
+        if self.request.parallel == "row" and self.request.tp_rank != 0:
+            bias = None
+        return F.linear(x, layer.weight, bias)
