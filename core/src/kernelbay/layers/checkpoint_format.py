@@ -11,6 +11,8 @@ from kernelbay.kinds import BackendKind
 from kernelbay.requests import FormatRequest, QuantScheme
 
 if TYPE_CHECKING:
+    import torch
+
     from kernelbay.checkpoint.tensors import TensorInfo
 
 __all__ = ["CheckpointFormat", "LinearModule"]
@@ -48,3 +50,17 @@ class CheckpointFormat(Backend[FormatRequest]):
         from kernelbay.checkpoint.layout import plain_linear_modules
 
         return plain_linear_modules(tensors)
+
+    def source_name(self, module: str, tensor: str) -> str:
+        """Checkpoint name of a layer's canonical tensor (``weight``, ``weight_scale`` ...).
+
+        Linear methods name their tensors canonically; a dialect whose files use other names
+        (``weight_packed``, ``weight_scale_inv``) maps them here. Default: ``module.tensor``.
+        """
+        return f"{module}.{tensor}"
+
+    def convert(self, module: str, tensor: str, value: torch.Tensor) -> torch.Tensor:
+        """Bring a loaded tensor to the canonical convention (e.g. a reciprocal global scale).
+        Default: unchanged."""
+        del module, tensor
+        return value
