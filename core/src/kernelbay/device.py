@@ -136,7 +136,8 @@ class DeviceCapability:
         }
 
 
-_SPEC_RE = re.compile(r"^(?P<base>[A-Za-z0-9_]+?)(?:x(?P<count>\d+))?(?P<flags>(\+[A-Za-z0-9_]+)*)$")
+_SPEC_RE = re.compile(r"^(?P<base>sm_\d{2,3}|gfx[0-9a-f]{3,4}|cpu)(?:x(?P<count>\d+))?"
+                      r"(?P<flags>(\+[A-Za-z0-9_]+)*)$", re.IGNORECASE)
 _VALID_SPECS = ("sm_<major><minor> (sm_80, sm_90, sm_100, sm_120)", "gfx942", "gfx950",
                 "cpu", "cpu+amx", "cpu+avx512_bf16", "cpu+avx2",
                 "<base>x<count> for several devices (sm_90x2)",
@@ -160,7 +161,7 @@ def parse_device(spec: str) -> DeviceCapability:
     p2p = True if ("p2p" in flags or multicast) else None
     extra = frozenset(f for f in flags if f not in ("multicast", "p2p"))
     described = f"described by {text!r}"
-    if base.startswith("sm_") and base[3:].isdigit() and len(base) >= 5:
+    if base.startswith("sm_"):
         digits = base[3:]
         cc = (int(digits[:-1]), int(digits[-1]))
         if count > 1 and p2p is None:

@@ -1,0 +1,3 @@
+"""A fake plugin that raises at import."""
+
+raise RuntimeError("fake plugin exploded at import")
