@@ -7,7 +7,6 @@ import os
 import struct
 
 import pytest
-
 from kernelbay import CheckpointError
 from kernelbay.checkpoint import CheckpointFolder, ModelConfig, read_safetensors_header
 from kernelbay.checkpoint.config import load_json_model

@@ -8,11 +8,10 @@ import subprocess
 import sys
 
 import pytest
-
 from kernelbay import BackendKind, Policy, Registry, parse_device
 from kernelbay.cli import main
-from kernelbay.plan import plan_checkpoint, shard_linear
 from kernelbay.layers import LinearModule
+from kernelbay.plan import plan_checkpoint, shard_linear
 from kernelbay.requests import UNQUANTIZED
 from kernelbay.testing.checkpoints import write_tiny_llama
 

@@ -8,7 +8,6 @@ import socket
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from kernelbay import CollectiveRequest
 from kernelbay.layers.torch_collectives import TorchDistributedCollective
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.metadata as metadata
 
 import pytest
-
 from kernelbay import (
     BackendKind,
     CandidateStatus,

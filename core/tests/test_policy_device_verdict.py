@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from kernelbay import BackendKind, ConfigError, Policy, Verdict, parse_device, probe_device
 
 

@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from kernelbay import AttentionRequest, LinearRequest, ProposerRequest, parse_device
 from kernelbay.layers import AttentionMetadata, DraftBuffers
 from kernelbay.layers.ngram_proposer import NGramProposer, ngram_lookup
@@ -60,7 +59,7 @@ def _paged_setup(lengths: list[int], new: list[int], heads: int, kv_heads: int, 
     tables = torch.zeros(len(lengths), max(pages_per_seq), dtype=torch.int32)
     used = 0
     keys, values, queries, slots = [], [], [], []
-    for b, (n, q_len) in enumerate(zip(lengths, new)):
+    for b, (n, q_len) in enumerate(zip(lengths, new, strict=True)):
         tables[b, :pages_per_seq[b]] = order[used:used + pages_per_seq[b]]
         used += pages_per_seq[b]
         k = torch.randn(n, kv_heads, dim, generator=gen)
@@ -85,7 +84,7 @@ def test_paged_attention_matches_sdpa_for_prefill_and_decode(heads: int, kv_head
         lengths, new, heads, kv_heads, 16, 8, seed=heads)
     out = backend.forward(query, cache, meta, scale=16 ** -0.5)
     start = 0
-    for b, (n, q_len) in enumerate(zip(lengths, new)):
+    for b, (n, q_len) in enumerate(zip(lengths, new, strict=True)):
         q = queries[b].transpose(0, 1)                                     # [H, L, D]
         k = keys[b].repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
         v = values[b].repeat_interleave(heads // kv_heads, 1).transpose(0, 1)

@@ -7,7 +7,6 @@ import logging
 from typing import ClassVar
 
 import pytest
-
 from kernelbay import (
     BackendKind,
     CandidateStatus,

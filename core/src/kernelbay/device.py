@@ -173,20 +173,20 @@ def parse_device(spec: str) -> DeviceCapability:
         return DeviceCapability("rocm", base, None, isa, "", None, count,
                                 p2p, bool(multicast), described)
     if base == "cpu":
-        isa: frozenset[str] = frozenset()
+        cpu_isa: frozenset[str] = frozenset()
         unknown = []
         for flag in extra:
             if flag in _CPU_SPEC_GROUPS:
-                isa |= _CPU_SPEC_GROUPS[flag]
+                cpu_isa |= _CPU_SPEC_GROUPS[flag]
             elif flag in CPU_FLAGS_OF_INTEREST:
-                isa |= {flag}
+                cpu_isa |= {flag}
             else:
                 unknown.append(flag)
         if unknown:
             valid = sorted(set(_CPU_SPEC_GROUPS) | CPU_FLAGS_OF_INTEREST)
             raise ConfigError(f"device spec {spec!r}: unknown CPU feature(s) {sorted(unknown)}; "
                               f"valid: {valid}")
-        return DeviceCapability("cpu", "x86_64", None, isa, "", None, count,
+        return DeviceCapability("cpu", "x86_64", None, cpu_isa, "", None, count,
                                 None, None, described)
     raise ConfigError(f"device spec {spec!r} is not understood; valid forms: "
                       + "; ".join(_VALID_SPECS))
@@ -227,9 +227,10 @@ def _probe_cpu() -> DeviceCapability:
 def _probe_multicast(index: int) -> bool | None:
     # Private API: answer "unknown" rather than fail if this torch lacks it.
     try:
+        from torch._C._autograd import DeviceType
         from torch._C._distributed_c10d import _SymmetricMemory
 
-        return bool(_SymmetricMemory.has_multicast_support(1, index))  # 1 = DeviceType.CUDA
+        return bool(_SymmetricMemory.has_multicast_support(DeviceType.CUDA, index))
     except Exception:
         return None
 
@@ -254,7 +255,7 @@ def _probe_gpu(index: int) -> DeviceCapability | None:
                             _probe_multicast(index), "probed")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def probe_device(index: int = 0) -> DeviceCapability:
     """Probe the device this process would compute on (GPU ``index`` if there is one).
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kernelbay.select import TraceLine
+    from kernelbay.trace import TraceLine
 
 __all__ = [
     "CheckpointError",

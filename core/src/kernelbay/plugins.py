@@ -292,10 +292,10 @@ class Registry:
                     backend_name, entry.name, CandidateStatus.BLOCKED, reason, cls.priority))
                 conflicts.setdefault(entry.name, []).append(reason)
         for entry in self._entries.values():
-            for kind, backend_name, status, reason in entry.offers.problems:
+            for problem_kind, backend_name, status, reason in entry.offers.problems:
                 trace_status = (CandidateStatus.INCOMPATIBLE if status == "incompatible"
                                 else CandidateStatus.FAILED)
-                problems.setdefault(kind, []).append(TraceLine(
+                problems.setdefault(problem_kind, []).append(TraceLine(
                     backend_name or f"<{entry.name}>", entry.name, trace_status, reason))
         for record in self._records.values():
             if record.status in (PluginStatus.FAILED, PluginStatus.INCOMPATIBLE):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from acme_kernels.upcast_linear import Fp32UpcastLinear
 from kernelbay import BackendKind, LinearRequest, Policy, Registry, parse_device, select
 

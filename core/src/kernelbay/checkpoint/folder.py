@@ -89,9 +89,9 @@ class CheckpointFolder:
                 found[name] = info
         if index is not None:
             for name, shard in index.weight_map.items():
-                info = found.get(name)
+                indexed = found.get(name)
                 expected = self.file(os.path.normpath(shard))
-                if info is None or info.file != expected:
+                if indexed is None or indexed.file != expected:
                     raise CheckpointError(index_path, f"maps the tensor to {shard!r}, but that "
                                           "shard does not hold it", tensor=name)
         return found

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from kernelbay._version import PLUGIN_API_VERSION
 from kernelbay.layers.linear import LinearMethod, TensorSpec
@@ -52,8 +52,9 @@ class TorchUnquantizedLinear(LinearMethod):
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         import torch.nn.functional as F
 
-        bias = getattr(layer, "bias", None)
+        bias: torch.Tensor | None = getattr(layer, "bias", None)
         # Row-parallel partial sums are all-reduced afterwards: add the bias on one rank only.
         if self.request.parallel == "row" and self.request.tp_rank != 0:
             bias = None
-        return F.linear(x, layer.weight, bias)
+        weight = cast("torch.Tensor", layer.weight)
+        return F.linear(x, weight, bias)

@@ -15,7 +15,6 @@ from kernelbay.layers import LinearMethod, TensorSpec
 
 if TYPE_CHECKING:
     import torch
-
     from kernelbay import DeviceCapability
 
 
