@@ -30,10 +30,11 @@ def kernelbay_checkpoint_formats() -> Sequence[type[CheckpointFormat]]:
 
 @hookimpl
 def kernelbay_linear_methods() -> Sequence[type[LinearMethod]]:
-    """The unquantized torch linear."""
+    """The unquantized and FP8 reference linears."""
+    from kernelbay.layers.torch_fp8_linear import TorchFp8DequantLinear
     from kernelbay.layers.torch_linear import TorchUnquantizedLinear
 
-    return [TorchUnquantizedLinear]
+    return [TorchUnquantizedLinear, TorchFp8DequantLinear]
 
 
 @hookimpl

@@ -116,9 +116,8 @@ class DeviceCapability:
             parts.append(f"{self.device_count} devices")
         if self.memory_bytes:
             parts.append(f"{self.memory_bytes / 2**30:.0f} GiB")
-        if self.source != "probed":
-            parts.append(f"({self.source})")
-        return ", ".join(parts)
+        text = ", ".join(parts)
+        return text if self.source == "probed" else f"{text} ({self.source})"
 
     def as_dict(self) -> dict[str, object]:
         """JSON-ready facts (stable keys)."""

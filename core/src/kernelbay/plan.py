@@ -27,6 +27,7 @@ from kernelbay.requests import (
     QuantScheme,
 )
 from kernelbay.select import Selection, select
+from kernelbay.trace import TraceLine
 
 __all__ = ["Decision", "Plan", "attention_request", "plan_checkpoint", "shard_linear"]
 
@@ -99,6 +100,12 @@ class Decision:
     request: object
     selection: Selection[Any] | None
     error: str = ""
+    failed_trace: tuple[TraceLine, ...] = ()
+
+    @property
+    def trace(self) -> tuple[TraceLine, ...]:
+        """Every candidate's outcome, whether or not one was chosen."""
+        return self.selection.trace if self.selection is not None else self.failed_trace
 
     @property
     def chosen(self) -> str:
@@ -111,7 +118,7 @@ class Decision:
         return {"module": self.module,
                 "request": describe() if callable(describe) else repr(self.request),
                 "chosen": self.chosen, "error": self.error,
-                "trace": [t.as_dict() for t in self.selection.trace] if self.selection else []}
+                "trace": [t.as_dict() for t in self.trace]}
 
 
 @final
@@ -166,7 +173,7 @@ def _decide(kind: BackendKind, module: str, request: object, device: DeviceCapab
         return Decision(module, request, select(kind, request, device, policy,
                                                 registry=registry))
     except (NoBackendError, ForcedBackendError) as exc:
-        return Decision(module, request, None, str(exc))
+        return Decision(module, request, None, str(exc), exc.trace)
 
 
 def plan_checkpoint(path: str, *, device: DeviceCapability | None = None,

@@ -6,6 +6,8 @@ Each subcommand imports what it needs when it runs, so ``kernelbay plugins`` sta
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -46,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kernelbay`` console script."""
     args = _parser().parse_args(argv)
+    # explain and doctor print every verdict; the one-line fallback warning would repeat it.
+    if args.command in ("explain", "doctor"):
+        logging.getLogger("kernelbay.select").setLevel(logging.ERROR)
     try:
         from kernelbay.policy import Policy
 
@@ -70,4 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KernelbayError as exc:
         print(f"kernelbay: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # Output piped into a pager or head that exited: not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return 2

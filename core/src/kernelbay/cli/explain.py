@@ -14,10 +14,10 @@ __all__ = ["render_plan", "run_explain"]
 
 
 def _others(decision: Decision) -> str:
-    if decision.selection is None:
-        return decision.error.splitlines()[0] if decision.error else ""
-    passed = [t for t in decision.selection.trace
+    passed = [t for t in decision.trace
               if not t.chosen and t.status is not CandidateStatus.ACCEPTED]
+    if not passed and decision.error:
+        return decision.error.splitlines()[0]
     return "; ".join(f"{t.backend}: {t.reason}" for t in passed[:3])
 
 
@@ -25,8 +25,8 @@ def _section(title: str, decision: Decision, verbose: bool) -> list[str]:
     describe = getattr(decision.request, "describe", None)
     what = describe() if callable(describe) else ""
     lines = [f"{title}: {decision.chosen}" + (f"  [{what}]" if what else "")]
-    if decision.selection is not None and verbose:
-        lines.append(render_trace(decision.selection.trace))
+    if decision.trace and verbose:
+        lines.append(render_trace(decision.trace))
     elif decision.selection is not None:
         passed = _others(decision)
         if passed:
@@ -57,9 +57,9 @@ def render_plan(plan: Plan, verbose: bool = False) -> str:
     out.append(render_table(["module", "n", "K->N", "scheme", "chosen", "passed over"], rows))
     if verbose:
         for pattern, _, d in plan.groups():
-            if d.selection is not None:
+            if d.trace:
                 out.append(f"\n{pattern}:")
-                out.append(render_trace(d.selection.trace))
+                out.append(render_trace(d.trace))
     if not plan.ok:
         out.append("\nsome layers have no backend: see the reasons above")
     return "\n".join(out)

@@ -44,6 +44,27 @@ class LinearMethod(Backend[LinearRequest]):
     def __init__(self, request: LinearRequest) -> None:
         self.request = request
 
+    @property
+    def weight_shard_dim(self) -> int | None:
+        """Dimension of the [N, K] weight split across ranks: 0 column-, 1 row-parallel."""
+        return {"column": 0, "row": 1}.get(self.request.parallel)
+
+    def bias_specs(self) -> dict[str, TensorSpec]:
+        """``{"bias": spec}`` when the layer has a bias (split with N when column-parallel)."""
+        r = self.request
+        if not r.bias:
+            return {}
+        return {"bias": TensorSpec((r.out_features,), r.activation_dtype,
+                                   0 if r.parallel == "column" else None)}
+
+    def rank_bias(self, layer: torch.nn.Module) -> torch.Tensor | None:
+        """The bias this rank adds. Row-parallel partial sums are all-reduced afterwards, so
+        only rank 0 adds the bias."""
+        if self.request.parallel == "row" and self.request.tp_rank != 0:
+            return None
+        bias: torch.Tensor | None = getattr(layer, "bias", None)
+        return bias
+
     def tensor_specs(self) -> Mapping[str, TensorSpec]:
         """Tensors this method reads, by name relative to the layer (``weight``, ``bias`` ...)."""
         raise NotImplementedError(f"{type(self).__qualname__} does not implement tensor_specs")

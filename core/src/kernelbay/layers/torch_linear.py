@@ -41,20 +41,10 @@ class TorchUnquantizedLinear(LinearMethod):
 
     def tensor_specs(self) -> Mapping[str, TensorSpec]:
         r = self.request
-        weight_shard = {"column": 0, "row": 1}.get(r.parallel)
-        specs = {"weight": TensorSpec((r.out_features, r.in_features), r.activation_dtype,
-                                      weight_shard)}
-        if r.bias:
-            specs["bias"] = TensorSpec((r.out_features,), r.activation_dtype,
-                                       0 if r.parallel == "column" else None)
-        return specs
+        return {"weight": TensorSpec((r.out_features, r.in_features), r.activation_dtype,
+                                     self.weight_shard_dim), **self.bias_specs()}
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         import torch.nn.functional as F
 
-        bias: torch.Tensor | None = getattr(layer, "bias", None)
-        # Row-parallel partial sums are all-reduced afterwards: add the bias on one rank only.
-        if self.request.parallel == "row" and self.request.tp_rank != 0:
-            bias = None
-        weight = cast("torch.Tensor", layer.weight)
-        return F.linear(x, weight, bias)
+        return F.linear(x, cast("torch.Tensor", layer.weight), self.rank_bias(layer))

@@ -42,12 +42,8 @@ class Fp32UpcastLinear(LinearMethod):
 
     def tensor_specs(self) -> Mapping[str, TensorSpec]:
         r = self.request
-        shard = {"column": 0, "row": 1}.get(r.parallel)
-        specs = {"weight": TensorSpec((r.out_features, r.in_features), r.activation_dtype, shard)}
-        if r.bias:
-            specs["bias"] = TensorSpec((r.out_features,), r.activation_dtype,
-                                       0 if r.parallel == "column" else None)
-        return specs
+        return {"weight": TensorSpec((r.out_features, r.in_features), r.activation_dtype,
+                                     self.weight_shard_dim), **self.bias_specs()}
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         import torch
@@ -58,8 +54,6 @@ class Fp32UpcastLinear(LinearMethod):
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         import torch.nn.functional as F
 
-        bias = getattr(layer, "bias", None)
-        if self.request.parallel == "row" and self.request.tp_rank != 0:
-            bias = None
+        bias = self.rank_bias(layer)
         y = F.linear(x.float(), layer.weight_fp32, None if bias is None else bias.float())
         return y.to(x.dtype)
