@@ -8,7 +8,6 @@ import os
 import re
 
 import pytest
-
 from kernelbay import hookspecs
 from kernelbay.policy import ENV_VARIABLES
 
@@ -64,7 +63,7 @@ def test_every_hook_has_a_test(hook: str) -> None:
     test_dirs = [os.path.join(ROOT, "core", "tests"), os.path.join(ROOT, "tests")]
     for folder in test_dirs:
         for name in os.listdir(folder):
-            if name.startswith("test_") and name.endswith(".py") and name != "test_docs.py":
-                if hook in _read(os.path.join(folder, name)):
-                    return
+            is_test = name.startswith("test_") and name.endswith(".py")
+            if is_test and name != "test_docs.py" and hook in _read(os.path.join(folder, name)):
+                return
     pytest.fail(f"no test under core/tests or tests/ names the hook {hook}")

@@ -56,7 +56,7 @@ def test_malformed_json_names_the_file(tmp_path: object) -> None:
     path = os.path.join(str(tmp_path), "config.json")
     with open(path, "w") as f:
         f.write("{not json")
-    with pytest.raises(CheckpointError, match="config.json: is not readable JSON"):
+    with pytest.raises(CheckpointError, match=r"config\.json: is not readable JSON"):
         load_json_model(path, ModelConfig)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import pytest
-
 from kernelbay import (
     AttentionRequest,
     BackendKind,

@@ -5,9 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
-from kernelbay import BackendKind, LinearRequest, QuantScheme, Registry, Policy, parse_device
-from kernelbay import select
+from kernelbay import (
+    BackendKind,
+    LinearRequest,
+    Policy,
+    QuantScheme,
+    Registry,
+    parse_device,
+    select,
+)
 from kernelbay.formats.fp8 import (
     dequantize_fp8_per_block,
     quantize_fp8_per_block,
