@@ -184,7 +184,7 @@ def _decide(kind: BackendKind, request: Any, device: DeviceCapability, policy: P
             passed_over.append((candidate, verdict))
         status = CandidateStatus.ACCEPTED if verdict.accepted else CandidateStatus.REJECTED
         lines.append(TraceLine(cls.name, candidate.plugin, status, verdict.describe(),
-                               cls.priority, is_chosen))
+                               cls.priority, is_chosen, verdict.applicable))
         if candidate.name == forced and not verdict.accepted:
             raise ForcedBackendError(
                 f"{kind.force_variable}={forced!r}, but it rejects "
@@ -206,7 +206,8 @@ def _describe(request: object) -> str:
 
 def _warn_fallback(kind: BackendKind, chosen: Candidate,
                    passed_over: list[tuple[Candidate, Verdict]]) -> None:
-    preferred = [(c, v) for c, v in passed_over if c.backend.priority > chosen.backend.priority]
+    preferred = [(c, v) for c, v in passed_over
+                 if v.applicable and c.backend.priority > chosen.backend.priority]
     if not preferred:
         return
     best, verdict = preferred[0]

@@ -31,11 +31,14 @@ class TraceLine:
     reason: str = ""
     priority: int | None = None
     chosen: bool = False
+    #: False for a rejection of a request outside what the backend is for.
+    applicable: bool = True
 
     def as_dict(self) -> dict[str, object]:
         """JSON-ready form (stable keys)."""
         return {"backend": self.backend, "plugin": self.plugin, "status": self.status.value,
-                "reason": self.reason, "priority": self.priority, "chosen": self.chosen}
+                "reason": self.reason, "priority": self.priority, "chosen": self.chosen,
+                "applicable": self.applicable}
 
 
 def render_trace(lines: tuple[TraceLine, ...], indent: str = "  ") -> str:

@@ -14,12 +14,16 @@ class Verdict:
     """Accepted (with optional notes) or rejected with a full-sentence reason.
 
     A rejection names both sides of the mismatch, e.g. "needs compute capability >= 10.0,
-    device has 9.0" or "N=4100 is not a multiple of 32".
+    device has 9.0" or "N=4100 is not a multiple of 32". Use ``handles`` for what the backend
+    is for (scheme, attention kind, format) and ``check`` for what it needs (device, shapes).
     """
 
     accepted: bool
     reason: str = ""
     notes: tuple[str, ...] = ()
+    #: False when the request is outside what the backend is for (another scheme, another
+    #: attention kind): such a rejection is never a "fallback" worth a warning.
+    applicable: bool = True
 
     def __post_init__(self) -> None:
         if not self.accepted and not self.reason.strip():
@@ -39,6 +43,12 @@ class Verdict:
     def check(cls, condition: bool, reason: str) -> Verdict:
         """Accept when ``condition`` holds, else reject with ``reason``."""
         return cls.accept() if condition else cls.reject(reason)
+
+    @classmethod
+    def handles(cls, condition: bool, reason: str) -> Verdict:
+        """Accept when the request is of the kind this backend is for; otherwise a
+        not-applicable rejection (shown in traces, never warned about as a fallback)."""
+        return cls.accept() if condition else cls(False, reason, (), False)
 
     @classmethod
     def all(cls, *verdicts: Verdict) -> Verdict:

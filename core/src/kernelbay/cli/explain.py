@@ -14,8 +14,9 @@ __all__ = ["render_plan", "run_explain"]
 
 
 def _others(decision: Decision) -> str:
+    # Only candidates meant for this kind of request: "handles nvfp4 only" is noise here.
     passed = [t for t in decision.trace
-              if not t.chosen and t.status is not CandidateStatus.ACCEPTED]
+              if not t.chosen and t.status is not CandidateStatus.ACCEPTED and t.applicable]
     if not passed and decision.error:
         return decision.error.splitlines()[0]
     return "; ".join(f"{t.backend}: {t.reason}" for t in passed[:3])

@@ -50,7 +50,7 @@ class NGramProposer(Proposer):
     @classmethod
     def can_implement(cls, request: ProposerRequest, device: DeviceCapability) -> Verdict:
         return Verdict.all(
-            Verdict.check(request.method == "ngram",
+            Verdict.handles(request.method == "ngram",
                           f"implements method 'ngram', request asks {request.method!r}"),
             Verdict.check(request.num_speculative_tokens >= 1,
                           f"needs num_speculative_tokens >= 1, got "

@@ -41,7 +41,7 @@ class TorchPagedAttention(AttentionBackend):
     def can_implement(cls, request: AttentionRequest, device: DeviceCapability) -> Verdict:
         r = request
         return Verdict.all(
-            Verdict.check(r.attention in ("mha", "gqa", "mqa"),
+            Verdict.handles(r.attention in ("mha", "gqa", "mqa"),
                           f"implements mha/gqa/mqa, request is {r.attention!r}"),
             Verdict.check(_record(r) in _RECORDS,
                           f"stores K/V records {sorted(_RECORDS)} only, request asks "

@@ -33,7 +33,7 @@ class TorchDistributedCollective(Collective):
     def can_implement(cls, request: CollectiveRequest, device: DeviceCapability) -> Verdict:
         platforms = _TRANSPORTS.get(request.transport)
         return Verdict.all(
-            Verdict.check(request.op in _OPS, f"implements {_OPS}, request asks {request.op!r}"),
+            Verdict.handles(request.op in _OPS, f"implements {_OPS}, request asks {request.op!r}"),
             Verdict.check(platforms is not None,
                           f"runs over transports {sorted(_TRANSPORTS)}, request asks "
                           f"{request.transport!r}"),

@@ -45,7 +45,7 @@ class TorchFp8DequantLinear(LinearMethod):
     def can_implement(cls, request: LinearRequest, device: DeviceCapability) -> Verdict:
         block = fp8_block_shape(request)
         return Verdict.all(
-            Verdict.check(request.scheme.name in _SCHEMES,
+            Verdict.handles(request.scheme.name in _SCHEMES,
                           f"handles schemes {_SCHEMES}, layer is {request.scheme.name!r}"),
             Verdict.check(request.activation_dtype in _FLOAT_DTYPES,
                           f"needs activation dtype in {_FLOAT_DTYPES}, request has "

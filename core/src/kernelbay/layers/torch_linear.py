@@ -31,7 +31,7 @@ class TorchUnquantizedLinear(LinearMethod):
     @classmethod
     def can_implement(cls, request: LinearRequest, device: DeviceCapability) -> Verdict:
         return Verdict.all(
-            Verdict.check(not request.scheme.is_quantized,
+            Verdict.handles(not request.scheme.is_quantized,
                           f"handles unquantized weights only, layer is "
                           f"{request.scheme.describe()}"),
             Verdict.check(request.activation_dtype in _FLOAT_DTYPES,

@@ -25,7 +25,7 @@ class UnquantizedFormat(CheckpointFormat):
 
     @classmethod
     def can_implement(cls, request: FormatRequest, device: DeviceCapability) -> Verdict:
-        return Verdict.check(request.quant_method is None,
+        return Verdict.handles(request.quant_method is None,
                              f"reads checkpoints without a quantization config, this one "
                              f"declares {request.describe()}")
 

@@ -29,12 +29,13 @@ class Fp32UpcastLinear(LinearMethod):
     @classmethod
     def can_implement(cls, request: LinearRequest, device: DeviceCapability) -> Verdict:
         return Verdict.all(
-            Verdict.check(device.platform == "cpu",
-                          f"runs on cpu devices, device is {device.platform!r}"),
-            Verdict.check(not device.has("avx512_bf16"),
-                          "this CPU has 'avx512_bf16', where native bf16 matmul is faster"),
-            Verdict.check(not request.scheme.is_quantized,
-                          f"handles unquantized weights, layer is {request.scheme.describe()}"),
+            # What this backend is for: unquantized layers on CPUs without native bf16.
+            Verdict.handles(device.platform == "cpu",
+                            f"runs on cpu devices, device is {device.platform!r}"),
+            Verdict.handles(not device.has("avx512_bf16"),
+                            "this CPU has 'avx512_bf16', where native bf16 matmul is faster"),
+            Verdict.handles(not request.scheme.is_quantized,
+                            f"handles unquantized weights, layer is {request.scheme.describe()}"),
             Verdict.check(request.activation_dtype in ("bfloat16", "float16"),
                           f"needs bfloat16 or float16 activations, request has "
                           f"{request.activation_dtype!r}"),

@@ -1,0 +1,102 @@
+"""Model construction: select a backend for every layer while the model is built."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kernelbay.checkpoint.folder import CheckpointFolder
+from kernelbay.device import DeviceCapability
+from kernelbay.engine.modules import AttentionLayer, Linear, RMSNorm
+from kernelbay.engine.parallel import TensorParallel
+from kernelbay.errors import CheckpointError
+from kernelbay.kinds import BackendKind
+from kernelbay.layers import AttentionBackend, CheckpointFormat
+from kernelbay.plan import Decision, shard_linear
+from kernelbay.plugins import Registry
+from kernelbay.policy import Policy
+from kernelbay.requests import AttentionRequest
+from kernelbay.select import select
+
+__all__ = ["ModelBuilder"]
+
+
+class ModelBuilder:
+    """Everything a model family needs to build itself: the checkpoint, its format handler,
+    the policy and device to select for, the torch device and dtype, and tensor parallel.
+
+    Every selection is recorded in ``decisions`` (the plan ``LLM.plan`` shows).
+    """
+
+    def __init__(self, folder: CheckpointFolder, handler: CheckpointFormat, registry: Registry,
+                 capability: DeviceCapability, policy: Policy, device: torch.device,
+                 dtype: torch.dtype, tp: TensorParallel, kv_cache: str = "auto",
+                 page_size: int = 16) -> None:
+        self.folder = folder
+        self.config = folder.config
+        self.handler = handler
+        self.registry = registry
+        self.capability = capability
+        self.policy = policy
+        self.device = device
+        self.dtype = dtype
+        self.tp = tp
+        self.kv_cache = kv_cache
+        self.page_size = page_size
+        self.linear_modules = {m.name: m for m in handler.linear_modules(folder.tensors)}
+        self.decisions: list[Decision] = []
+        self.attention_layers: list[AttentionLayer] = []
+        self._attention_backends: dict[AttentionRequest, AttentionBackend] = {}
+
+    @property
+    def dtype_name(self) -> str:
+        """The activation dtype name (``"bfloat16"`` ...)."""
+        return str(self.dtype).removeprefix("torch.")
+
+    def linear(self, name: str, in_features: int, out_features: int) -> Linear:
+        """The layer ``name`` with its selected method; checks the checkpoint's logical shape
+        against what the architecture expects (``in_features``, ``out_features`` unsharded)."""
+        module = self.linear_modules.get(name)
+        if module is None:
+            weight = self.handler.source_name(name, "weight")
+            raise CheckpointError(self.folder.path, f"missing tensor {weight!r} of linear layer "
+                                  f"{name!r} [{out_features}, {in_features}]", tensor=weight)
+        if (module.in_features, module.out_features) != (in_features, out_features):
+            raise CheckpointError(self.folder.path, f"linear layer {name!r} has logical shape "
+                                  f"[{module.out_features}, {module.in_features}], the config "
+                                  f"implies [{out_features}, {in_features}]",
+                                  tensor=self.handler.source_name(name, "weight"))
+        request = shard_linear(module, self.handler.scheme_for(name), self.dtype_name,
+                               self.tp.rank, self.tp.size)
+        selection = select(BackendKind.LINEAR, request, self.capability, self.policy,
+                           registry=self.registry)
+        self.decisions.append(Decision(name, request, selection))
+        return Linear(selection.backend(request), self.tp, self.device)
+
+    def has_linear(self, name: str) -> bool:
+        """Whether the checkpoint holds the linear layer ``name``."""
+        return name in self.linear_modules
+
+    def attention(self, request: AttentionRequest, scale: float) -> AttentionLayer:
+        """The next attention layer (layers are numbered in construction order)."""
+        backend = self._attention_backends.get(request)
+        if backend is None:
+            selection = select(BackendKind.ATTENTION, request, self.capability, self.policy,
+                               registry=self.registry)
+            self.decisions.append(Decision("attention", request, selection))
+            backend = selection.backend(request)
+            self._attention_backends[request] = backend
+        layer = AttentionLayer(backend, len(self.attention_layers), scale)
+        self.attention_layers.append(layer)
+        return layer
+
+    def norm(self, size: int, eps: float | None = None) -> RMSNorm:
+        """An RMSNorm with the config's epsilon."""
+        value = eps if eps is not None else (self.config.rms_norm_eps or 1e-6)
+        return RMSNorm(size, value, self.dtype, self.device)
+
+    def config_value(self, key: str, default: Any = None) -> Any:
+        """A config field, known or extra."""
+        return getattr(self.config, key, None) if hasattr(self.config, key) else (
+            (self.config.model_extra or {}).get(key, default))

@@ -1,0 +1,120 @@
+"""Building blocks shared by the model families: linear layers that run the selected method,
+RMSNorm, vocabulary-parallel embedding and LM head, and the attention layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernelbay.engine.parallel import TensorParallel
+from kernelbay.layers import AttentionBackend, AttentionMetadata, LinearMethod
+
+__all__ = ["AttentionLayer", "ForwardMeta", "Linear", "RMSNorm", "VocabParallelEmbedding",
+           "vocab_logits"]
+
+
+@dataclass
+class ForwardMeta:
+    """What one forward pass needs besides tokens and positions."""
+
+    attn: AttentionMetadata
+    caches: list[torch.Tensor] = field(default_factory=list)
+
+
+class Linear(nn.Module):
+    """A linear layer whose parameters and math belong to its selected ``LinearMethod``.
+
+    Row-parallel layers all-reduce their partial sums here, after the method runs.
+    """
+
+    def __init__(self, method: LinearMethod, tp: TensorParallel, device: torch.device) -> None:
+        super().__init__()
+        self.method = method
+        self.tp = tp
+        method.create_weights(self, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = self.method.apply(self, x.reshape(-1, shape[-1]))
+        if self.method.request.parallel == "row" and self.tp.size > 1:
+            y = self.tp.collective.all_reduce(y)
+        return y.reshape(*shape[:-1], y.shape[-1])
+
+
+class RMSNorm(nn.Module):
+    """``weight * x / sqrt(mean(x^2) + eps)``, normalised in float32."""
+
+    def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device),
+                                   requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+
+def _shard_rows(param: nn.Parameter, total: int) -> nn.Parameter:
+    param.shard_dim = 0  # type: ignore[attr-defined]
+    param.shard_total = total  # type: ignore[attr-defined]
+    return param
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token embedding with the vocabulary split across ranks (padded to a multiple of the
+    world size); each rank looks up its own ids and the results are summed."""
+
+    def __init__(self, vocab: int, hidden: int, tp: TensorParallel, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        super().__init__()
+        self.tp = tp
+        self.vocab = vocab
+        self.start, self.end = tp.shard_range(vocab)
+        rows = -(-vocab // tp.size)
+        self.weight = _shard_rows(nn.Parameter(torch.zeros(rows, hidden, dtype=dtype,
+                                                           device=device),
+                                               requires_grad=False), vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        inside = (ids >= self.start) & (ids < self.end)
+        out = F.embedding(torch.where(inside, local, 0), self.weight)
+        out = out * inside.unsqueeze(-1).to(out.dtype)
+        summed: torch.Tensor = self.tp.collective.all_reduce(out)
+        return summed
+
+
+def vocab_logits(x: torch.Tensor, head: Linear | None, embed: VocabParallelEmbedding
+                 ) -> torch.Tensor:
+    """Logits of the full vocabulary: this rank's shard from the LM head (or the tied
+    embedding when ``head`` is None), gathered across ranks, padding removed."""
+    logits: torch.Tensor = head(x) if head is not None else F.linear(x, embed.weight)
+    if embed.tp.size > 1:
+        logits = embed.tp.collective.all_gather(logits.contiguous(), dim=-1)
+    return logits[..., : embed.vocab]
+
+
+class AttentionLayer(nn.Module):
+    """Writes the new tokens' K/V into this layer's pages, then attends with the backend."""
+
+    def __init__(self, backend: AttentionBackend, layer_index: int, scale: float) -> None:
+        super().__init__()
+        self.backend = backend
+        self.layer_index = layer_index
+        self.scale = scale
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None,
+                meta: ForwardMeta) -> torch.Tensor:
+        cache = meta.caches[self.layer_index]
+        self.backend.write_kv(cache, key, value, meta.attn.slot_mapping)
+        out: torch.Tensor = self.backend.forward(query, cache, meta.attn, self.scale)
+        return out
+

@@ -1,0 +1,84 @@
+"""Running the model on a batch of sequences: packing tokens, building the paged attention
+metadata, and returning the logits the caller asked for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kernelbay.engine.kv_cache import PagedKVCache
+from kernelbay.engine.modules import ForwardMeta
+from kernelbay.engine.sampling import SamplingParams
+from kernelbay.layers import AttentionMetadata
+
+__all__ = ["ModelRunner", "Sequence"]
+
+
+@dataclass
+class Sequence:
+    """One request in flight: its tokens, its pages and how many tokens are cached."""
+
+    index: int
+    tokens: list[int]
+    num_prompt: int
+    params: SamplingParams
+    pages: list[int] = field(default_factory=list)
+    num_cached: int = 0
+    finish_reason: str | None = None
+    step_times: list[float] = field(default_factory=list)
+
+    @property
+    def generated(self) -> list[int]:
+        """Tokens produced so far."""
+        return self.tokens[self.num_prompt:]
+
+
+class ModelRunner:
+    """Runs forward passes of ``model`` over sequences whose K/V live in ``cache``."""
+
+    def __init__(self, model: Any, cache: PagedKVCache, device: torch.device) -> None:
+        self.model = model
+        self.cache = cache
+        self.device = device
+
+    def forward(self, batch: list[tuple[Sequence, int]], all_logits: bool = False
+                ) -> torch.Tensor:
+        """Run the ``num_new`` uncached tokens of each sequence; cache their K/V.
+
+        Returns the logits of each sequence's last token [B, V], or of every new token
+        [sum num_new, V] when ``all_logits``.
+        """
+        page = self.cache.page_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        starts = [0]
+        lengths = []
+        width = max(len(seq.pages) for seq, _ in batch)
+        tables = torch.zeros(len(batch), width, dtype=torch.int32)
+        for row, (seq, num_new) in enumerate(batch):
+            end = seq.num_cached + num_new
+            span = range(seq.num_cached, end)
+            ids.extend(seq.tokens[seq.num_cached:end])
+            positions.extend(span)
+            slots.extend(seq.pages[p // page] * page + p % page for p in span)
+            starts.append(starts[-1] + num_new)
+            lengths.append(end)
+            tables[row, :len(seq.pages)] = torch.tensor(seq.pages, dtype=torch.int32)
+        dev = self.device
+        meta = ForwardMeta(
+            AttentionMetadata(torch.tensor(starts, dtype=torch.int32, device=dev),
+                              torch.tensor(lengths, dtype=torch.int32, device=dev),
+                              tables.to(dev), torch.tensor(slots, dtype=torch.long, device=dev)),
+            self.cache.caches)
+        with torch.inference_mode():
+            hidden = self.model(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev),
+                                meta)
+            if not all_logits:
+                hidden = hidden[torch.tensor(starts[1:], device=dev) - 1]
+            logits: torch.Tensor = self.model.compute_logits(hidden)
+        for seq, num_new in batch:
+            seq.num_cached += num_new
+        return logits
