@@ -56,7 +56,9 @@ def shard_linear(module: LinearModule, scheme: QuantScheme, activation_dtype: st
     """The request one rank's shard of ``module`` makes; ``ConfigError`` if it cannot split."""
     style = parallel_style(module.name, module.role) if tp_size > 1 else "replicated"
     k, n = module.in_features, module.out_features
-    if style == "column":
+    if style == "column" and module.role == LayerRole.LM_HEAD:
+        n = -(-n // tp_size)  # vocabulary shards are padded; the engine slices the padding off
+    elif style == "column":
         if n % tp_size:
             raise ConfigError(f"{module.name}: out_features {n} is not divisible by "
                               f"tensor-parallel size {tp_size}")

@@ -1,4 +1,4 @@
-"""The ``kernelbay`` command: ``plugins``, ``doctor``, ``explain``.
+"""The ``kernelbay`` command: ``plugins``, ``doctor``, ``explain``, ``run``.
 
 Each subcommand imports what it needs when it runs, so ``kernelbay plugins`` stays fast.
 """
@@ -34,6 +34,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--device", help="describe a device instead of probing (sm_90, cpu+amx)")
 
+    p = sub.add_parser("run", help="generate with the chosen backends, streaming the text")
+    p.add_argument("model", help="path of a local checkpoint folder")
+    p.add_argument("--prompt", default="def fibonacci(n):", help="prompt text")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (launch with torchrun)")
+    p.add_argument("--device", help="torch device to run on (default: cuda if present, else cpu)")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
+                   help="activation dtype (default: the checkpoint's)")
+    p.add_argument("--kv-cache", default="auto", help="KV-cache record kind (default auto)")
+
     p = sub.add_parser("explain", help="the per-layer plan of a checkpoint with every verdict")
     p.add_argument("model", help="path of a local checkpoint folder")
     p.add_argument("--device", help="plan for this device (sm_100, sm_90, gfx950, cpu+amx)")
@@ -55,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kernelbay.policy import Policy
 
         policy = Policy.from_env()
-        if getattr(args, "device", None):
+        if getattr(args, "device", None) and args.command != "run":
             policy = policy.updated(device=args.device)
         if args.command == "plugins":
             from kernelbay.cli.plugins_cmd import run_plugins
@@ -65,6 +79,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from kernelbay.cli.doctor import run_doctor
 
             return run_doctor(policy, as_json=args.json)
+        if args.command == "run":
+            from kernelbay.cli.run import run_generate
+
+            return run_generate(policy, args.model, prompt=args.prompt,
+                                max_tokens=args.max_tokens, temperature=args.temperature,
+                                top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                                tp_size=args.tp, device=args.device, dtype=args.dtype,
+                                kv_cache=args.kv_cache)
         if args.command == "explain":
             from kernelbay.cli.explain import run_explain
 

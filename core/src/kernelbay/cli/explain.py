@@ -10,7 +10,7 @@ from kernelbay.plugins import Registry
 from kernelbay.policy import Policy
 from kernelbay.trace import CandidateStatus, render_trace
 
-__all__ = ["render_plan", "run_explain"]
+__all__ = ["render_plan", "run_explain", "summary_lines"]
 
 
 def _others(decision: Decision) -> str:
@@ -34,6 +34,19 @@ def _section(title: str, decision: Decision, verbose: bool) -> list[str]:
             lines.append(f"  passed over: {passed}")
     else:
         lines.extend("  " + line for line in decision.error.splitlines())
+    return lines
+
+
+def summary_lines(plan: Plan) -> list[str]:
+    """A compact plan: format, attention, collective, and each linear backend with its count."""
+    lines = [f"  checkpoint format: {plan.format.chosen}",
+             f"  attention: {plan.attention.chosen}"]
+    if plan.collective is not None:
+        lines.append(f"  collective: {plan.collective.chosen}")
+    counts: dict[str, int] = {}
+    for d in plan.linears:
+        counts[d.chosen] = counts.get(d.chosen, 0) + 1
+    lines.append("  linear: " + ", ".join(f"{name} x{n}" for name, n in sorted(counts.items())))
     return lines
 
 

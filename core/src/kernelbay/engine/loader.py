@@ -37,7 +37,6 @@ class _Target:
     shard_dim: int | None
     module: str
     canonical: str
-    padded: bool
 
 
 def _targets(model: nn.Module, handler: CheckpointFormat) -> dict[str, _Target]:
@@ -47,13 +46,12 @@ def _targets(model: nn.Module, handler: CheckpointFormat) -> dict[str, _Target]:
             for canonical, spec in module.method.tensor_specs().items():
                 source = handler.source_name(path, canonical)
                 targets[source] = _Target(getattr(module, canonical), spec.shape, spec.dtype,
-                                          spec.shard_dim, path, canonical, False)
+                                          spec.shard_dim, path, canonical)
             continue
         for name, param in module.named_parameters(recurse=False):
             full = f"{path}.{name}" if path else name
             targets[full] = _Target(param, tuple(param.shape), str(param.dtype)[6:],
-                                    getattr(param, "shard_dim", None), path, name,
-                                    hasattr(param, "shard_total"))
+                                    getattr(param, "shard_dim", None), path, name)
     return targets
 
 
@@ -61,12 +59,10 @@ def _check(name: str, info: TensorInfo, target: _Target, tp: TensorParallel) -> 
     want = list(target.shape)
     got = list(info.shape)
     if target.shard_dim is not None and tp.size > 1:
+        # Shards are ceil-sized; the last rank's is zero-padded (vocabularies that do not
+        # divide by the world size). Other layers reject such splits when they are built.
         dim = target.shard_dim
-        if target.padded:
-            ok = -(-got[dim] // tp.size) == want[dim]
-        else:
-            ok = got[dim] == want[dim] * tp.size
-        want[dim] = got[dim] if ok else want[dim] * tp.size
+        want[dim] = got[dim] if -(-got[dim] // tp.size) == want[dim] else want[dim] * tp.size
     if got != want:
         raise CheckpointError(info.file, f"shape {got} does not match the expected {want} of "
                               f"{target.module or 'model'}.{target.canonical}", tensor=name)

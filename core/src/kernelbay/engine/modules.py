@@ -60,9 +60,8 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(dtype)
 
 
-def _shard_rows(param: nn.Parameter, total: int) -> nn.Parameter:
+def _shard_rows(param: nn.Parameter) -> nn.Parameter:
     param.shard_dim = 0  # type: ignore[attr-defined]
-    param.shard_total = total  # type: ignore[attr-defined]
     return param
 
 
@@ -79,7 +78,7 @@ class VocabParallelEmbedding(nn.Module):
         rows = -(-vocab // tp.size)
         self.weight = _shard_rows(nn.Parameter(torch.zeros(rows, hidden, dtype=dtype,
                                                            device=device),
-                                               requires_grad=False), vocab)
+                                               requires_grad=False))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
