@@ -202,9 +202,9 @@ class FormatRequest:
         ``extra`` carries side files such as ``hf_quant_config.json``'s ``quantization``.
         """
         method = None if config is None else config.get("quant_method")
-        return cls(None if method is None else str(method),
-                   json.dumps(dict(config or {}), sort_keys=True),
-                   source, json.dumps(dict(extra or {}), sort_keys=True))
+        # Key order is kept: some dialects (Quark's layer patterns) match first-listed first.
+        return cls(None if method is None else str(method), json.dumps(dict(config or {})),
+                   source, json.dumps(dict(extra or {})))
 
     @property
     def config(self) -> dict[str, Any]:

@@ -1,0 +1,33 @@
+"""kernelbay entry point of the NVFP4 plugin: checkpoint formats and linear methods.
+
+Discovery imports this module; it and the class modules import neither torch nor triton.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from kernelbay import hookimpl
+
+if TYPE_CHECKING:
+    from kernelbay.layers import CheckpointFormat, LinearMethod
+
+KERNELBAY_PLUGIN_API = "1.0"
+
+
+@hookimpl
+def kernelbay_checkpoint_formats() -> Sequence[type[CheckpointFormat]]:
+    """ModelOpt checkpoints and compressed-tensors NVFP4 checkpoints."""
+    from kernelbay_quant_nvfp4.compressed_tensors_format import CompressedTensorsNvfp4Format
+    from kernelbay_quant_nvfp4.modelopt_format import ModelOptFormat
+
+    return [ModelOptFormat, CompressedTensorsNvfp4Format]
+
+
+@hookimpl
+def kernelbay_linear_methods() -> Sequence[type[LinearMethod]]:
+    """The reference NVFP4 linear method (dequantize, then F.linear)."""
+    from kernelbay_quant_nvfp4.emulation import Nvfp4EmulationLinear
+
+    return [Nvfp4EmulationLinear]
