@@ -56,3 +56,51 @@ def greedy_reference(model: Any, ids: list[int], n: int) -> list[int]:
 
 def tmp_model(tmp_path: Any, family: str, **kw: Any) -> str:
     return save_tiny(os.path.join(str(tmp_path), family), family, **kw)
+
+
+DEEPSEEK_V3: dict[str, Any] = dict(
+    vocab_size=160, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+    num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+    n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
+    q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+    max_position_embeddings=256, initializer_range=0.1, rms_norm_eps=1e-2,
+    tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+
+
+def save_tiny_deepseek(path: str, seed: int = 0, dtype: torch.dtype = torch.float32,
+                       **overrides: Any) -> str:
+    """A random tiny DeepSeek-V3 saved with ``save_pretrained`` into ``path``.
+
+    Norm weights and the router's ``e_score_correction_bias`` are randomised so that every
+    one of them matters (a wrong epsilon, a dropped norm or an ignored bias shows up), and
+    the embedding has std 1 so that tokens route to different experts (with the default
+    init a shared component dominates the hidden states and every token picks the same two).
+    ``rms_norm_eps`` is 1e-2 so that using it for the latent norms (1e-6) would show.
+    """
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(seed)
+    fields = dict(DEEPSEEK_V3)
+    fields.update(overrides)
+    model = DeepseekV3ForCausalLM(DeepseekV3Config(**fields)).to(dtype)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.add_(0.3 * torch.randn_like(param))
+            elif name.endswith("bias"):
+                param.normal_(0, 0.5)
+            elif name.endswith("embed_tokens.weight"):
+                param.normal_(0, 1.0)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0, 0.1)
+    model.save_pretrained(path)
+    return path
+
+
+def deepseek_reference(path: str, dtype: torch.dtype = torch.float32) -> Any:
+    """transformers' DeepseekV3 for ``path`` with eager attention and eager experts."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager",
+                                                experts_implementation="eager").eval()

@@ -54,6 +54,12 @@ def test_plugins_json_lists_real_installed_faults(tmp_path: object) -> None:
     assert strict.returncode == 2 and "fake plugin exploded" in strict.stderr
 
 
+@pytest.fixture(autouse=True)
+def core_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI reads the environment: keep installed plugins out of these core tests."""
+    monkeypatch.setenv("KERNELBAY_PLUGINS", "")
+
+
 def test_plugins_text_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out

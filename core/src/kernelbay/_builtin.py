@@ -30,19 +30,21 @@ def kernelbay_checkpoint_formats() -> Sequence[type[CheckpointFormat]]:
 
 @hookimpl
 def kernelbay_linear_methods() -> Sequence[type[LinearMethod]]:
-    """The unquantized and FP8 reference linears."""
+    """The unquantized and FP8 reference linears, and the unquantized routed-expert MLP."""
+    from kernelbay.layers.moe import TorchMoE
     from kernelbay.layers.torch_fp8_linear import TorchFp8DequantLinear
     from kernelbay.layers.torch_linear import TorchUnquantizedLinear
 
-    return [TorchUnquantizedLinear, TorchFp8DequantLinear]
+    return [TorchUnquantizedLinear, TorchFp8DequantLinear, TorchMoE]
 
 
 @hookimpl
 def kernelbay_attention_backends() -> Sequence[type[AttentionBackend]]:
-    """Paged attention in plain torch."""
+    """Paged attention (MHA/GQA/MQA) and absorbed MLA attention in plain torch."""
     from kernelbay.layers.torch_attention import TorchPagedAttention
+    from kernelbay.layers.torch_mla import TorchMLAAttention
 
-    return [TorchPagedAttention]
+    return [TorchPagedAttention, TorchMLAAttention]
 
 
 @hookimpl

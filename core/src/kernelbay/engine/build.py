@@ -10,13 +10,13 @@ from kernelbay.checkpoint.folder import CheckpointFolder
 from kernelbay.device import DeviceCapability
 from kernelbay.engine.modules import AttentionLayer, Linear, RMSNorm
 from kernelbay.engine.parallel import TensorParallel
-from kernelbay.errors import CheckpointError
+from kernelbay.errors import CheckpointError, ConfigError
 from kernelbay.kinds import BackendKind
-from kernelbay.layers import AttentionBackend, CheckpointFormat
+from kernelbay.layers import AttentionBackend, CheckpointFormat, MoEMethod
 from kernelbay.plan import Decision, shard_linear
 from kernelbay.plugins import Registry
 from kernelbay.policy import Policy
-from kernelbay.requests import AttentionRequest
+from kernelbay.requests import AttentionRequest, LinearRequest, QuantScheme
 from kernelbay.select import select
 
 __all__ = ["ModelBuilder"]
@@ -73,6 +73,62 @@ class ModelBuilder:
                            registry=self.registry)
         self.decisions.append(Decision(name, request, selection))
         return Linear(selection.backend(request), self.tp, self.device)
+
+    def moe_method(self, prefix: str, hidden: int, intermediate: int,
+                   num_experts: int) -> MoEMethod:
+        """Select the method of the routed-expert MLP at ``prefix`` (``model.layers.3.mlp``,
+        experts ``{prefix}.experts.{e}.{gate,up,down}_proj``) and record the decision.
+
+        ``intermediate`` is the unsharded expert intermediate size; under tensor parallel
+        each rank's request holds ``intermediate / tp`` (gate/up split on N, down on K).
+        """
+        from kernelbay.layers.moe import EXPERT_PROJECTIONS, MOE_EXPERTS_ROLE
+
+        shapes = {"gate_proj": (hidden, intermediate), "up_proj": (hidden, intermediate),
+                  "down_proj": (intermediate, hidden)}
+        schemes: set[QuantScheme] = set()
+        bias = False
+        for e in range(num_experts):
+            for proj in EXPERT_PROJECTIONS:
+                name = f"{prefix}.experts.{e}.{proj}"
+                k, n = shapes[proj]
+                module = self.linear_modules.get(name)
+                weight = self.handler.source_name(name, "weight")
+                if module is None:
+                    raise CheckpointError(self.folder.path, f"missing tensor {weight!r} of "
+                                          f"routed expert {e} [{n}, {k}]", tensor=weight)
+                if (module.in_features, module.out_features) != (k, n):
+                    raise CheckpointError(self.folder.path, f"expert layer {name!r} has "
+                                          f"logical shape [{module.out_features}, "
+                                          f"{module.in_features}], the config implies "
+                                          f"[{n}, {k}]", tensor=weight)
+                schemes.add(self.handler.scheme_for(name))
+                bias = bias or module.bias
+        if len(schemes) != 1:
+            raise ConfigError(f"{prefix}: the routed experts mix quant schemes "
+                              f"{sorted(s.describe() for s in schemes)}; one MoE layer needs one")
+        tp = self.tp.size
+        if intermediate % tp:
+            raise ConfigError(f"{prefix}: moe intermediate size {intermediate} is not "
+                              f"divisible by tensor-parallel size {tp}")
+        request = LinearRequest(hidden, intermediate // tp, schemes.pop(), self.dtype_name,
+                                bias, MOE_EXPERTS_ROLE, "column" if tp > 1 else "replicated",
+                                self.tp.rank, tp, num_experts)
+        selection = select(BackendKind.LINEAR, request, self.capability, self.policy,
+                           registry=self.registry)
+        self.decisions.append(Decision(f"{prefix}.experts", request, selection))
+        method = selection.backend(request)
+        if not isinstance(method, MoEMethod):
+            raise ConfigError(f"{prefix}.experts: the selected linear method {selection.name!r} "
+                              f"accepted a routed-expert request but is not a MoEMethod")
+        return method
+
+    def moe(self, prefix: str, hidden: int, intermediate: int, num_experts: int) -> Linear:
+        """The routed-expert MLP at ``prefix`` as a ``Linear`` module running its selected
+        ``MoEMethod`` (call ``layer.method.apply_moe``); place it at ``prefix`` in the model
+        so its per-expert tensors load by name. See ``moe_method``."""
+        return Linear(self.moe_method(prefix, hidden, intermediate, num_experts), self.tp,
+                      self.device)
 
     def has_linear(self, name: str) -> bool:
         """Whether the checkpoint holds the linear layer ``name``."""

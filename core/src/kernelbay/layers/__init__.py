@@ -8,9 +8,11 @@ from kernelbay.layers.checkpoint_format import CheckpointFormat, LinearModule
 from kernelbay.layers.collective import Collective
 from kernelbay.layers.device_probe import DeviceProbe
 from kernelbay.layers.linear import LinearMethod, TensorSpec
+from kernelbay.layers.moe import MOE_EXPERTS_ROLE, MoEMethod
 from kernelbay.layers.proposer import DraftBuffers, DraftLogitsSpec, Proposer
 
 __all__ = [
+    "MOE_EXPERTS_ROLE",
     "AttentionBackend",
     "AttentionMetadata",
     "CheckpointFormat",
@@ -21,6 +23,7 @@ __all__ = [
     "KVCacheLayout",
     "LinearMethod",
     "LinearModule",
+    "MoEMethod",
     "Proposer",
     "TensorSpec",
 ]

@@ -84,3 +84,16 @@ class LinearMethod(Backend[LinearRequest]):
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Compute ``x @ W^T (+ bias)`` with ``x`` of shape [..., K]."""
         raise NotImplementedError(f"{type(self).__qualname__} does not implement apply")
+
+    def dequantized_weight(self, layer: torch.nn.Module) -> torch.Tensor:
+        """This rank's weight as a dense [N, K] tensor in the activation dtype (after
+        ``process_weights_after_loading``).
+
+        For models that fold a layer's weight into other math instead of calling ``apply``
+        (MLA absorbs ``kv_b_proj`` into the query and the output). Methods that cannot
+        produce it raise ``NotImplementedError``; the layer then cannot serve such a model.
+        """
+        del layer
+        raise NotImplementedError(f"{type(self).__qualname__} does not implement "
+                                  "dequantized_weight (needed where a model folds this "
+                                  "layer's weight, e.g. MLA's kv_b_proj)")

@@ -47,6 +47,9 @@ class TorchFp8DequantLinear(LinearMethod):
         return Verdict.all(
             Verdict.handles(request.scheme.name in _SCHEMES,
                           f"handles schemes {_SCHEMES}, layer is {request.scheme.name!r}"),
+            Verdict.handles(request.num_experts is None,
+                            f"handles dense layers only, request stacks {request.num_experts} "
+                            "routed experts"),
             Verdict.check(request.activation_dtype in _FLOAT_DTYPES,
                           f"needs activation dtype in {_FLOAT_DTYPES}, request has "
                           f"{request.activation_dtype!r}"),
@@ -86,3 +89,6 @@ class TorchFp8DequantLinear(LinearMethod):
         import torch.nn.functional as F
 
         return F.linear(x, cast("torch.Tensor", layer.dense_weight), self.rank_bias(layer))
+
+    def dequantized_weight(self, layer: torch.nn.Module) -> torch.Tensor:
+        return cast("torch.Tensor", layer.dense_weight)

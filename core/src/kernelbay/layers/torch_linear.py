@@ -34,6 +34,9 @@ class TorchUnquantizedLinear(LinearMethod):
             Verdict.handles(not request.scheme.is_quantized,
                           f"handles unquantized weights only, layer is "
                           f"{request.scheme.describe()}"),
+            Verdict.handles(request.num_experts is None,
+                            f"handles dense layers only, request stacks {request.num_experts} "
+                            "routed experts"),
             Verdict.check(request.activation_dtype in _FLOAT_DTYPES,
                           f"needs activation dtype in {_FLOAT_DTYPES}, "
                           f"request has {request.activation_dtype!r}"),
@@ -48,3 +51,6 @@ class TorchUnquantizedLinear(LinearMethod):
         import torch.nn.functional as F
 
         return F.linear(x, cast("torch.Tensor", layer.weight), self.rank_bias(layer))
+
+    def dequantized_weight(self, layer: torch.nn.Module) -> torch.Tensor:
+        return cast("torch.Tensor", layer.weight)
