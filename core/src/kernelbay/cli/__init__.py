@@ -1,4 +1,4 @@
-"""The ``kernelbay`` command: ``plugins``, ``doctor``, ``explain``, ``run``.
+"""The ``kernelbay`` command: ``plugins``, ``doctor``, ``explain``, ``run``, ``quantize``.
 
 Each subcommand imports what it needs when it runs, so ``kernelbay plugins`` stays fast.
 """
@@ -35,18 +35,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="describe a device instead of probing (sm_90, cpu+amx)")
 
     p = sub.add_parser("run", help="generate with the chosen backends, streaming the text")
-    p.add_argument("model", help="path of a local checkpoint folder")
-    p.add_argument("--prompt", default="def fibonacci(n):", help="prompt text")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    p.add_argument("model", nargs="?",
+                   help="path of a local checkpoint folder (default: the bundled demo model)")
+    p.add_argument("--prompt", help="prompt text (default for the demo: a Python function)")
+    p.add_argument("--max-tokens", type=int, default=160, help="tokens to generate")
+    p.add_argument("--temperature", type=float, help="0 is greedy (default: 0, demo 0.7)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep")
+    p.add_argument("--top-p", type=float, help="nucleus mass to keep (default 1, demo 0.95)")
+    p.add_argument("--quantize", metavar="FORMAT",
+                   help="quantize the model first (cached) with a plugin's writer, e.g. "
+                        "modelopt-nvfp4, quark-mxfp4, fp8")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (launch with torchrun)")
     p.add_argument("--device", help="torch device to run on (default: cuda if present, else cpu)")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
                    help="activation dtype (default: the checkpoint's)")
     p.add_argument("--kv-cache", default="auto", help="KV-cache record kind (default auto)")
+
+    p = sub.add_parser("quantize", help="write a checkpoint in a producer's exact format")
+    p.add_argument("source", help="an unquantized checkpoint folder")
+    p.add_argument("destination", help="the folder to create")
+    p.add_argument("--format", required=True, dest="output_format",
+                   help="output format, e.g. modelopt-nvfp4 (kernelbay quantize --list)")
+    p.add_argument("--force", action="store_true", help="replace an existing destination")
 
     p = sub.add_parser("explain", help="the per-layer plan of a checkpoint with every verdict")
     p.add_argument("model", help="path of a local checkpoint folder")
@@ -86,7 +97,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 max_tokens=args.max_tokens, temperature=args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                                 tp_size=args.tp, device=args.device, dtype=args.dtype,
-                                kv_cache=args.kv_cache)
+                                kv_cache=args.kv_cache, quantize=args.quantize)
+        if args.command == "quantize":
+            from kernelbay.cli.quantize_cmd import run_quantize
+
+            return run_quantize(policy, args.source, args.destination, args.output_format,
+                                force=args.force)
         if args.command == "explain":
             from kernelbay.cli.explain import run_explain
 

@@ -10,12 +10,38 @@ from kernelbay.policy import Policy
 __all__ = ["run_generate"]
 
 
-def run_generate(policy: Policy, model: str, *, prompt: str, max_tokens: int,
-                 temperature: float, top_k: int, top_p: float, seed: int, tp_size: int,
-                 device: str | None, dtype: str | None, kv_cache: str) -> int:
-    """Load ``model``, stream one completion of ``prompt``, then print speed and backends."""
+#: The demo model's defaults: a function with a docstring, sampled (greedy decoding of a
+#: byte-level model falls into indentation runs; see the model card).
+DEMO_PROMPT = 'def read_config(path):\n    """'
+DEMO_TEMPERATURE, DEMO_TOP_P = 0.7, 0.95
+
+
+def run_generate(policy: Policy, model: str | None, *, prompt: str | None, max_tokens: int,
+                 temperature: float | None, top_k: int, top_p: float | None, seed: int,
+                 tp_size: int, device: str | None, dtype: str | None, kv_cache: str,
+                 quantize: str | None = None) -> int:
+    """Load ``model`` (default: the bundled demo, optionally quantized first), stream one
+    completion of ``prompt``, then print speed and the chosen backends."""
     from kernelbay.cli.explain import summary_lines
     from kernelbay.engine import LLM, SamplingParams
+
+    demo = model is None
+    if demo:
+        from kernelbay.demo import demo_path
+
+        model = demo_path()
+        prompt = DEMO_PROMPT if prompt is None else prompt
+        temperature = DEMO_TEMPERATURE if temperature is None else temperature
+        top_p = DEMO_TOP_P if top_p is None else top_p
+        print(f"[kernelbay demo model: {model}]")
+    if quantize:
+        from kernelbay.cli.quantize_cmd import cached_quantized
+
+        model = cached_quantized(policy, model, quantize)
+    assert model is not None
+    prompt = "def fibonacci(n):" if prompt is None else prompt
+    temperature = 0.0 if temperature is None else temperature
+    top_p = 1.0 if top_p is None else top_p
 
     started = time.perf_counter()
     llm = LLM(model, device=device, dtype=dtype, tensor_parallel_size=tp_size,

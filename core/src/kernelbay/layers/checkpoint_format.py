@@ -13,6 +13,7 @@ from kernelbay.requests import FormatRequest, QuantScheme
 if TYPE_CHECKING:
     import torch
 
+    from kernelbay.checkpoint.folder import CheckpointFolder
     from kernelbay.checkpoint.tensors import TensorInfo
 
 __all__ = ["CheckpointFormat", "LinearModule"]
@@ -36,6 +37,18 @@ class CheckpointFormat(Backend[FormatRequest]):
     quantization config, and an instance (built on that request) answers per layer."""
 
     kind: ClassVar[BackendKind] = BackendKind.CHECKPOINT_FORMAT
+    #: Output formats ``write`` produces (``kernelbay quantize --format NAME``), e.g.
+    #: ``("modelopt-nvfp4",)``. Empty: this handler only reads.
+    writes: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def write(cls, source: CheckpointFolder, destination: str, output_format: str, *,
+              progress: bool = False) -> None:
+        """Quantize the unquantized checkpoint ``source`` into the empty folder
+        ``destination`` in ``output_format`` (one of ``writes``): every tensor file and the
+        config, exactly as the producer's own exporter names, shapes and types them. The core
+        copies the tokenizer and generation config and makes the result appear atomically."""
+        raise NotImplementedError(f"{cls.__qualname__} writes no format")
 
     def __init__(self, request: FormatRequest) -> None:
         self.request = request

@@ -90,10 +90,16 @@ class LinearMethod(Backend[LinearRequest]):
         ``process_weights_after_loading``).
 
         For models that fold a layer's weight into other math instead of calling ``apply``
-        (MLA absorbs ``kv_b_proj`` into the query and the output). Methods that cannot
-        produce it raise ``NotImplementedError``; the layer then cannot serve such a model.
+        (MLA absorbs ``kv_b_proj`` into the query and the output). The default recovers it
+        from the method itself, ``W^T = apply(I) - apply(0)``, which is exact for any method
+        whose products by one and zero are exact; methods that hold a dense copy return it.
         """
-        del layer
-        raise NotImplementedError(f"{type(self).__qualname__} does not implement "
-                                  "dequantized_weight (needed where a model folds this "
-                                  "layer's weight, e.g. MLA's kv_b_proj)")
+        import torch
+
+        k = self.request.in_features
+        param = next(layer.parameters())
+        dtype = getattr(torch, self.request.activation_dtype)
+        eye = torch.eye(k, dtype=dtype, device=param.device)
+        with torch.no_grad():
+            columns = self.apply(layer, eye) - self.apply(layer, eye[:1] * 0)
+        return columns.t().contiguous()
