@@ -85,6 +85,33 @@ def test_dequantized_weight() -> None:
         TorchMoE(moe_request()).dequantized_weight(layer)
 
 
+def test_dequantized_weight_default_recovers_any_methods_weight() -> None:
+    class Transposed(TorchUnquantizedLinear):
+        """Keeps only a transposed copy and a bias: the default must still find W."""
+
+        def process_weights_after_loading(self, layer: nn.Module) -> None:
+            layer.weight_t = layer.weight.detach().t().contiguous()
+
+        def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+            return x @ layer.weight_t + layer.bias
+
+    for bias in (False, True):
+        method = Transposed(LinearRequest(H, INTER, activation_dtype="float32", bias=bias))
+        layer = nn.Module()
+        method.create_weights(layer)
+        if not bias:
+            layer.bias = torch.zeros(INTER)
+        w = torch.randn(INTER, H)
+        layer.weight.data.copy_(w)
+        layer.bias.data.normal_(0, 3.0)
+        method.process_weights_after_loading(layer)
+        dense = super(TorchUnquantizedLinear, method).dequantized_weight(layer)
+        if bias:  # (w + b) - b rounds: within one ulp of |w| + |b|
+            torch.testing.assert_close(dense, w, rtol=0, atol=1e-5)
+        else:
+            assert torch.equal(dense, w)
+
+
 # -- torch-moe ----------------------------------------------------------------------------
 
 def _experts(gen: torch.Generator) -> dict[str, torch.Tensor]:

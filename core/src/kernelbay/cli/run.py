@@ -34,11 +34,11 @@ def run_generate(policy: Policy, model: str | None, *, prompt: str | None, max_t
         temperature = DEMO_TEMPERATURE if temperature is None else temperature
         top_p = DEMO_TOP_P if top_p is None else top_p
         print(f"[kernelbay demo model: {model}]")
+    assert model is not None
     if quantize:
         from kernelbay.cli.quantize_cmd import cached_quantized
 
         model = cached_quantized(policy, model, quantize)
-    assert model is not None
     prompt = "def fibonacci(n):" if prompt is None else prompt
     temperature = 0.0 if temperature is None else temperature
     top_p = 1.0 if top_p is None else top_p

@@ -91,8 +91,9 @@ class LinearMethod(Backend[LinearRequest]):
 
         For models that fold a layer's weight into other math instead of calling ``apply``
         (MLA absorbs ``kv_b_proj`` into the query and the output). The default recovers it
-        from the method itself, ``W^T = apply(I) - apply(0)``, which is exact for any method
-        whose products by one and zero are exact; methods that hold a dense copy return it.
+        from the method itself, ``W^T = apply(I) - apply(0)``: exact for a layer without
+        bias (products by one and zero are exact), within rounding of ``|w| + |b|`` with one;
+        methods that hold a dense copy return it directly.
         """
         import torch
 

@@ -130,6 +130,10 @@ class MoEMethod(LinearMethod):
         raise TypeError(f"{type(self).__qualname__} computes a routed-expert MLP; call "
                         "apply_moe(layer, x, topk_ids, topk_weights)")
 
+    def dequantized_weight(self, layer: torch.nn.Module) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__qualname__} does not implement "
+                                  "dequantized_weight: a MoE layer has no single dense weight")
+
     def apply_moe(self, layer: torch.nn.Module, x: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor) -> torch.Tensor:
         """``sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t])`` for ``x`` [T, hidden],
