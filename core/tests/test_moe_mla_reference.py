@@ -103,7 +103,8 @@ def test_dequantized_weight_default_recovers_any_methods_weight() -> None:
             layer.bias = torch.zeros(INTER)
         w = torch.randn(INTER, H)
         layer.weight.data.copy_(w)
-        layer.bias.data.normal_(0, 3.0)
+        if bias:
+            layer.bias.data.normal_(0, 3.0)
         method.process_weights_after_loading(layer)
         dense = super(TorchUnquantizedLinear, method).dequantized_weight(layer)
         if bias:  # (w + b) - b rounds: within one ulp of |w| + |b|
