@@ -190,6 +190,21 @@ def plan_checkpoint(path: str, *, device: DeviceCapability | None = None,
     folder = CheckpointFolder(path)
     request = folder.format_request()
     fmt = _decide(BackendKind.CHECKPOINT_FORMAT, "checkpoint", request, device, policy, registry)
+    collective = None
+    if tp_size > 1:
+        transport = "nccl" if device.platform in ("cuda", "rocm") else "gloo"
+        coll_req = CollectiveRequest("all_reduce", tp_size, folder.config.dtype_name, transport)
+        collective = _decide(BackendKind.COLLECTIVE, "all_reduce", coll_req, device, policy,
+                             registry)
+    arch = ",".join(folder.config.architectures) or folder.config.model_type or "unknown"
+    if fmt.selection is not None and _supported(folder):
+        built = _plan_by_building(folder, fmt.selection.backend(request), registry, device,
+                                  policy, tp_size, kv_cache)
+        attention = next((d for d in built if d.module == "attention"),
+                         Decision("attention", None, None, "the model has no attention layer"))
+        built_linears = tuple(d for d in built if d.module != "attention")
+        return Plan(folder.path, arch, device, tp_size, fmt, built_linears, attention,
+                    collective)
     linears: list[Decision] = []
     if fmt.selection is not None:
         handler: CheckpointFormat = fmt.selection.backend(request)
@@ -211,11 +226,32 @@ def plan_checkpoint(path: str, *, device: DeviceCapability | None = None,
                             registry)
     except ConfigError as exc:
         attention = Decision("attention", None, None, str(exc))
-    collective = None
-    if tp_size > 1:
-        transport = "nccl" if device.platform in ("cuda", "rocm") else "gloo"
-        coll_req = CollectiveRequest("all_reduce", tp_size, folder.config.dtype_name, transport)
-        collective = _decide(BackendKind.COLLECTIVE, "all_reduce", coll_req, device, policy,
-                             registry)
-    arch = ",".join(folder.config.architectures) or folder.config.model_type or "unknown"
     return Plan(folder.path, arch, device, tp_size, fmt, tuple(linears), attention, collective)
+
+
+def _supported(folder: CheckpointFolder) -> bool:
+    from kernelbay.engine.models import SUPPORTED_ARCHITECTURES
+
+    return any(a in SUPPORTED_ARCHITECTURES for a in folder.config.architectures)
+
+
+def _plan_by_building(folder: CheckpointFolder, handler: CheckpointFormat, registry: Registry,
+                      device: DeviceCapability, policy: Policy, tp_size: int,
+                      kv_cache: str) -> list[Decision]:
+    """The engine's own decisions: build the model on the meta device (no memory, no data)
+    in planning mode, exactly as ``LLM`` would on rank 0."""
+    import torch
+
+    from kernelbay.engine.build import ModelBuilder
+    from kernelbay.engine.models import model_class
+    from kernelbay.engine.parallel import TensorParallel
+
+    dtype_name = folder.config.dtype_name
+    dtype = getattr(torch, dtype_name if dtype_name in ("float32", "float16") else "bfloat16")
+    meta = torch.device("meta")
+    builder = ModelBuilder(folder, handler, registry, device, policy, meta, dtype,
+                           TensorParallel(0, tp_size), kv_cache, planning=True)
+    cls = model_class(folder.config.architectures, folder.file("config.json"))
+    with meta:
+        cls(builder)
+    return builder.decisions

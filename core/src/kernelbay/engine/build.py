@@ -10,9 +10,13 @@ from kernelbay.checkpoint.folder import CheckpointFolder
 from kernelbay.device import DeviceCapability
 from kernelbay.engine.modules import AttentionLayer, Linear, RMSNorm
 from kernelbay.engine.parallel import TensorParallel
-from kernelbay.errors import CheckpointError, ConfigError
+from kernelbay.errors import CheckpointError, ConfigError, ForcedBackendError, NoBackendError
 from kernelbay.kinds import BackendKind
 from kernelbay.layers import AttentionBackend, CheckpointFormat, MoEMethod
+from kernelbay.layers.moe import TorchMoE
+from kernelbay.layers.torch_attention import TorchPagedAttention
+from kernelbay.layers.torch_linear import TorchUnquantizedLinear
+from kernelbay.layers.torch_mla import TorchMLAAttention
 from kernelbay.plan import Decision, shard_linear
 from kernelbay.plugins import Registry
 from kernelbay.policy import Policy
@@ -26,13 +30,16 @@ class ModelBuilder:
     """Everything a model family needs to build itself: the checkpoint, its format handler,
     the policy and device to select for, the torch device and dtype, and tensor parallel.
 
-    Every selection is recorded in ``decisions`` (the plan ``LLM.plan`` shows).
+    Every selection is recorded in ``decisions`` (the plan ``LLM.plan`` shows). With
+    ``planning=True`` (``kernelbay explain``, on the meta device) a layer that no backend
+    accepts is recorded with its error and built from a core reference as a stand-in, so the
+    whole plan is shown; such a model is never run.
     """
 
     def __init__(self, folder: CheckpointFolder, handler: CheckpointFormat, registry: Registry,
                  capability: DeviceCapability, policy: Policy, device: torch.device,
                  dtype: torch.dtype, tp: TensorParallel, kv_cache: str = "auto",
-                 page_size: int = 16) -> None:
+                 page_size: int = 16, planning: bool = False) -> None:
         self.folder = folder
         self.config = folder.config
         self.handler = handler
@@ -44,10 +51,26 @@ class ModelBuilder:
         self.tp = tp
         self.kv_cache = kv_cache
         self.page_size = page_size
+        self.planning = planning
         self.linear_modules = {m.name: m for m in handler.linear_modules(folder.tensors)}
         self.decisions: list[Decision] = []
         self.attention_layers: list[AttentionLayer] = []
         self._attention_backends: dict[AttentionRequest, AttentionBackend] = {}
+
+    def _select(self, kind: BackendKind, module: str, request: Any,
+                stand_in: type[Any]) -> type[Any]:
+        """The selected class for ``request``, recording the decision; in planning mode a
+        failed selection is recorded and ``stand_in`` (a core reference) is returned."""
+        try:
+            selection = select(kind, request, self.capability, self.policy,
+                               registry=self.registry)
+        except (NoBackendError, ForcedBackendError) as exc:
+            if not self.planning:
+                raise
+            self.decisions.append(Decision(module, request, None, str(exc), exc.trace))
+            return stand_in
+        self.decisions.append(Decision(module, request, selection))
+        return selection.backend
 
     @property
     def dtype_name(self) -> str:
@@ -69,10 +92,8 @@ class ModelBuilder:
                                   tensor=self.handler.source_name(name, "weight"))
         request = shard_linear(module, self.handler.scheme_for(name), self.dtype_name,
                                self.tp.rank, self.tp.size)
-        selection = select(BackendKind.LINEAR, request, self.capability, self.policy,
-                           registry=self.registry)
-        self.decisions.append(Decision(name, request, selection))
-        return Linear(selection.backend(request), self.tp, self.device)
+        cls = self._select(BackendKind.LINEAR, name, request, TorchUnquantizedLinear)
+        return Linear(cls(request), self.tp, self.device)
 
     def moe_method(self, prefix: str, hidden: int, intermediate: int,
                    num_experts: int) -> MoEMethod:
@@ -114,12 +135,10 @@ class ModelBuilder:
         request = LinearRequest(hidden, intermediate // tp, schemes.pop(), self.dtype_name,
                                 bias, MOE_EXPERTS_ROLE, "column" if tp > 1 else "replicated",
                                 self.tp.rank, tp, num_experts)
-        selection = select(BackendKind.LINEAR, request, self.capability, self.policy,
-                           registry=self.registry)
-        self.decisions.append(Decision(f"{prefix}.experts", request, selection))
-        method = selection.backend(request)
+        cls = self._select(BackendKind.LINEAR, f"{prefix}.experts", request, TorchMoE)
+        method = cls(request)
         if not isinstance(method, MoEMethod):
-            raise ConfigError(f"{prefix}.experts: the selected linear method {selection.name!r} "
+            raise ConfigError(f"{prefix}.experts: the selected linear method {cls.name!r} "
                               f"accepted a routed-expert request but is not a MoEMethod")
         return method
 
@@ -138,10 +157,9 @@ class ModelBuilder:
         """The next attention layer (layers are numbered in construction order)."""
         backend = self._attention_backends.get(request)
         if backend is None:
-            selection = select(BackendKind.ATTENTION, request, self.capability, self.policy,
-                               registry=self.registry)
-            self.decisions.append(Decision("attention", request, selection))
-            backend = selection.backend(request)
+            stand_in = TorchMLAAttention if request.attention == "mla" else TorchPagedAttention
+            backend = self._select(BackendKind.ATTENTION, "attention", request, stand_in)(
+                request)
             self._attention_backends[request] = backend
         layer = AttentionLayer(backend, len(self.attention_layers), scale)
         self.attention_layers.append(layer)
