@@ -95,9 +95,8 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     args = parser.parse_args()
-    from transformers import AutoModelForCausalLM
-
     from kernelbay.engine import LLM
+    from transformers import AutoModelForCausalLM
 
     dtype = getattr(torch, args.dtype)
     rows = []
