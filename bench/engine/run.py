@@ -19,6 +19,7 @@ import platform
 import statistics
 import tempfile
 import time
+from functools import partial
 from typing import Any
 
 import torch
@@ -109,8 +110,8 @@ def main() -> int:
             for batch in (int(b) for b in args.batches.split(",")):
                 prompts = _prompts(batch, args.prompt_len)
                 n = args.new_tokens
-                ours = measure(lambda: time_kernelbay(llm, prompts, n), args.repeats)
-                theirs = measure(lambda: time_transformers(ref, prompts, n), args.repeats)
+                ours = measure(partial(time_kernelbay, llm, prompts, n), args.repeats)
+                theirs = measure(partial(time_transformers, ref, prompts, n), args.repeats)
                 row: dict[str, Any] = {"size": size, "batch": batch,
                                        "prompt_len": args.prompt_len, "new_tokens": n}
                 for name, (ttft, total) in (("kernelbay", ours), ("transformers", theirs)):
@@ -122,7 +123,6 @@ def main() -> int:
                     "transformers_prefill_tok_s"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-            del llm, ref
     device_name = (torch.cuda.get_device_name() if args.device.startswith("cuda")
                    else platform.processor() or platform.machine())
     result = {"bench": "engine", "device": device_name, "dtype": args.dtype,
