@@ -77,9 +77,12 @@ def _paged_setup(lengths: list[int], new: list[int], heads: int, kv_heads: int, 
     return backend, cache, torch.cat(queries), meta, keys, values, queries
 
 
+@pytest.mark.parametrize("new", [[1, 7, 1, 5],     # a decode, a prefill, chunked continuations
+                                 [1, 1, 1, 1]])    # a pure decode batch (the batched path)
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (8, 2), (6, 1)])
-def test_paged_attention_matches_sdpa_for_prefill_and_decode(heads: int, kv_heads: int) -> None:
-    lengths, new = [1, 7, 33, 16], [1, 7, 1, 5]   # a decode, a prefill, chunked continuations
+def test_paged_attention_matches_sdpa_for_prefill_and_decode(heads: int, kv_heads: int,
+                                                            new: list[int]) -> None:
+    lengths = [1, 7, 33, 16]
     backend, cache, query, meta, keys, values, queries = _paged_setup(
         lengths, new, heads, kv_heads, 16, 8, seed=heads)
     out = backend.forward(query, cache, meta, scale=16 ** -0.5)

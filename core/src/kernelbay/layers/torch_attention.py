@@ -34,7 +34,8 @@ class TorchPagedAttention(AttentionBackend):
     name: ClassVar[str] = "torch-paged"
     api_version: ClassVar[str] = PLUGIN_API_VERSION
     priority: ClassVar[int] = 0
-    batch_invariant: ClassVar[bool] = True
+    # Decode batches pad keys to the longest context: the reduction order can depend on it.
+    batch_invariant: ClassVar[bool] = False
     summary: ClassVar[str] = "MHA/GQA/MQA paged attention in plain torch, any device"
 
     @classmethod
@@ -83,26 +84,57 @@ class TorchPagedAttention(AttentionBackend):
 
     def forward(self, query: torch.Tensor, cache: torch.Tensor, metadata: AttentionMetadata,
                 scale: float) -> torch.Tensor:
+        starts = metadata.query_start_loc.tolist()
+        if len(starts) > 1 and all(b - a == 1 for a, b in zip(starts, starts[1:])):
+            return self._decode(query, cache, metadata, scale)
+        return self._varlen(query, cache, metadata, scale, starts)
+
+    def _decode(self, query: torch.Tensor, cache: torch.Tensor, metadata: AttentionMetadata,
+                scale: float) -> torch.Tensor:
+        """One new token per sequence: the whole batch at once, keys padded to the longest
+        context and masked (GQA by grouping the queries, so K/V are never repeated)."""
+        import torch
+
+        r = self.request
+        batch, group = query.shape[0], r.num_heads // r.num_kv_heads
+        lengths = metadata.seq_lens.long()
+        context = int(lengths.max())
+        pages = metadata.block_tables[:, :-(-context // r.page_size)].long()
+        kv = cache[pages].float()                                 # [B, P, 2, S, Hkv, D]
+        k = kv[:, :, 0].reshape(batch, -1, r.num_kv_heads, r.head_dim)[:, :context]
+        v = kv[:, :, 1].reshape(batch, -1, r.num_kv_heads, r.head_dim)[:, :context]
+        q = query.float().view(batch, r.num_kv_heads, group, r.head_dim)
+        scores = torch.einsum("bkgd,bckd->bkgc", q, k) * scale    # [B, Hkv, G, C]
+        k_pos = torch.arange(context, device=query.device)[None, :]
+        allowed = k_pos < lengths[:, None]
+        if r.sliding_window is not None:
+            allowed &= k_pos >= lengths[:, None] - r.sliding_window
+        scores = scores.masked_fill(~allowed[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out = torch.einsum("bkgc,bckd->bkgd", probs, v)
+        return out.reshape(batch, r.num_heads, r.head_dim).to(query.dtype)
+
+    def _varlen(self, query: torch.Tensor, cache: torch.Tensor, metadata: AttentionMetadata,
+                scale: float, starts: list[int]) -> torch.Tensor:
+        """Any mix of prefill and decode: one sequence at a time."""
         import torch
 
         r = self.request
         group = r.num_heads // r.num_kv_heads
         out = torch.empty_like(query)
-        starts = metadata.query_start_loc.tolist()
         lengths = metadata.seq_lens.tolist()
         for b, context in enumerate(lengths):
-            q = query[starts[b]:starts[b + 1]].float()            # [L, H, D]
-            num_new = q.shape[0]
+            num_new = starts[b + 1] - starts[b]
             if num_new == 0:
                 continue
+            q = query[starts[b]:starts[b + 1]].float().view(num_new, r.num_kv_heads, group,
+                                                              r.head_dim)
             num_pages = -(-context // r.page_size)
             pages = metadata.block_tables[b, :num_pages].long()
             kv = cache[pages].float()                             # [P, 2, S, Hkv, D]
             k = kv[:, 0].reshape(-1, r.num_kv_heads, r.head_dim)[:context]
             v = kv[:, 1].reshape(-1, r.num_kv_heads, r.head_dim)[:context]
-            k = k.repeat_interleave(group, dim=1)
-            v = v.repeat_interleave(group, dim=1)
-            scores = torch.einsum("lhd,chd->hlc", q, k) * scale   # [H, L, C]
+            scores = torch.einsum("lkgd,ckd->kglc", q, k) * scale  # [Hkv, G, L, C]
             q_pos = torch.arange(context - num_new, context, device=q.device)[:, None]
             k_pos = torch.arange(context, device=q.device)[None, :]
             allowed = k_pos <= q_pos
@@ -110,5 +142,7 @@ class TorchPagedAttention(AttentionBackend):
                 allowed &= k_pos > q_pos - r.sliding_window
             scores = scores.masked_fill(~allowed, float("-inf"))
             probs = torch.softmax(scores, dim=-1)
-            out[starts[b]:starts[b + 1]] = torch.einsum("hlc,chd->lhd", probs, v).to(out.dtype)
+            o = torch.einsum("kglc,ckd->lkgd", probs, v)
+            out[starts[b]:starts[b + 1]] = o.reshape(num_new, r.num_heads, r.head_dim).to(
+                out.dtype)
         return out
