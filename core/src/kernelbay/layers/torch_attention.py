@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import TYPE_CHECKING, ClassVar
 
 from kernelbay._version import PLUGIN_API_VERSION
@@ -85,7 +86,7 @@ class TorchPagedAttention(AttentionBackend):
     def forward(self, query: torch.Tensor, cache: torch.Tensor, metadata: AttentionMetadata,
                 scale: float) -> torch.Tensor:
         starts = metadata.query_start_loc.tolist()
-        if len(starts) > 1 and all(b - a == 1 for a, b in zip(starts, starts[1:])):
+        if len(starts) > 1 and all(b - a == 1 for a, b in pairwise(starts)):
             return self._decode(query, cache, metadata, scale)
         return self._varlen(query, cache, metadata, scale, starts)
 
