@@ -84,3 +84,17 @@ def test_plan_lists_every_layer(checkpoint: str) -> None:
     assert {d.chosen for d in plan.linears} == {"torch-unquantized"}
     tied = "lm_head" not in {d.module for d in plan.linears}
     assert tied == (os.path.basename(checkpoint).startswith("qwen2"))
+
+
+def test_kv_cache_budget_sizes_the_page_pool(checkpoint: str) -> None:
+    from kernelbay.engine import KVCacheConfig
+
+    probe = LLM(checkpoint, dtype="float32", registry=CORE_ONLY)
+    per_page = probe.cache.page_bytes
+    llm = LLM(checkpoint, dtype="float32", registry=CORE_ONLY,
+              kv_cache=KVCacheConfig(memory=per_page * 5 + 7, page_size=16))
+    assert llm.cache.allocator.num_pages == 5
+    ok = llm.generate(PROMPT, SamplingParams(max_tokens=16, ignore_eos=True))[0]
+    assert len(ok.token_ids) == 16
+    with pytest.raises(MemoryError, match="needs 6 KV-cache pages, the cache has 5"):
+        llm.generate(PROMPT, SamplingParams(max_tokens=80, ignore_eos=True))
