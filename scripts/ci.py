@@ -55,7 +55,6 @@ PTH_NAME = "_kernelbay_shared_env.pth"
 REQUIREMENTS = Path("scripts/requirements-shared.txt")
 WORKFLOW = Path(".github/workflows/ci.yml")
 VENDOR_EXAMPLE = "examples/vendor_plugin"
-DEMO_CHECKPOINT = Path(".cache/demo-checkpoint")
 DEFAULT_TIMEOUT_S = 1200.0  # per job command; KERNELBAY_CI_TIMEOUT overrides (0 = none)
 TIMEOUT_RC = 124
 # Job commands may use these placeholders; `run` substitutes them.
@@ -876,65 +875,6 @@ def cmd_run(
 # --------------------------------------------------------------------------------------------
 # demo
 
-CHECKPOINT_WRITER = r"""
-import json, sys
-from pathlib import Path
-import torch
-from safetensors.torch import save_file
-
-out = Path(sys.argv[1])
-out.mkdir(parents=True, exist_ok=True)
-cfg = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
-    "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-    "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-    "bos_token_id": 1, "eos_token_id": 2,
-}
-h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-d = h // cfg["num_attention_heads"]
-kv = cfg["num_key_value_heads"] * d
-g = torch.Generator().manual_seed(0)
-
-def w(*shape):
-    return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
-
-t = {"model.embed_tokens.weight": w(v, h)}
-for n in range(cfg["num_hidden_layers"]):
-    p = f"model.layers.{n}."
-    t[p + "self_attn.q_proj.weight"] = w(h, h)
-    t[p + "self_attn.k_proj.weight"] = w(kv, h)
-    t[p + "self_attn.v_proj.weight"] = w(kv, h)
-    t[p + "self_attn.o_proj.weight"] = w(h, h)
-    t[p + "mlp.gate_proj.weight"] = w(i, h)
-    t[p + "mlp.up_proj.weight"] = w(i, h)
-    t[p + "mlp.down_proj.weight"] = w(h, i)
-    t[p + "input_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
-    t[p + "post_attention_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
-t["model.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
-t["lm_head.weight"] = w(v, h)
-(out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-save_file(t, str(out / "model.safetensors"), metadata={"format": "pt"})
-print(f"wrote {len(t)} tensors to {out}")
-"""
-
-
-def cli_lists_command(help_text: str, command: str) -> bool:
-    """Whether `kernelbay --help` lists a subcommand (argparse {a,b} or an indented table)."""
-    for choices in re.findall(r"\{([A-Za-z0-9_,\-]+)\}", help_text):
-        if command in choices.split(","):
-            return True
-    return re.search(rf"^\s+{re.escape(command)}(\s|$)", help_text, re.MULTILINE) is not None
-
-
-def write_demo_checkpoint(ctx: Context, out: Path) -> None:
-    shared_python = venv_python(ctx.shared)
-    done = run_cmd([shared_python, "-c", CHECKPOINT_WRITER, str(out)], cwd=ctx.root)
-    if done.returncode != 0:
-        raise die("writing the demo checkpoint failed", 1)
-
-
 def cmd_demo(ctx: Context) -> int:
     cmd_setup(ctx)
     shared_sites = shared_sites_or_die(ctx)
@@ -947,24 +887,11 @@ def cmd_demo(ctx: Context) -> int:
     if not ok:
         return 1
     exe = str(venv_bin(vdir) / "kernelbay")
-    helped = run_cmd([exe, "--help"], cwd=ctx.root, env=env, capture=True)
-    if helped.returncode != 0:
-        log(helped.stdout)
-        raise die("`kernelbay --help` failed", 1)
-    steps: list[list[str]]
-    if cli_lists_command(helped.stdout, "run"):
-        steps = [[exe, "run"]]
-    else:
-        ckpt = ctx.root / DEMO_CHECKPOINT
-        write_demo_checkpoint(ctx, ckpt)
-        steps = [[exe, "doctor"], [exe, "explain", str(ckpt)]]
-    rc = 0
-    for argv in steps:
-        log(f"\n$ kernelbay {shlex.join(argv[1:])}")
-        rc = run_cmd(argv, cwd=ctx.root, env=env).returncode
-        if rc != 0:
-            log(f"exit {rc}")
-            return rc
+    log("\n$ kernelbay run   (the bundled demo model on the best backends here)")
+    rc = run_cmd([exe, "run"], cwd=ctx.root, env=env).returncode
+    if rc != 0:
+        log(f"exit {rc}")
+        return rc
     log(f"\ndemo venv: {vdir} (try {vdir / 'bin' / 'kernelbay'} --help)")
     return rc
 

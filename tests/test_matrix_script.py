@@ -5,7 +5,6 @@ Fast and offline: no venv is created, nothing is installed, nothing is downloade
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import re
@@ -298,19 +297,6 @@ def test_pytest_outcomes(rc: int, exists: bool, status: str) -> None:
     assert got == status
     if rc == 5:
         assert "no tests collected" in detail
-
-
-def test_demo_detects_the_run_subcommand() -> None:
-    parser = argparse.ArgumentParser(prog="kernelbay")
-    sub = parser.add_subparsers(dest="cmd")
-    for name in ("plugins", "doctor", "explain"):
-        sub.add_parser(name, help=f"{name} things")
-    assert not ci.cli_lists_command(parser.format_help(), "run")
-    sub.add_parser("run", help="generate")
-    assert ci.cli_lists_command(parser.format_help(), "run")
-    table = "Commands:\n  doctor   device facts\n  run      generate text\n"
-    assert ci.cli_lists_command(table, "run")
-    assert not ci.cli_lists_command("Usage: kernelbay [OPTIONS]\n  Run a model.\n", "run")
 
 
 def test_fallback_toml_reader_agrees_with_tomllib_on_the_repo() -> None:
