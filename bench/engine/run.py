@@ -95,7 +95,10 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+    parser.add_argument("--core-only", action="store_true",
+                        help="only the core's reference backends (ignore installed plugins)")
     args = parser.parse_args()
+    from kernelbay import Policy
     from kernelbay.engine import LLM
     from transformers import AutoModelForCausalLM
 
@@ -104,8 +107,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes.split(","):
             path = make_checkpoint(os.path.join(tmp, size), size, dtype)
+            policy = Policy(plugins=frozenset()) if args.core_only else Policy.from_env()
             llm = LLM(path, device=args.device, dtype=args.dtype, max_num_seqs=16,
-                      progress=False)
+                      progress=False, policy=policy)
+            linear = sorted({d.chosen for d in llm.plan.linears})
             ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
             for batch in (int(b) for b in args.batches.split(",")):
                 prompts = _prompts(batch, args.prompt_len)
@@ -113,7 +118,9 @@ def main() -> int:
                 ours = measure(partial(time_kernelbay, llm, prompts, n), args.repeats)
                 theirs = measure(partial(time_transformers, ref, prompts, n), args.repeats)
                 row: dict[str, Any] = {"size": size, "batch": batch,
-                                       "prompt_len": args.prompt_len, "new_tokens": n}
+                                       "prompt_len": args.prompt_len, "new_tokens": n,
+                                       "linear_backends": linear,
+                                       "attention_backend": llm.plan.attention.chosen}
                 for name, (ttft, total) in (("kernelbay", ours), ("transformers", theirs)):
                     row[f"{name}_prefill_tok_s"] = batch * args.prompt_len / ttft
                     row[f"{name}_decode_tok_s"] = batch * (n - 1) / max(total - ttft, 1e-9)
@@ -133,12 +140,12 @@ def main() -> int:
     lines = [f"engine on {device_name}, {args.dtype}, {torch.get_num_threads()} threads, prompt "
              f"{args.prompt_len}, {args.new_tokens} new tokens", "",
              "| size | batch | decode tok/s (kernelbay) | decode tok/s (transformers) | x | "
-             "prefill tok/s (kernelbay) | prefill tok/s (transformers) | x |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "prefill tok/s (kernelbay) | prefill tok/s (transformers) | x | linear backends |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['size']} | {r['batch']} | {r['kernelbay_decode_tok_s']:.1f} | "
               f"{r['transformers_decode_tok_s']:.1f} | {r['decode_ratio']:.2f} | "
               f"{r['kernelbay_prefill_tok_s']:.0f} | {r['transformers_prefill_tok_s']:.0f} | "
-              f"{r['prefill_ratio']:.2f} |" for r in rows]
+              f"{r['prefill_ratio']:.2f} | {', '.join(r['linear_backends'])} |" for r in rows]
     with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
