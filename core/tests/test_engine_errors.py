@@ -136,3 +136,35 @@ def test_sharded_index_loads(model: str) -> None:
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
     llm = LLM(model, dtype="float32", registry=CORE_ONLY)
     assert llm.logits([1, 2, 3]).shape == (3, 160)
+
+
+def test_optional_tensor_absent_from_the_checkpoint(pristine: str) -> None:
+    from kernelbay import hookimpl
+    from kernelbay.layers import TensorSpec
+    from kernelbay.layers.torch_linear import TorchUnquantizedLinear
+
+    class WithOptionalScale(TorchUnquantizedLinear):
+        """Reads an optional per-layer scale; without one the layer is plain."""
+
+        name = "test-optional-scale"
+        priority = 50
+
+        def tensor_specs(self):  # type: ignore[no-untyped-def]
+            return {**super().tensor_specs(), "extra_scale": TensorSpec((), "float32",
+                                                                          required=False)}
+
+    class Plugin:
+        KERNELBAY_PLUGIN_API = "1.0"
+
+        @hookimpl
+        def kernelbay_linear_methods(self) -> list[type]:
+            return [WithOptionalScale]
+
+    registry = Registry(Policy(plugins=frozenset()))
+    registry.register(Plugin(), "optional")
+    llm = LLM(pristine, dtype="float32", registry=registry)
+    layer = llm.model.model.layers[0].self_attn.q_proj
+    assert layer.method.name == "test-optional-scale"
+    assert getattr(layer, "extra_scale", None) is None
+    plain = LLM(pristine, dtype="float32", registry=CORE_ONLY)
+    assert torch.equal(llm.logits([1, 2, 3]), plain.logits([1, 2, 3]))

@@ -28,3 +28,10 @@ def test_discovery_and_plugins_command_import_nothing_heavy() -> None:
     code = ("import contextlib, io\nfrom kernelbay.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n    main(['plugins', '--json'])")
     assert _heavy(_modules_after(code)) == []
+
+
+def test_engine_names_load_on_first_use() -> None:
+    code = ("import sys, kernelbay\nassert 'torch' not in sys.modules\n"
+            "import kernelbay.engine\nassert kernelbay.LLM is kernelbay.engine.LLM\n"
+            "assert kernelbay.SamplingParams is kernelbay.engine.SamplingParams")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -33,7 +33,19 @@ from kernelbay.select import Selection, select
 from kernelbay.trace import CandidateStatus, TraceLine
 from kernelbay.verdict import Verdict
 
+# The engine imports torch: load it on first use, so `import kernelbay` stays light.
+_ENGINE_NAMES = ("LLM", "SamplingParams", "KVCacheConfig", "RequestOutput")
+
+
+def __getattr__(name: str) -> object:
+    if name in _ENGINE_NAMES:
+        import kernelbay.engine
+
+        return getattr(kernelbay.engine, name)
+    raise AttributeError(f"module 'kernelbay' has no attribute {name!r}")
+
 __all__ = [
+    "LLM",
     "PLUGIN_API_VERSION",
     "UNQUANTIZED",
     "AttentionRequest",
@@ -47,6 +59,7 @@ __all__ = [
     "DeviceCapability",
     "ForcedBackendError",
     "FormatRequest",
+    "KVCacheConfig",
     "KernelbayError",
     "LayerRole",
     "LinearRequest",
@@ -58,6 +71,8 @@ __all__ = [
     "ProposerRequest",
     "QuantScheme",
     "Registry",
+    "RequestOutput",
+    "SamplingParams",
     "Selection",
     "TraceLine",
     "Verdict",

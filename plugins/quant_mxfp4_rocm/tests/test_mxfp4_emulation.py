@@ -54,6 +54,7 @@ def test_weight_only_bit_exact(dtype: str, n: int, k: int) -> None:
         assert torch.equal(method.apply(layer, x), F.linear(x, w, bias))
     assert torch.equal(method.apply(layer, torch.zeros(2, k, dtype=DTYPES[dtype])),
                        bias.expand(2, n))
+    assert torch.equal(method.dequantized_weight(layer), w)
 
 
 @pytest.mark.parametrize("activation", sorted(ELEM))
@@ -75,6 +76,8 @@ def test_mx_activations_bit_exact(activation: str, rule: str, dtype: str) -> Non
     want = F.linear(dequantize_mx(data, s, elem), w).to(DTYPES[dtype])  # type: ignore[arg-type]
     got = method.apply(layer, x)
     assert got.dtype == DTYPES[dtype] and torch.equal(got, want)
+    # MLA folds the weight into other math: the dense weight comes back exactly.
+    assert torch.equal(method.dequantized_weight(layer), w.to(DTYPES[dtype]))
     assert torch.all(got[0, 0] == 0)
     # The scale rule matters: another rule gives other activations somewhere.
     other = "floor" if rule != "floor" else "rceil"
@@ -110,12 +113,15 @@ def test_can_implement() -> None:
         "handles OCP MXFP4 weights only": LinearRequest(64, 64, nvfp4),
         "scale_mode 'ceil'": LinearRequest(64, 64, mx("mxfp4-dynamic", "ceil")),
         "scheme has 'fp8-static'": LinearRequest(64, 64, mx("fp8-static")),
-        "stacks 4 experts": LinearRequest(64, 64, mx(), num_experts=4),
+        "routed-expert MLP of 4 experts": LinearRequest(64, 64, mx(), num_experts=4),
         "request has 'int8'": LinearRequest(64, 64, mx(), "int8"),
     }
     for reason, request in cases.items():
         verdict = Mxfp4EmulationLinear.can_implement(request, cpu)
         assert not verdict.accepted and reason in verdict.reason, verdict.reason
+    # A routed-expert request is not this method's business (not a fallback to warn about).
+    assert not Mxfp4EmulationLinear.can_implement(LinearRequest(64, 64, mx(), num_experts=4),
+                                                  cpu).applicable
 
 
 def test_tensor_specs_under_tensor_parallel() -> None:

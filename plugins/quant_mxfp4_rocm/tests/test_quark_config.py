@@ -124,3 +124,16 @@ def test_rejections_name_the_entry_and_the_supported_set() -> None:
         config = None if method is None else {**quark_config(), "quant_method": method}
         verdict = QuarkFormat.can_implement(FormatRequest.from_config(config), CPU)
         assert not verdict.accepted and "'quark'" in verdict.reason
+
+
+def test_moe_routers_stay_unquantized_and_experts_follow_the_config() -> None:
+    fmt = _fmt(quark_config(exclude=["lm_head", "*self_attn*"]))
+    assert fmt.scheme_for("model.layers.3.mlp.gate") == UNQUANTIZED
+    assert fmt.explain("model.layers.3.mlp.gate")[1] == "MoE routers stay unquantized"
+    assert fmt.scheme_for("model.layers.3.mlp.experts.5.gate_proj") == mx("mxfp4-dynamic")
+    assert fmt.scheme_for("model.layers.3.mlp.shared_experts.down_proj") == mx("mxfp4-dynamic")
+    assert fmt.scheme_for("model.layers.3.self_attn.kv_b_proj") == UNQUANTIZED
+    # gate_proj is a projection, not a router.
+    assert fmt.scheme_for("model.layers.0.mlp.gate_proj") == mx("mxfp4-dynamic")
+    assert fmt.source_name("model.layers.3.mlp", "experts.5.gate_proj.weight_scale") == (
+        "model.layers.3.mlp.experts.5.gate_proj.weight_scale")

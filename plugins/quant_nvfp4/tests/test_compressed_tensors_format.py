@@ -10,7 +10,7 @@ import torch
 from kernelbay.checkpoint import CheckpointFolder
 from kernelbay.device import parse_device
 from kernelbay.errors import CheckpointError, ConfigError
-from kernelbay.formats import nvfp4_global_scale
+from kernelbay.formats import nvfp4_global_scale, quantize_nvfp4
 from kernelbay.plan import plan_checkpoint
 from kernelbay.plugins import Registry
 from kernelbay.requests import UNQUANTIZED, FormatRequest
@@ -171,5 +171,33 @@ def test_checkpoint_tensors_load_into_the_emulation(ct_checkpoint: Callable[...,
     method.process_weights_after_loading(layer)
     g = 1.0 / stored[f"{Q}.weight_global_scale"].reshape(())
     w = dequantize_nvfp4(stored[f"{Q}.weight_packed"], stored[f"{Q}.weight_scale"], g)
+    a = 1.0 / stored[f"{Q}.input_global_scale"].reshape(())
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-    assert torch.equal(method.apply(layer, x), torch.nn.functional.linear(x, w.bfloat16()))
+    # W4A4: the activations go through NVFP4 with the (converted) input scale.
+    xq = dequantize_nvfp4(*quantize_nvfp4(x, a))
+    assert torch.equal(method.apply(layer, x), torch.nn.functional.linear(xq, w).bfloat16())
+
+
+def test_per_expert_names_map_by_their_last_component(
+        ct_checkpoint: Callable[..., str]) -> None:
+    """A MoE method names tensors relative to its block; the dialect's names and the
+    reciprocal conversion apply to the last component."""
+    path = ct_checkpoint(ct_config(), lambda m: None if m == "lm_head" else "NVFP4")
+    fmt = CompressedTensorsNvfp4Format(CheckpointFolder(path).format_request())
+    block = "model.layers.3.mlp"
+    assert (fmt.source_name(block, "experts.5.gate_proj.weight")
+            == f"{block}.experts.5.gate_proj.weight_packed")
+    assert (fmt.source_name(block, "experts.5.gate_proj.weight_scale_2")
+            == f"{block}.experts.5.gate_proj.weight_global_scale")
+    assert (fmt.source_name(block, "experts.0.down_proj.input_scale")
+            == f"{block}.experts.0.down_proj.input_global_scale")
+    assert (fmt.source_name(block, "experts.5.up_proj.weight_scale")
+            == f"{block}.experts.5.up_proj.weight_scale")
+    stored = torch.tensor([2688.0 / 3.0])
+    value = fmt.convert(block, "experts.5.gate_proj.input_scale", stored)
+    assert value.shape == () and torch.equal(value, 1.0 / stored[0])
+    packed = torch.zeros(4, 8, dtype=torch.uint8)
+    assert fmt.convert(block, "experts.5.gate_proj.weight", packed) is packed
+    # Routers are never quantized, whatever the groups target.
+    assert fmt.scheme_for(f"{block}.gate") == UNQUANTIZED
+    assert fmt.scheme_for(f"{block}.experts.5.gate_proj") == W4A4

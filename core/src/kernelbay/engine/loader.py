@@ -37,6 +37,8 @@ class _Target:
     shard_dim: int | None
     module: str
     canonical: str
+    required: bool = True
+    owner: nn.Module | None = None
 
 
 def _targets(model: nn.Module, handler: CheckpointFormat) -> dict[str, _Target]:
@@ -46,7 +48,8 @@ def _targets(model: nn.Module, handler: CheckpointFormat) -> dict[str, _Target]:
             for canonical, spec in module.method.tensor_specs().items():
                 source = handler.source_name(path, canonical)
                 targets[source] = _Target(getattr(module, canonical), spec.shape, spec.dtype,
-                                          spec.shard_dim, path, canonical)
+                                          spec.shard_dim, path, canonical, spec.required,
+                                          module)
             continue
         for name, param in module.named_parameters(recurse=False):
             full = f"{path}.{name}" if path else name
@@ -99,6 +102,12 @@ def load_weights(model: nn.Module, folder: CheckpointFolder, handler: Checkpoint
 
     targets = _targets(model, handler)
     tensors = folder.tensors
+    # An optional tensor the checkpoint lacks leaves no parameter behind: the method sees
+    # getattr(layer, name, None) is None.
+    for name in [n for n, t in targets.items() if not t.required and n not in tensors]:
+        absent = targets.pop(name)
+        assert absent.owner is not None
+        del absent.owner._parameters[absent.canonical]
     missing = sorted(set(targets) - set(tensors))
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

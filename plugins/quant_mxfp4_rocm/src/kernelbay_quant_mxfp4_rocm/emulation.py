@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     import torch
     from kernelbay.device import DeviceCapability
 
-__all__ = ["DEQUANTIZED_WEIGHT", "MX_ACTIVATIONS", "SCALE_RULES", "Mxfp4EmulationLinear"]
+__all__ = ["DEQUANTIZED_WEIGHT", "MX_ACTIVATIONS", "SCALE_RULES", "Mxfp4EmulationLinear",
+           "fake_quantize_mx"]
 
 #: Name of the buffer holding the dequantized weight after loading.
 DEQUANTIZED_WEIGHT = "dequantized_weight"
@@ -40,6 +41,18 @@ MX_ACTIVATIONS: dict[str, str] = {"mxfp4-dynamic": "e2m1", "mxfp8-dynamic": "e4m
 SCALE_RULES: tuple[str, ...] = ("floor", "even", "rceil")
 _BLOCK = 32
 _FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def fake_quantize_mx(x: torch.Tensor, elem: str, rule: str) -> torch.Tensor:
+    """``x [..., K]`` quantized to OCP MX (``elem`` e2m1 or e4m3, blocks of 32 along K, the
+    scale ``rule``) and read back in float32, through ``kernelbay.formats.mx``."""
+    import torch
+    from kernelbay.formats import dequantize_mx, quantize_mx
+
+    if x.numel() == 0:
+        return x.to(torch.float32)
+    data, scales = quantize_mx(x, elem, rule)  # type: ignore[arg-type]
+    return dequantize_mx(data, scales, elem)  # type: ignore[arg-type]
 
 
 class Mxfp4EmulationLinear(LinearMethod):
@@ -58,6 +71,9 @@ class Mxfp4EmulationLinear(LinearMethod):
         k = request.in_features
         rule = s.option("scale_mode", "even")
         verdict = Verdict.all(
+            Verdict.handles(request.num_experts is None,
+                            f"handles dense layers only, request is a routed-expert MLP of "
+                            f"{request.num_experts} experts"),
             Verdict.handles(s.name == "mxfp4",
                           f"handles OCP MXFP4 weights only, layer is {s.describe()}"),
             Verdict.check(s.group_shape == (1, _BLOCK) and s.scale_dtype == "e8m0",
@@ -72,9 +88,6 @@ class Mxfp4EmulationLinear(LinearMethod):
             Verdict.check(request.activation_dtype in _FLOAT_DTYPES,
                           f"needs activation dtype in {_FLOAT_DTYPES}, request has "
                           f"{request.activation_dtype!r}"),
-            Verdict.check(request.num_experts is None,
-                          f"handles dense layers only, request stacks {request.num_experts} "
-                          "experts"),
             Verdict.check(k > 0 and k % _BLOCK == 0,
                           f"K={k} is not a multiple of the MX block {_BLOCK}"),
         )
@@ -118,24 +131,27 @@ class Mxfp4EmulationLinear(LinearMethod):
                  else getattr(torch, self.request.activation_dtype))
         layer.register_buffer(DEQUANTIZED_WEIGHT, weight.to(dtype), persistent=False)
 
-    def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        import torch.nn.functional as F
-
-        weight = getattr(layer, DEQUANTIZED_WEIGHT, None)
+    def _weight(self, layer: torch.nn.Module) -> torch.Tensor:
+        weight: torch.Tensor | None = getattr(layer, DEQUANTIZED_WEIGHT, None)
         if weight is None:
             raise RuntimeError(f"{self.name}: call process_weights_after_loading(layer) before "
                                "apply; the dequantized weight is made there")
-        bias = getattr(layer, "bias", None)
-        # Row-parallel partial sums are all-reduced afterwards: add the bias on one rank only.
-        if self.request.parallel == "row" and self.request.tp_rank != 0:
-            bias = None
+        return weight
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        weight = self._weight(layer)
+        bias = self.rank_bias(layer)  # row-parallel partial sums: the bias on rank 0 only
         elem = self._activation_elem
         if elem is None:
             return F.linear(x, weight, bias)
-        from kernelbay.formats import dequantize_mx, quantize_mx
-
-        rule = self.request.scheme.option("scale_mode", "even")
-        data, scales = quantize_mx(x, elem, rule)  # type: ignore[arg-type]
-        xq = dequantize_mx(data, scales, elem)  # type: ignore[arg-type]
+        xq = fake_quantize_mx(x, elem, self.request.scheme.option("scale_mode", "even") or "even")
         out = F.linear(xq, weight, None if bias is None else bias.float())
         return out.to(x.dtype)
+
+    def dequantized_weight(self, layer: torch.nn.Module) -> torch.Tensor:
+        """The cached dequantized weight in the activation dtype (exact; MLA absorbs it)."""
+        import torch
+
+        return self._weight(layer).to(getattr(torch, self.request.activation_dtype))

@@ -26,7 +26,8 @@ def kernelbay_checkpoint_formats() -> Sequence[type[CheckpointFormat]]:
 
 @hookimpl
 def kernelbay_linear_methods() -> Sequence[type[LinearMethod]]:
-    """The reference OCP MXFP4 linear method."""
+    """The reference OCP MXFP4 linear method and its routed-expert sibling."""
     from kernelbay_quant_mxfp4_rocm.emulation import Mxfp4EmulationLinear
+    from kernelbay_quant_mxfp4_rocm.moe import Mxfp4MoEEmulation
 
-    return [Mxfp4EmulationLinear]
+    return [Mxfp4EmulationLinear, Mxfp4MoEEmulation]

@@ -16,6 +16,8 @@ exports: ``dynamic``), ``round_method``, ``ch_axis``, ``symmetric``, ``observer_
 Per layer, Quark (``get_layer_quant_config``) and vLLM's Quark loader decide in this order:
 ``exclude`` (fnmatch; vLLM also takes ``re:`` patterns), then the layer patterns, then the
 layer type, then the global config; a fused module's shards must all resolve the same way.
+MoE routers (``mlp.gate``) are never quantized: Quark only quantizes ``nn.Linear`` modules
+and transformers' routers are not.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ __all__ = [
     "QuarkLayer",
     "QuarkTensorSpec",
     "exclude_match",
+    "is_router",
     "parse_quark",
 ]
 
@@ -48,6 +51,8 @@ FUSED_SHARDS: dict[str, tuple[str, ...]] = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
     "gate_up_proj": ("gate_proj", "up_proj"),
 }
+_ROUTER_PARENTS = ("mlp", "block_sparse_moe", "moe")
+_ROUTER_LEAVES = ("router", "shared_expert_gate")
 _WEIGHT_SUPPORTED = "fp4 per_group 32 e8m0 (OCP MXFP4) or fp8_e4m3 per_tensor (FP8)"
 _INPUT_SUPPORTED = ("dynamic fp4 / fp8_e4m3 per_group 32 e8m0 (OCP MX) or fp8_e4m3 per_tensor "
                     "(FP8)")
@@ -162,6 +167,16 @@ def _scheme(weight: QuarkTensorSpec | None, inputs: QuarkTensorSpec | None,
     raise ConfigError(f"{where}.weight is {weight.describe()}; supported: {_WEIGHT_SUPPORTED}")
 
 
+def is_router(module: str) -> bool:
+    """True for an MoE router (``model.layers.3.mlp.gate``, ``...router``). Quark quantizes
+    ``nn.Linear`` modules only and transformers' routers are not, so an export never lists
+    them in ``exclude``; loaders (vLLM) build them unquantized."""
+    parts = module.split(".")
+    if parts[-1] in _ROUTER_LEAVES:
+        return True
+    return parts[-1] == "gate" and len(parts) > 1 and parts[-2] in _ROUTER_PARENTS
+
+
 def exclude_match(module: str, patterns: tuple[str, ...]) -> str | None:
     """The ``exclude`` entry that matches ``module``: exact name, ``re:`` regular expression
     (``re.match``), or fnmatch wildcard; ``None`` when none does."""
@@ -186,6 +201,8 @@ class QuarkConfig:
     exclude: tuple[str, ...]
 
     def _shard(self, module: str) -> tuple[QuarkLayer | None, str]:
+        if is_router(module):
+            return None, "MoE routers stay unquantized"
         hit = exclude_match(module, self.exclude)
         if hit is not None:
             return None, f"excluded by {hit!r}"

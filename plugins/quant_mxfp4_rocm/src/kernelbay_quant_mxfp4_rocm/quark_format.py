@@ -20,6 +20,7 @@ from kernelbay_quant_mxfp4_rocm.quark_names import match_scale_tensors
 
 if TYPE_CHECKING:
     import torch
+    from kernelbay.checkpoint.folder import CheckpointFolder
     from kernelbay.checkpoint.tensors import TensorInfo
     from kernelbay.device import DeviceCapability
 
@@ -38,6 +39,20 @@ class QuarkFormat(CheckpointFormat):
     api_version: ClassVar[str] = "1.0"
     priority: ClassVar[int] = 10
     summary: ClassVar[str] = "AMD Quark checkpoints (OCP MXFP4, FP8 per-tensor)"
+    #: ``kernelbay quantize --format quark-mxfp4``: what amd-quark's ``export_safetensors``
+    #: writes for its ``mxfp4`` template scheme (``quark_writer``).
+    writes: ClassVar[tuple[str, ...]] = ("quark-mxfp4",)
+
+    @classmethod
+    def write(cls, source: CheckpointFolder, destination: str, output_format: str, *,
+              progress: bool = False) -> None:
+        """Quantize ``source`` into ``destination`` as Quark MXFP4 W4A4 (dynamic MXFP4
+        activations, scale rule ``even``); see ``quark_writer``."""
+        if output_format not in cls.writes:
+            raise ConfigError(f"{cls.name} writes {list(cls.writes)}, not {output_format!r}")
+        from kernelbay_quant_mxfp4_rocm.quark_writer import write_quark_mxfp4
+
+        write_quark_mxfp4(source, destination, progress=progress)
 
     @classmethod
     def can_implement(cls, request: FormatRequest, device: DeviceCapability) -> Verdict:
@@ -66,13 +81,18 @@ class QuarkFormat(CheckpointFormat):
         return self.parsed.resolve(module)[0]
 
     def source_name(self, module: str, tensor: str) -> str:
-        return self._sources.get((module, tensor), f"{module}.{tensor}")
+        # A MoE method names per-expert tensors relative to the block ("experts.5.gate_proj.
+        # weight_scale" under "model.layers.3.mlp"): the owner is the expert's projection.
+        prefix, _, leaf = tensor.rpartition(".")
+        owner = f"{module}.{prefix}" if prefix else module
+        return self._sources.get((owner, leaf), f"{owner}.{leaf}")
 
     def convert(self, module: str, tensor: str, value: torch.Tensor) -> torch.Tensor:
         """E8M0 scales stored as ``float8_e8m0fnu`` are reinterpreted as their uint8 bytes,
-        the canonical MX scale dtype."""
+        the canonical MX scale dtype (per-expert names convert by their last component)."""
         del module
-        if tensor == "weight_scale" and str(value.dtype) == "torch.float8_e8m0fnu":
+        if (tensor.rpartition(".")[2] == "weight_scale"
+                and str(value.dtype) == "torch.float8_e8m0fnu"):
             import torch
 
             return value.view(torch.uint8)

@@ -155,7 +155,7 @@ class CompressedTensorsNvfp4Format(CheckpointFormat):
 
     def _explain(self, module: str) -> tuple[QuantScheme, str]:
         if is_never_quantized(module):
-            return UNQUANTIZED, "lm_head and embeddings stay unquantized"
+            return UNQUANTIZED, "lm_head, embeddings and MoE routers stay unquantized"
         for entry in self.parsed.ignore:
             if ct_match_level(module, entry):
                 return UNQUANTIZED, f"ignored by {entry!r}"
@@ -196,19 +196,25 @@ class CompressedTensorsNvfp4Format(CheckpointFormat):
         return self.explain(module)[0]
 
     def source_name(self, module: str, tensor: str) -> str:
-        return f"{module}.{CT_TENSOR_NAMES.get(tensor, tensor)}"
+        # A MoE method names per-expert tensors relative to the block ("experts.5.gate_proj.
+        # weight" under "model.layers.3.mlp"): only the last component is the dialect's.
+        prefix, _, leaf = tensor.rpartition(".")
+        owner = f"{module}.{prefix}" if prefix else module
+        return f"{owner}.{CT_TENSOR_NAMES.get(leaf, leaf)}"
 
     def convert(self, module: str, tensor: str, value: torch.Tensor) -> torch.Tensor:
         """Global scales: compressed-tensors stores ``(6*448)/amax`` as fp32 ``[1]``; the
-        canonical ``weight_scale_2``/``input_scale`` is its reciprocal, a 0-d fp32."""
+        canonical ``weight_scale_2``/``input_scale`` is its reciprocal, a 0-d fp32. Per-expert
+        names (``experts.5.gate_proj.input_scale``) convert by their last component."""
         del module
-        if tensor not in _RECIPROCAL:
+        leaf = tensor.rpartition(".")[2]
+        if leaf not in _RECIPROCAL:
             return value
         from kernelbay.formats import compressed_tensors_global_scale
 
         if value.numel() != 1:
-            raise ValueError(f"{CT_TENSOR_NAMES[tensor]} has shape {list(value.shape)}; a global "
-                             "scale is one value")
+            raise ValueError(f"{CT_TENSOR_NAMES[leaf]} of {tensor!r} has shape "
+                             f"{list(value.shape)}; a global scale is one value")
         return compressed_tensors_global_scale(value).reshape(())
 
     def linear_modules(self, tensors: Mapping[str, TensorInfo]) -> Sequence[LinearModule]:

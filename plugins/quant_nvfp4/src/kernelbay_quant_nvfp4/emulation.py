@@ -1,16 +1,22 @@
 """``nvfp4-emulation``: NVFP4 weights dequantized by the one reference, then ``F.linear``.
 
-Math: ``W[n, k] = e2m1(code[n, k]) * (float(weight_scale[n, k // 16]) * weight_scale_2)``
-(``kernelbay.formats.dequantize_nvfp4``, in float32), cast once to the activation dtype after
-loading and cached; ``apply`` is ``F.linear(x, W, bias)``. Activations are not quantized, so
-``input_scale`` (a W4A4 kernel's static activation scale) is read when present and unused.
+Math (``kernelbay.formats`` does every step):
+
+    W = e2m1(code[n, k]) * (float(weight_scale[n, k // 16]) * weight_scale_2)   fp32, once
+    weight-only (activation None):    y = F.linear(x, W.to(x.dtype), b)
+    W4A4 (activation nvfp4-dynamic):  what an FP4 tensor-core kernel computes with the
+        checkpoint's static ``input_scale`` as the activation's global scale and E4M3 block
+        scales per 16 taken from the tokens on the fly (FORMATS.md):
+        xq = dequantize_nvfp4(*quantize_nvfp4(x, input_scale))          fp32
+        y  = F.linear(xq, W, b.float()).to(x.dtype)                       in fp32
+
 This is the correctness baseline and the fallback on any device; Triton kernels come later.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from kernelbay.layers.linear import LinearMethod, TensorSpec
 from kernelbay.requests import LinearRequest
@@ -23,10 +29,25 @@ if TYPE_CHECKING:
     import torch
     from kernelbay.device import DeviceCapability
 
-__all__ = ["DEQUANTIZED_WEIGHT", "Nvfp4EmulationLinear"]
+__all__ = ["DEQUANTIZED_WEIGHT", "W4A4_ACTIVATION", "Nvfp4EmulationLinear",
+           "fake_quantize_nvfp4"]
 
 #: Name of the buffer holding the dequantized weight after loading.
 DEQUANTIZED_WEIGHT = "dequantized_weight"
+#: The activation quantization of W4A4 NVFP4 schemes (the only one emulated).
+W4A4_ACTIVATION = "nvfp4-dynamic"
+
+
+def fake_quantize_nvfp4(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
+    """``x [..., K]`` quantized to NVFP4 with the static global scale ``input_scale`` and read
+    back, in float32 (``kernelbay.formats``): what a W4A4 kernel multiplies."""
+    import torch
+    from kernelbay.formats import dequantize_nvfp4, quantize_nvfp4
+
+    if x.numel() == 0:
+        return x.to(torch.float32)
+    packed, scales, g = quantize_nvfp4(x, input_scale)
+    return dequantize_nvfp4(packed, scales, g)
 
 
 class Nvfp4EmulationLinear(LinearMethod):
@@ -44,24 +65,32 @@ class Nvfp4EmulationLinear(LinearMethod):
         s = request.scheme
         k = request.in_features
         verdict = Verdict.all(
+            Verdict.handles(request.num_experts is None,
+                            f"handles dense layers only, request is a routed-expert MLP of "
+                            f"{request.num_experts} experts"),
             Verdict.handles(s.name == "nvfp4",
-                          f"handles NVFP4 weights only, layer is {s.describe()}"),
+                            f"handles NVFP4 weights only, layer is {s.describe()}"),
             Verdict.check(s.group_shape == (1, NVFP4_BLOCK) and s.scale_dtype == "float8_e4m3fn",
                           f"needs NVFP4 blocks of 1x{NVFP4_BLOCK} with float8_e4m3fn scales, "
                           f"scheme has group {s.group_shape} with {s.scale_dtype!r} scales"),
+            Verdict.check(s.activation in (None, W4A4_ACTIVATION),
+                          f"emulates activations None or {W4A4_ACTIVATION!r}, scheme has "
+                          f"{s.activation!r}"),
             Verdict.check(request.activation_dtype in FLOAT_DTYPES,
                           f"needs activation dtype in {FLOAT_DTYPES}, request has "
                           f"{request.activation_dtype!r}"),
-            Verdict.check(request.num_experts is None,
-                          f"handles dense layers only, request stacks {request.num_experts} "
-                          "experts"),
             Verdict.check(k > 0 and k % NVFP4_BLOCK == 0,
                           f"K={k} is not a multiple of the NVFP4 block {NVFP4_BLOCK}"),
         )
         if verdict.accepted and s.activation is not None:
-            return Verdict.accept(f"weight-only emulation: activations stay "
-                                  f"{request.activation_dtype} ({s.activation} not applied)")
+            return Verdict.accept(f"activations fake-quantized {s.activation} with the static "
+                                  "input_scale, matmul in float32")
         return verdict
+
+    @property
+    def w4a4(self) -> bool:
+        """Whether activations are quantized (the scheme carries ``nvfp4-dynamic``)."""
+        return self.request.scheme.activation == W4A4_ACTIVATION
 
     def tensor_specs(self) -> Mapping[str, TensorSpec]:
         r = self.request
@@ -79,8 +108,10 @@ class Nvfp4EmulationLinear(LinearMethod):
             "weight_scale": TensorSpec(scale_shape, "float8_e4m3fn", scale_dim),
             # Per-tensor (per fused shard) scalars: every rank holds the same value.
             "weight_scale_2": TensorSpec((), "float32", None),
-            "input_scale": TensorSpec((), "float32", None, required=False),
         }
+        if self.w4a4:
+            # The static activation scale a W4A4 kernel needs; weight-only checkpoints have none.
+            specs["input_scale"] = TensorSpec((), "float32", None)
         if r.bias:
             specs["bias"] = TensorSpec((n,), r.activation_dtype,
                                        0 if r.parallel == "column" else None)
@@ -88,25 +119,37 @@ class Nvfp4EmulationLinear(LinearMethod):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Dequantize once through ``kernelbay.formats.dequantize_nvfp4`` and cache the
-        weight in the activation dtype as the buffer ``dequantized_weight``."""
+        weight as the buffer ``dequantized_weight``: float32 for W4A4 (the matmul runs in
+        float32), else in the activation dtype."""
         import torch
         from kernelbay.formats import dequantize_nvfp4
 
         params = {n: p.data for n, p in layer.named_parameters(recurse=False)}
         weight = dequantize_nvfp4(params["weight"], params["weight_scale"],
                                   params["weight_scale_2"])
-        dtype = getattr(torch, self.request.activation_dtype)
+        dtype = torch.float32 if self.w4a4 else getattr(torch, self.request.activation_dtype)
         layer.register_buffer(DEQUANTIZED_WEIGHT, weight.to(dtype), persistent=False)
+
+    def _weight(self, layer: torch.nn.Module) -> torch.Tensor:
+        weight: torch.Tensor | None = getattr(layer, DEQUANTIZED_WEIGHT, None)
+        if weight is None:
+            raise RuntimeError(f"{self.name}: call process_weights_after_loading(layer) before "
+                               "apply; the dequantized weight is made there")
+        return weight
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         import torch.nn.functional as F
 
-        weight = getattr(layer, DEQUANTIZED_WEIGHT, None)
-        if weight is None:
-            raise RuntimeError(f"{self.name}: call process_weights_after_loading(layer) before "
-                               "apply; the dequantized weight is made there")
-        bias = getattr(layer, "bias", None)
-        # Row-parallel partial sums are all-reduced afterwards: add the bias on one rank only.
-        if self.request.parallel == "row" and self.request.tp_rank != 0:
-            bias = None
-        return F.linear(x, weight, bias)
+        weight = self._weight(layer)
+        bias = self.rank_bias(layer)
+        if not self.w4a4:
+            return F.linear(x, weight, bias)
+        xq = fake_quantize_nvfp4(x, cast("torch.Tensor", layer.input_scale))
+        out = F.linear(xq, weight, None if bias is None else bias.float())
+        return out.to(x.dtype)
+
+    def dequantized_weight(self, layer: torch.nn.Module) -> torch.Tensor:
+        """The cached dequantized weight in the activation dtype (exact; MLA absorbs it)."""
+        import torch
+
+        return self._weight(layer).to(getattr(torch, self.request.activation_dtype))

@@ -23,6 +23,7 @@ __all__ = [
     "ct_match_level",
     "fused_shards",
     "is_never_quantized",
+    "is_router",
     "modelopt_lookup",
     "modelopt_match",
 ]
@@ -42,12 +43,26 @@ LINEAR_CLASS_NAMES = frozenset({"Linear"})
 # embeddings are exported unquantized).
 _NEVER_QUANTIZED_LEAVES = ("lm_head",)
 _EMBEDDING_PARTS = ("embed_tokens", "embed", "wte")
+# MoE routers, as ModelOpt's default config disables them ("*router*", "*mlp.gate.*",
+# "*block_sparse_moe.gate*", "*mlp.shared_expert_gate.*"): a ``gate`` directly under an MoE
+# block (not ``gate_proj``), and anything named router.
+_ROUTER_PARENTS = ("mlp", "block_sparse_moe", "moe")
+_ROUTER_LEAVES = ("router", "shared_expert_gate")
+
+
+def is_router(module: str) -> bool:
+    """True for an MoE router (``model.layers.3.mlp.gate``, ``...router``): never quantized."""
+    parts = module.split(".")
+    if parts[-1] in _ROUTER_LEAVES:
+        return True
+    return parts[-1] == "gate" and len(parts) > 1 and parts[-2] in _ROUTER_PARENTS
 
 
 def is_never_quantized(module: str) -> bool:
-    """True for ``lm_head`` and embeddings, which both dialects keep unquantized."""
+    """True for ``lm_head``, embeddings and MoE routers, which both dialects keep unquantized."""
     leaf = module.rsplit(".", 1)[-1]
-    return leaf in _NEVER_QUANTIZED_LEAVES or any(p in leaf for p in _EMBEDDING_PARTS)
+    return (leaf in _NEVER_QUANTIZED_LEAVES or any(p in leaf for p in _EMBEDDING_PARTS)
+            or is_router(module))
 
 
 def fused_shards(module: str) -> tuple[str, ...]:

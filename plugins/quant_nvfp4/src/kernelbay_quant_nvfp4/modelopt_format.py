@@ -45,6 +45,7 @@ from kernelbay_quant_nvfp4.schemes import (
 )
 
 if TYPE_CHECKING:
+    from kernelbay.checkpoint.folder import CheckpointFolder
     from kernelbay.checkpoint.tensors import TensorInfo
     from kernelbay.device import DeviceCapability
 
@@ -151,6 +152,20 @@ class ModelOptFormat(CheckpointFormat):
     api_version: ClassVar[str] = "1.0"
     priority: ClassVar[int] = 10
     summary: ClassVar[str] = "NVIDIA ModelOpt checkpoints (NVFP4, FP8, FP8_PB_WO, mixed)"
+    #: ``kernelbay quantize --format modelopt-nvfp4``: what ModelOpt's ``export_hf_checkpoint``
+    #: writes for ``NVFP4_DEFAULT_CFG`` (``modelopt_writer``).
+    writes: ClassVar[tuple[str, ...]] = ("modelopt-nvfp4",)
+
+    @classmethod
+    def write(cls, source: CheckpointFolder, destination: str, output_format: str, *,
+              progress: bool = False) -> None:
+        """Quantize ``source`` into ``destination`` as ModelOpt NVFP4 (W4A4, with input
+        scales calibrated on the plugin's fixed text); see ``modelopt_writer``."""
+        if output_format not in cls.writes:
+            raise ConfigError(f"{cls.name} writes {list(cls.writes)}, not {output_format!r}")
+        from kernelbay_quant_nvfp4.modelopt_writer import write_modelopt_nvfp4
+
+        write_modelopt_nvfp4(source, destination, progress=progress)
 
     @classmethod
     def can_implement(cls, request: FormatRequest, device: DeviceCapability) -> Verdict:
@@ -170,7 +185,7 @@ class ModelOptFormat(CheckpointFormat):
 
     def _explain(self, module: str) -> tuple[QuantScheme, str]:
         if is_never_quantized(module):
-            return UNQUANTIZED, "lm_head and embeddings stay unquantized"
+            return UNQUANTIZED, "lm_head, embeddings and MoE routers stay unquantized"
         hit = modelopt_match(module, self.parsed.exclude)
         if hit is not None:
             return UNQUANTIZED, f"excluded by {hit!r}"

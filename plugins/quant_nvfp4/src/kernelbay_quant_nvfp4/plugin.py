@@ -27,7 +27,8 @@ def kernelbay_checkpoint_formats() -> Sequence[type[CheckpointFormat]]:
 
 @hookimpl
 def kernelbay_linear_methods() -> Sequence[type[LinearMethod]]:
-    """The reference NVFP4 linear method (dequantize, then F.linear)."""
+    """The reference NVFP4 linear method (dequantize, then F.linear) and its MoE sibling."""
     from kernelbay_quant_nvfp4.emulation import Nvfp4EmulationLinear
+    from kernelbay_quant_nvfp4.moe import Nvfp4MoEEmulation
 
-    return [Nvfp4EmulationLinear]
+    return [Nvfp4EmulationLinear, Nvfp4MoEEmulation]

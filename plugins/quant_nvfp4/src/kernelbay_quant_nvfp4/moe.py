@@ -1,0 +1,177 @@
+"""``nvfp4-moe-emulation``: NVFP4 routed experts through the one reference, then the
+reference MoE math of ``kernelbay.layers.moe``.
+
+Per expert ``e`` and projection ``p`` (gate, up, down) the checkpoint holds the tensors of an
+NVFP4 linear layer under ``experts.{e}.{p}_proj.*`` (``weight`` uint8 [N, K/2],
+``weight_scale`` float8_e4m3fn [N, K/16], ``weight_scale_2`` fp32 [], and ``input_scale``
+fp32 [] for W4A4). After loading, every projection is dequantized once with
+``kernelbay.formats.dequantize_nvfp4``. For token t routed to expert e with weight w::
+
+    weight-only:  h = SiLU(x W_gate^T) * (x W_up^T);  y[t] += w * (h W_down^T)   in x's dtype
+    W4A4:         x_g = fq(x, a_gate[e]), x_u = fq(x, a_up[e])                  fp32
+                  h   = SiLU(x_g W_gate^T) * (x_u W_up^T);  h_q = fq(h, a_down[e])
+                  y[t] += w * (h_q W_down^T)                                     in fp32
+
+``fq`` is ``emulation.fake_quantize_nvfp4`` (NVFP4 with the static ``input_scale`` as the
+global scale, block scales from the tokens), which is what a W4A4 fused-MoE kernel feeds its
+two GEMMs; the dequantization factors sit before the SiLU, as FORMATS.md requires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, ClassVar, cast
+
+from kernelbay.layers.linear import TensorSpec
+from kernelbay.layers.moe import EXPERT_PROJECTIONS, MoEMethod, expert_tensor
+from kernelbay.requests import LinearRequest
+from kernelbay.verdict import Verdict
+
+from kernelbay_quant_nvfp4.emulation import W4A4_ACTIVATION
+from kernelbay_quant_nvfp4.schemes import FLOAT_DTYPES, NVFP4_BLOCK
+
+if TYPE_CHECKING:
+    import torch
+    from kernelbay.device import DeviceCapability
+
+__all__ = ["Nvfp4MoEEmulation"]
+
+
+class Nvfp4MoEEmulation(MoEMethod):
+    """Reference NVFP4 routed experts on any device: every expert projection dequantized
+    once through ``kernelbay.formats``; W4A4 activations fake-quantized with each
+    projection's static ``input_scale``; then the loop-over-experts SwiGLU of ``TorchMoE``."""
+
+    name: ClassVar[str] = "nvfp4-moe-emulation"
+    api_version: ClassVar[str] = "1.0"
+    priority: ClassVar[int] = 10
+    batch_invariant: ClassVar[bool] = True
+    summary: ClassVar[str] = "NVFP4 routed experts (W4A16/W4A4) through the reference, any device"
+
+    @classmethod
+    def can_implement(cls, request: LinearRequest, device: DeviceCapability) -> Verdict:
+        del device  # plain torch
+        r = request
+        s = r.scheme
+        verdict = Verdict.all(
+            Verdict.handles(r.num_experts is not None,
+                            f"handles routed-expert MLPs (num_experts set) only, request is a "
+                            f"dense {r.role!r} layer"),
+            Verdict.handles(s.name == "nvfp4",
+                            f"handles NVFP4 experts only, layer is {s.describe()}"),
+            Verdict.check(s.group_shape == (1, NVFP4_BLOCK) and s.scale_dtype == "float8_e4m3fn",
+                          f"needs NVFP4 blocks of 1x{NVFP4_BLOCK} with float8_e4m3fn scales, "
+                          f"scheme has group {s.group_shape} with {s.scale_dtype!r} scales"),
+            Verdict.check(s.activation in (None, W4A4_ACTIVATION),
+                          f"emulates activations None or {W4A4_ACTIVATION!r}, scheme has "
+                          f"{s.activation!r}"),
+            Verdict.check(r.num_experts is None or r.num_experts >= 1,
+                          f"needs num_experts >= 1, request has {r.num_experts}"),
+            Verdict.check(r.activation_dtype in FLOAT_DTYPES,
+                          f"needs activation dtype in {FLOAT_DTYPES}, request has "
+                          f"{r.activation_dtype!r}"),
+            Verdict.check(not r.bias, f"has no expert biases, request {r.role!r} has bias=True"),
+            Verdict.check(r.in_features > 0 and r.in_features % NVFP4_BLOCK == 0,
+                          f"hidden size K={r.in_features} is not a multiple of the NVFP4 block "
+                          f"{NVFP4_BLOCK}"),
+            Verdict.check(r.out_features > 0 and r.out_features % NVFP4_BLOCK == 0,
+                          f"expert intermediate size {r.out_features} (this rank's) is not a "
+                          f"multiple of the NVFP4 block {NVFP4_BLOCK}, which down_proj's K "
+                          "needs"),
+        )
+        if verdict.accepted and s.activation is not None:
+            return Verdict.accept(f"activations fake-quantized {s.activation} with each "
+                                  "projection's static input_scale, matmuls in float32")
+        return verdict
+
+    @property
+    def w4a4(self) -> bool:
+        """Whether activations are quantized (the scheme carries ``nvfp4-dynamic``)."""
+        return self.request.scheme.activation == W4A4_ACTIVATION
+
+    def tensor_specs(self) -> Mapping[str, TensorSpec]:
+        hidden, inter = self.hidden_size, self.intermediate_size
+        shard = self.projection_shard_dims()
+        shapes = {"gate_proj": (inter, hidden), "up_proj": (inter, hidden),
+                  "down_proj": (hidden, inter)}
+        specs: dict[str, TensorSpec] = {}
+        for e in range(self.num_experts):
+            for proj in EXPERT_PROJECTIONS:
+                n, k = shapes[proj]
+                # Block scales follow their weight (one row per row, one per 16 columns);
+                # a rank's K share is whole blocks because can_implement checks it.
+                specs[expert_tensor(e, proj)] = TensorSpec((n, k // 2), "uint8", shard[proj])
+                specs[expert_tensor(e, proj, "weight_scale")] = TensorSpec(
+                    (n, k // NVFP4_BLOCK), "float8_e4m3fn", shard[proj])
+                specs[expert_tensor(e, proj, "weight_scale_2")] = TensorSpec((), "float32")
+                if self.w4a4:
+                    specs[expert_tensor(e, proj, "input_scale")] = TensorSpec((), "float32")
+        return specs
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        """Dequantize every expert projection once and stack them: ``w13`` [E, 2I, H] (gate
+        rows, then up rows), ``w2`` [E, H, I], in float32 for W4A4 (the matmuls run in
+        float32) else in the activation dtype; W4A4 keeps ``a13`` [E, 2] (gate, up) and
+        ``a2`` [E] input scales."""
+        import torch
+        from kernelbay.formats import dequantize_nvfp4
+
+        params = layer._parameters
+        dtype = torch.float32 if self.w4a4 else getattr(torch, self.request.activation_dtype)
+
+        def take(e: int, proj: str, tensor: str) -> torch.Tensor:
+            return cast("torch.Tensor", params.pop(expert_tensor(e, proj, tensor))).data
+
+        dense: dict[str, list[torch.Tensor]] = {p: [] for p in EXPERT_PROJECTIONS}
+        scales: dict[str, list[torch.Tensor]] = {p: [] for p in EXPERT_PROJECTIONS}
+        for e in range(self.num_experts):
+            for proj in EXPERT_PROJECTIONS:
+                dense[proj].append(dequantize_nvfp4(take(e, proj, "weight"),
+                                                    take(e, proj, "weight_scale"),
+                                                    take(e, proj, "weight_scale_2")).to(dtype))
+                if self.w4a4:
+                    scales[proj].append(take(e, proj, "input_scale").float())
+        w13 = torch.stack([torch.cat([g, u]) for g, u in zip(dense["gate_proj"],
+                                                              dense["up_proj"], strict=True)])
+        layer.w13 = torch.nn.Parameter(w13, requires_grad=False)
+        layer.w2 = torch.nn.Parameter(torch.stack(dense["down_proj"]), requires_grad=False)
+        if self.w4a4:
+            a13 = torch.stack([torch.stack(scales["gate_proj"]),
+                               torch.stack(scales["up_proj"])], dim=1)
+            layer.register_buffer("a13", a13, persistent=False)
+            layer.register_buffer("a2", torch.stack(scales["down_proj"]), persistent=False)
+
+    def apply_moe(self, layer: torch.nn.Module, x: torch.Tensor, topk_ids: torch.Tensor,
+                  topk_weights: torch.Tensor) -> torch.Tensor:
+        import torch
+        import torch.nn.functional as F
+
+        from kernelbay_quant_nvfp4.emulation import fake_quantize_nvfp4
+
+        w13 = getattr(layer, "w13", None)
+        if w13 is None:
+            raise RuntimeError(f"{self.name}: call process_weights_after_loading(layer) before "
+                               "apply_moe; the dequantized experts are made there")
+        w2 = cast("torch.Tensor", layer.w2)
+        inter = w2.shape[-1]
+        out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
+        ids = topk_ids.long()
+        for expert in torch.unique(ids).tolist():
+            tokens, slots = torch.where(ids == expert)
+            xe = x[tokens]
+            w_gate, w_up = w13[expert, :inter], w13[expert, inter:]
+            if self.w4a4:
+                a13 = cast("torch.Tensor", layer.a13)
+                a_gate, a_up = a13[expert, 0], a13[expert, 1]
+                x_gate = fake_quantize_nvfp4(xe, a_gate)
+                # gate and up usually share one input scale (ModelOpt exports them so).
+                x_up = x_gate if bool(a_gate == a_up) else fake_quantize_nvfp4(xe, a_up)
+                h = F.silu(F.linear(x_gate, w_gate)) * F.linear(x_up, w_up)
+                a2 = cast("torch.Tensor", layer.a2)
+                y = F.linear(fake_quantize_nvfp4(h, a2[expert]), w2[expert])
+            else:
+                gate_up = F.linear(xe, w13[expert])
+                h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+                y = F.linear(h, w2[expert])
+            out.index_add_(0, tokens, y.float() * topk_weights[tokens, slots, None].float())
+        return out.to(x.dtype)
