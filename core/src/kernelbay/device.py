@@ -20,6 +20,7 @@ __all__ = [
     "CPU_FLAGS_OF_INTEREST",
     "DeviceCapability",
     "parse_device",
+    "probe_cpu",
     "probe_device",
 ]
 
@@ -35,6 +36,7 @@ CPU_FLAGS_OF_INTEREST = frozenset(
         "avx512_bf16",
         "avx512_fp16",
         "avx512_vnni",
+        "avx512vbmi",
         "amx_bf16",
         "amx_int8",
         "amx_tile",
@@ -209,6 +211,12 @@ def _cpu_memory() -> int | None:
         return None
 
 
+@functools.cache
+def probe_cpu() -> DeviceCapability:
+    """Facts about this machine's CPU (ISA flags, memory), also on a host with GPUs. Cached."""
+    return _probe_cpu()
+
+
 def _probe_cpu() -> DeviceCapability:
     name = ""
     try:
@@ -264,7 +272,7 @@ def probe_device(index: int = 0) -> DeviceCapability:
         gpu = _probe_gpu(index)
     except ImportError:
         gpu = None
-    return gpu if gpu is not None else _probe_cpu()
+    return gpu if gpu is not None else probe_cpu()
 
 
 def with_count(device: DeviceCapability, count: int) -> DeviceCapability:

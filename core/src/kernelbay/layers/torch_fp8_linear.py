@@ -64,11 +64,15 @@ class TorchFp8DequantLinear(LinearMethod):
         block = fp8_block_shape(r)
         scale_shape: tuple[int, ...] = (() if block is None
                                         else (-(-n // block[0]), -(-k // block[1])))
-        return {
+        specs = {
             "weight": TensorSpec((n, k), "float8_e4m3fn", shard),
             "weight_scale": TensorSpec(scale_shape, "float32", None if block is None else shard),
             **self.bias_specs(),
         }
+        if block is None:
+            # Static-activation exports carry an input scale; weight-only math ignores it.
+            specs["input_scale"] = TensorSpec((), "float32", None, required=False)
+        return specs
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         import torch
