@@ -32,6 +32,8 @@ def _load(method: TorchFp8DequantLinear, tensors: dict[str, torch.Tensor]) -> to
     layer = torch.nn.Module()
     method.create_weights(layer)
     for name, spec in method.tensor_specs().items():
+        if not spec.required and name not in tensors:
+            continue
         value = tensors[name]
         assert tuple(value.shape) == spec.shape and str(value.dtype) == f"torch.{spec.dtype}"
         getattr(layer, name).data.copy_(value)
