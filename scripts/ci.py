@@ -433,6 +433,9 @@ def clean_env(venv_dir: Path | None, ctx: Context) -> dict[str, str]:
     env["PYTHONNOUSERSITE"] = "1"
     env["KERNELBAY_CI_SHARED_VENV"] = str(ctx.shared)
     env["KERNELBAY_CI_REPO"] = str(ctx.root)
+    # Build caches (compiled kernels, quantized demos) live in the checkout, so a fresh clone
+    # builds them from scratch as a fresh machine would.
+    env["KERNELBAY_CACHE_DIR"] = str(ctx.root / ".cache" / "kernelbay")
     if venv_dir is not None:
         env["VIRTUAL_ENV"] = str(venv_dir)
         env["PATH"] = str(venv_bin(venv_dir)) + os.pathsep + env.get("PATH", "")
