@@ -70,11 +70,13 @@ def test_priority_then_name_order_and_full_trace() -> None:
     selection = select(BackendKind.LINEAR, REQ, CPU, registry=registry)
     assert selection.name == "a-fast"
     assert [t.backend for t in selection.trace] == ["a-fast", "b-fast", "slow",
-                                                     "torch-fp8-dequant", "torch-moe",
-                                                     "torch-unquantized"]
-    assert [t.chosen for t in selection.trace] == [True, False, False, False, False, False]
+                                                     "torch-fp8-dequant", "torch-fp8-moe",
+                                                     "torch-moe", "torch-unquantized"]
+    assert [t.chosen for t in selection.trace] == [True, False, False, False, False, False,
+                                                   False]
     assert [t.status for t in selection.trace] == [CandidateStatus.ACCEPTED] * 3 + [
-        CandidateStatus.REJECTED, CandidateStatus.REJECTED, CandidateStatus.ACCEPTED]
+        CandidateStatus.REJECTED, CandidateStatus.REJECTED, CandidateStatus.REJECTED,
+        CandidateStatus.ACCEPTED]
 
 
 def test_rejection_falls_back_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
@@ -117,7 +119,8 @@ def test_forcing_an_unknown_name_lists_the_valid_ones() -> None:
     policy = Policy().with_force(BackendKind.LINEAR, "nope")
     registry = registry_with(linear("fast", 50), policy=policy)
     with pytest.raises(ForcedBackendError,
-                       match=r"valid: \['fast', 'torch-fp8-dequant', 'torch-moe', "
+                       match=r"valid: \['fast', 'torch-fp8-dequant', 'torch-fp8-moe', "
+                             r"'torch-moe', "
                              r"'torch-unquantized'\]"):
         select(BackendKind.LINEAR, REQ, CPU, registry=registry)
 
@@ -163,7 +166,8 @@ def test_nothing_accepts_renders_trace_and_what_to_install() -> None:
     assert "gpu-only" in message
     assert "pip install kernelbay-quant-nvfp4" in message
     assert [t.backend for t in info.value.trace] == ["gpu-only", "torch-fp8-dequant",
-                                                     "torch-moe", "torch-unquantized"]
+                                                     "torch-fp8-moe", "torch-moe",
+                                                     "torch-unquantized"]
 
 
 def test_selection_render_and_json_are_stable() -> None:
@@ -172,4 +176,4 @@ def test_selection_render_and_json_are_stable() -> None:
     assert text.splitlines()[0].startswith("linear method for other K=128 -> N=256")
     assert selection.as_dict()["chosen"] == "x"
     assert [t["backend"] for t in selection.as_dict()["trace"]] == [
-        "x", "torch-fp8-dequant", "torch-moe", "torch-unquantized"]
+        "x", "torch-fp8-dequant", "torch-fp8-moe", "torch-moe", "torch-unquantized"]

@@ -30,12 +30,13 @@ def kernelbay_checkpoint_formats() -> Sequence[type[CheckpointFormat]]:
 
 @hookimpl
 def kernelbay_linear_methods() -> Sequence[type[LinearMethod]]:
-    """The unquantized and FP8 reference linears, and the unquantized routed-expert MLP."""
-    from kernelbay.layers.moe import TorchMoE
+    """The unquantized and FP8 reference linears, and the unquantized and FP8 routed-expert
+    MLPs."""
+    from kernelbay.layers.moe import TorchFp8MoE, TorchMoE
     from kernelbay.layers.torch_fp8_linear import TorchFp8DequantLinear
     from kernelbay.layers.torch_linear import TorchUnquantizedLinear
 
-    return [TorchUnquantizedLinear, TorchFp8DequantLinear, TorchMoE]
+    return [TorchUnquantizedLinear, TorchFp8DequantLinear, TorchMoE, TorchFp8MoE]
 
 
 @hookimpl

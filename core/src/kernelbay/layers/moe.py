@@ -44,13 +44,15 @@ if TYPE_CHECKING:
 
     from kernelbay.device import DeviceCapability
 
-__all__ = ["EXPERT_PROJECTIONS", "MOE_EXPERTS_ROLE", "MoEMethod", "TorchMoE", "expert_tensor"]
+__all__ = ["EXPERT_PROJECTIONS", "MOE_EXPERTS_ROLE", "MoEMethod", "TorchFp8MoE", "TorchMoE",
+           "expert_tensor"]
 
 #: The ``LinearRequest.role`` of a whole routed-expert MLP (one request for all experts).
 MOE_EXPERTS_ROLE = "moe_experts"
 #: The projections of one expert, in checkpoint naming.
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 _FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+_FP8_SCHEMES = ("fp8", "fp8-block")
 
 
 def expert_tensor(expert: int, projection: str, tensor: str = "weight") -> str:
@@ -196,3 +198,104 @@ class TorchMoE(MoEMethod):
             y = F.linear(h, w2[expert])
             out.index_add_(0, tokens, y.float() * topk_weights[tokens, slots, None].float())
         return out.to(x.dtype)
+
+
+class TorchFp8MoE(TorchMoE):
+    """FP8 E4M3 routed experts (schemes ``fp8`` and ``fp8-block``), the reference: every
+    expert projection is dequantized once after loading through ``kernelbay.formats.fp8``
+    (``float(q) * scale``, per tensor or per ``group_shape`` tile), then ``torch-moe``'s
+    stacking and math run on the dense experts. Weight-only: activations stay in their dtype.
+
+    Per expert ``e`` and projection ``p`` the canonical tensors are those of the FP8
+    reference linear: ``experts.{e}.{p}.weight`` float8_e4m3fn [N, K],
+    ``experts.{e}.{p}.weight_scale`` float32 (``[]`` per tensor, ``[ceil(N/bn), ceil(K/bk)]``
+    per block; the dequant multiplier), and an optional ``experts.{e}.{p}.input_scale``
+    float32 ``[]`` that static-activation exports carry and weight-only math ignores.
+    """
+
+    name: ClassVar[str] = "torch-fp8-moe"
+    api_version: ClassVar[str] = PLUGIN_API_VERSION
+    priority: ClassVar[int] = 0
+    batch_invariant: ClassVar[bool] = True
+    summary: ClassVar[str] = ("FP8 per-tensor / per-block routed experts, dequantize once, "
+                              "then torch-moe's math, any device")
+
+    @classmethod
+    def can_implement(cls, request: LinearRequest, device: DeviceCapability) -> Verdict:
+        del device  # plain torch: any device
+        r = request
+        block = cls.block_shape(r)
+        # Under tensor parallel a rank holds gate/up rows [rank * I, (rank + 1) * I) and the
+        # same columns of down; its slice of a block grid is exact only for whole blocks.
+        split = r.parallel == "column" and r.tp_size > 1 and block is not None
+        return Verdict.all(
+            Verdict.handles(r.num_experts is not None,
+                            f"handles routed-expert MLPs (num_experts set) only, request is "
+                            f"a dense {r.role!r} layer"),
+            Verdict.handles(r.scheme.name in _FP8_SCHEMES,
+                            f"handles FP8 experts (schemes {_FP8_SCHEMES}) only, layer is "
+                            f"{r.scheme.describe()}"),
+            Verdict.check(r.num_experts is None or r.num_experts >= 1,
+                          f"needs num_experts >= 1, request has {r.num_experts}"),
+            Verdict.check(r.activation_dtype in _FLOAT_DTYPES,
+                          f"needs activation dtype in {_FLOAT_DTYPES}, request has "
+                          f"{r.activation_dtype!r}"),
+            Verdict.check(not r.bias, f"has no expert biases, request {r.role!r} has bias=True"),
+            Verdict.check(block is None or min(block) > 0,
+                          f"needs a positive scale block, scheme has {block}"),
+            Verdict.check(not split or block is None
+                          or (r.out_features % block[0] == 0 and r.out_features % block[1] == 0),
+                          f"under tensor parallel needs this rank's expert intermediate size "
+                          f"(gate/up rows, down columns) in whole scale blocks {block}, "
+                          f"request has {r.out_features}"),
+        )
+
+    @staticmethod
+    def block_shape(request: LinearRequest) -> tuple[int, int] | None:
+        """The (rows, cols) scale tile of an ``fp8-block`` request (``None``: per tensor)."""
+        if request.scheme.name != "fp8-block":
+            return None
+        return request.scheme.group_shape or (128, 128)
+
+    def tensor_specs(self) -> Mapping[str, TensorSpec]:
+        block = self.block_shape(self.request)
+        specs: dict[str, TensorSpec] = {}
+        for name, spec in self.expert_weight_specs("float8_e4m3fn").items():
+            n, k = spec.shape
+            specs[name] = spec
+            prefix = name.removesuffix(".weight")
+            if block is None:
+                specs[f"{prefix}.weight_scale"] = TensorSpec((), "float32")
+            else:
+                # The grid splits with its weight (whole blocks: can_implement checks it).
+                specs[f"{prefix}.weight_scale"] = TensorSpec(
+                    (-(-n // block[0]), -(-k // block[1])), "float32", spec.shard_dim)
+            specs[f"{prefix}.input_scale"] = TensorSpec((), "float32", None, required=False)
+        return specs
+
+    def dequantize_experts(self, layer: torch.nn.Module, dtype: torch.dtype) -> None:
+        """Replace every expert's FP8 ``weight`` by its dequantized value in ``dtype`` and
+        drop its scales (``weight_scale``, ``input_scale``) from ``layer``."""
+        import torch
+
+        from kernelbay.formats.fp8 import dequantize_fp8_per_block, dequantize_fp8_per_tensor
+
+        params = layer._parameters
+        block = self.block_shape(self.request)
+        for e in range(self.num_experts):
+            for proj in EXPERT_PROJECTIONS:
+                weight = cast("torch.Tensor", params[expert_tensor(e, proj)]).detach()
+                scale = cast("torch.Tensor",
+                             params.pop(expert_tensor(e, proj, "weight_scale"))).detach()
+                params.pop(expert_tensor(e, proj, "input_scale"), None)
+                dense = (dequantize_fp8_per_tensor(weight, scale, dtype) if block is None
+                         else dequantize_fp8_per_block(weight, scale, block, dtype))
+                params[expert_tensor(e, proj)] = torch.nn.Parameter(dense, requires_grad=False)
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        """Dequantize every expert once (in the activation dtype), then stack them as
+        ``torch-moe`` does: ``w13`` [E, 2I, H], ``w2`` [E, H, I]."""
+        import torch
+
+        self.dequantize_experts(layer, getattr(torch, self.request.activation_dtype))
+        super().process_weights_after_loading(layer)

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernelbay.engine.build import ModelBuilder
-from kernelbay.engine.loader import layer_index
-from kernelbay.engine.modules import ForwardMeta, Linear, VocabParallelEmbedding, vocab_logits
+from kernelbay.engine.models.base import CausalLM
+from kernelbay.engine.modules import ForwardMeta, Linear, VocabParallelEmbedding
 from kernelbay.engine.rope import Rope, rope_from_config
 from kernelbay.errors import ConfigError
 from kernelbay.layers.moe import MoEMethod
@@ -240,7 +240,7 @@ class DeepseekV3Model(nn.Module):
         self.norm = b.norm(c.hidden_size or 0)
 
 
-class DeepseekV3ForCausalLM(nn.Module):
+class DeepseekV3ForCausalLM(CausalLM):
     """The DeepSeek-V3 family's causal LM on selected backends."""
 
     def __init__(self, b: ModelBuilder) -> None:
@@ -261,33 +261,8 @@ class DeepseekV3ForCausalLM(nn.Module):
         scaling = c.rope_scaling_dict
         scale = mla_softmax_scale(c.qk_nope_head_dim + c.qk_rope_head_dim, scaling)
         self.model = DeepseekV3Model(b, scale)
-        tied = bool(c.tie_word_embeddings) and not b.has_linear("lm_head")
-        self.lm_head = None if tied else b.linear("lm_head", c.hidden_size or 0,
-                                                  c.vocab_size or 0)
+        self.build_head(b)
         interleave = b.config_value("rope_interleave", True)
         self.rope = rope_from_config(c.qk_rope_head_dim, c.rope_theta_value, scaling,
                                      c.max_position_embeddings or 4096,
                                      interleaved=True if interleave is None else bool(interleave))
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: ForwardMeta) -> torch.Tensor:
-        """Hidden states [T, hidden] of the packed tokens ``input_ids`` [T]."""
-        x = self.model.embed_tokens(input_ids)
-        cos, sin = self.rope.cos_sin(positions, x.dtype)
-        for layer in self.model.layers:
-            x = layer(x, self.rope, cos, sin, meta)
-        return self.model.norm(x)  # type: ignore[no-any-return]
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits [N, vocab] of the selected hidden states."""
-        return vocab_logits(hidden, self.lm_head, self.model.embed_tokens)
-
-    @staticmethod
-    def ignored_tensor(name: str, config: Any) -> bool:
-        """Checkpoint tensors this family does not read: rotary caches of old exports and
-        the multi-token-prediction layers (``model.layers.{n}`` with n >= num_hidden_layers)."""
-        if name.endswith("rotary_emb.inv_freq"):
-            return True
-        index = layer_index(name)
-        layers = getattr(config, "num_hidden_layers", None)
-        return index is not None and layers is not None and index >= layers

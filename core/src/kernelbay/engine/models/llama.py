@@ -3,14 +3,13 @@ optional sliding window, tied embeddings). Module names mirror the Hugging Face 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kernelbay.engine.build import ModelBuilder
-from kernelbay.engine.modules import ForwardMeta, VocabParallelEmbedding, vocab_logits
+from kernelbay.engine.models.base import CausalLM
+from kernelbay.engine.modules import ForwardMeta, VocabParallelEmbedding
 from kernelbay.engine.rope import Rope, rope_from_config
 from kernelbay.errors import ConfigError
 from kernelbay.requests import AttentionRequest
@@ -103,7 +102,7 @@ class LlamaModel(nn.Module):
         self.norm = b.norm(c.hidden_size or 0)
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     """The Llama family's causal LM on selected backends."""
 
     def __init__(self, b: ModelBuilder) -> None:
@@ -115,27 +114,6 @@ class LlamaForCausalLM(nn.Module):
                               f"{kv_heads} KV heads must both be divisible by the "
                               f"tensor-parallel size {b.tp.size}")
         self.model = LlamaModel(b)
-        tied = bool(c.tie_word_embeddings) and not b.has_linear("lm_head")
-        self.lm_head = None if tied else b.linear("lm_head", c.hidden_size or 0,
-                                                  c.vocab_size or 0)
+        self.build_head(b)
         self.rope = rope_from_config(c.head_size, c.rope_theta_value, c.rope_scaling_dict,
                                      c.max_position_embeddings or 4096)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: ForwardMeta) -> torch.Tensor:
-        """Hidden states [T, hidden] of the packed tokens ``input_ids`` [T]."""
-        x = self.model.embed_tokens(input_ids)
-        cos, sin = self.rope.cos_sin(positions, x.dtype)
-        for layer in self.model.layers:
-            x = layer(x, self.rope, cos, sin, meta)
-        return self.model.norm(x)  # type: ignore[no-any-return]
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits [N, vocab] of the selected hidden states."""
-        return vocab_logits(hidden, self.lm_head, self.model.embed_tokens)
-
-    @staticmethod
-    def ignored_tensor(name: str, config: Any) -> bool:
-        """Checkpoint tensors this family does not read (rotary caches of old exports)."""
-        del config
-        return name.endswith("rotary_emb.inv_freq")

@@ -1,0 +1,56 @@
+"""What every causal LM family shares: the decoder loop, the LM head, ignored tensors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from kernelbay.engine.build import ModelBuilder
+from kernelbay.engine.loader import layer_index
+from kernelbay.engine.modules import ForwardMeta, Linear, vocab_logits
+from kernelbay.engine.rope import Rope
+
+__all__ = ["CausalLM"]
+
+
+class CausalLM(nn.Module):
+    """A decoder-only LM: ``self.model`` holds ``embed_tokens``, ``layers`` (each called as
+    ``layer(x, rope, cos, sin, meta)``) and ``norm``; ``self.lm_head`` is the head's
+    ``Linear`` or ``None`` when tied to the embedding; ``self.rope`` the rotary embedding."""
+
+    model: Any
+    lm_head: Linear | None
+    rope: Rope
+
+    def build_head(self, b: ModelBuilder) -> None:
+        """The LM head, unless the checkpoint ties it to the embedding (and omits it)."""
+        c = b.config
+        tied = bool(c.tie_word_embeddings) and not b.has_linear("lm_head")
+        self.lm_head = None if tied else b.linear("lm_head", c.hidden_size or 0,
+                                                  c.vocab_size or 0)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                meta: ForwardMeta) -> torch.Tensor:
+        """Hidden states [T, hidden] of the packed tokens ``input_ids`` [T]."""
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.rope.cos_sin(positions, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, self.rope, cos, sin, meta)
+        hidden: torch.Tensor = self.model.norm(x)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [N, vocab] of the selected hidden states."""
+        return vocab_logits(hidden, self.lm_head, self.model.embed_tokens)
+
+    @staticmethod
+    def ignored_tensor(name: str, config: Any) -> bool:
+        """Checkpoint tensors no family reads: rotary caches of old exports and layers past
+        ``num_hidden_layers`` (DeepSeek's multi-token-prediction layers)."""
+        if name.endswith("rotary_emb.inv_freq"):
+            return True
+        index = layer_index(name)
+        layers = getattr(config, "num_hidden_layers", None)
+        return index is not None and layers is not None and index >= layers
