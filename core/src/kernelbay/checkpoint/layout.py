@@ -12,7 +12,19 @@ if TYPE_CHECKING:
     from kernelbay.checkpoint.tensors import TensorInfo
     from kernelbay.layers.checkpoint_format import LinearModule
 
-__all__ = ["collapse_index", "linear_role", "plain_linear_modules"]
+__all__ = ["beyond_layers", "collapse_index", "linear_role", "plain_linear_modules"]
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def beyond_layers(name: str, num_hidden_layers: int | None) -> bool:
+    """Whether ``name`` belongs to no layer the model runs: a rotary cache of an old export,
+    or a layer past ``num_hidden_layers`` (DeepSeek's multi-token-prediction layers)."""
+    if name.endswith("rotary_emb.inv_freq"):
+        return True
+    match = _LAYER.search(name)
+    return (match is not None and num_hidden_layers is not None
+            and int(match.group(1)) >= num_hidden_layers)
 
 # Last name component -> role. Names from Llama, Mistral, Qwen2 and DeepSeek-V3 exports.
 _ROLE_BY_LEAF = {

@@ -9,7 +9,6 @@ missing or unexpected is an error that names the file and the tensor. Only safet
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -141,8 +140,3 @@ def load_weights(model: nn.Module, folder: CheckpointFolder, handler: Checkpoint
         if isinstance(module, Linear):
             module.method.process_weights_after_loading(module)
 
-
-def layer_index(name: str) -> int | None:
-    """The decoder-layer index in a tensor name (``model.layers.7.``...), or ``None``."""
-    match = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
-    return int(match.group(1)) if match else None

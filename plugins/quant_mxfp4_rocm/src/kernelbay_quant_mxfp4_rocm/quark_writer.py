@@ -31,11 +31,11 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from kernelbay.checkpoint.layout import plain_linear_modules
+from kernelbay.checkpoint.layout import beyond_layers, plain_linear_modules
+from kernelbay.checkpoint.writing import SourceTensors, write_shards
 from kernelbay.errors import CheckpointError, ConfigError
 
 from kernelbay_quant_mxfp4_rocm.quark_config import MX_GROUP, is_router
@@ -70,7 +70,6 @@ _MODULE_ORDER = {
     "experts": 0, "gate": 1, "shared_experts": 2,
     "gate_proj": 0, "up_proj": 1, "down_proj": 2,
 }
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "uint8": 1}
 _FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -119,29 +118,9 @@ def quark_mxfp4_config(exclude: list[str]) -> dict[str, Any]:
     }
 
 
-def _loaded_by_transformers(name: str, config: Mapping[str, Any]) -> bool:
-    if name.endswith("rotary_emb.inv_freq"):
-        return False
-    match = _LAYER.search(name)
-    layers = config.get("num_hidden_layers")
-    return match is None or layers is None or int(match.group(1)) < int(layers)
-
-
 def _excluded(module: str, patterns: Iterable[str]) -> bool:
     # Quark: exact names first, then fnmatch patterns.
     return any(module == p or fnmatch.fnmatch(module, p) for p in patterns)
-
-
-def _plan_shards(units: list[tuple[str, int]]) -> list[list[str]]:
-    shards: list[list[str]] = [[]]
-    used = 0
-    for name, size in units:
-        if shards[-1] and used + size > MAX_SHARD_BYTES:
-            shards.append([])
-            used = 0
-        shards[-1].append(name)
-        used += size
-    return shards
 
 
 def _quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,10 +137,6 @@ def write_quark_mxfp4(source: CheckpointFolder, destination: str, *,
                       progress: bool = False) -> None:
     """Quantize the unquantized checkpoint ``source`` to Quark MXFP4 (W4A4, dynamic MXFP4
     activations) in ``destination`` (an existing empty folder)."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-    from tqdm import tqdm
-
     with open(source.file("config.json"), encoding="utf-8") as f:
         config: dict[str, Any] = json.load(f)
     model_type = config.get("model_type")
@@ -170,7 +145,7 @@ def write_quark_mxfp4(source: CheckpointFolder, destination: str, *,
                           f"Quark template here; supported: {sorted(TEMPLATE_EXCLUDES)}")
     patterns = TEMPLATE_EXCLUDES[model_type]
     tensors: dict[str, TensorInfo] = {n: i for n, i in source.tensors.items()
-                                      if _loaded_by_transformers(n, config)}
+                                      if not beyond_layers(n, config.get("num_hidden_layers"))}
     names = [m.name for m in plain_linear_modules(tensors) if not is_router(m.name)]
     if "lm_head" not in names:
         names.append("lm_head")  # the head module exists even when tied to the embedding
@@ -198,37 +173,17 @@ def write_quark_mxfp4(source: CheckpointFolder, destination: str, *,
             units.append((name, n * k // 2 + n * k // MX_GROUP))
         else:
             units.append((name, info.numel * _DTYPE_BYTES.get(info.dtype, 4)))
-    shards = _plan_shards(units)
-    files = (["model.safetensors"] if len(shards) == 1 else
-             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
-    handles: dict[str, Any] = {}
+    read = SourceTensors(tensors)
 
-    def read(name: str) -> torch.Tensor:
-        file = tensors[name].file
-        if file not in handles:
-            handles[file] = safe_open(file, framework="pt")
-        return handles[file].get_tensor(name)  # type: ignore[no-any-return]
+    def produce(name: str) -> dict[str, torch.Tensor]:
+        module = name.removesuffix(".weight")
+        if name.endswith(".weight") and module in quantized:
+            weight, scales = _quantize(read(name))
+            return {name: weight, f"{module}.weight_scale": scales}
+        return {name: read(name)}
 
-    bar = tqdm(total=len(units), desc="writing", unit="tensor", disable=not progress)
-    weight_map: dict[str, str] = {}
-    for file, names in zip(files, shards, strict=True):
-        out: dict[str, torch.Tensor] = {}
-        for name in names:
-            module = name.removesuffix(".weight")
-            if name.endswith(".weight") and module in quantized:
-                out[name], out[f"{module}.weight_scale"] = _quantize(read(name))
-            else:
-                out[name] = read(name)
-            bar.update(1)
-        weight_map.update(dict.fromkeys(out, file))
-        save_file(out, os.path.join(destination, file), metadata={"format": "pt"})
-    bar.close()
-    if len(files) > 1:
-        with open(os.path.join(destination, "model.safetensors.index.json"), "w",
-                  encoding="utf-8") as f:
-            json.dump({"metadata": {"total_size": sum(size for _, size in units)},
-                       "weight_map": dict(sorted(weight_map.items()))}, f, indent=2,
-                      sort_keys=True)
+    write_shards(destination, units, produce, max_bytes=MAX_SHARD_BYTES, progress=progress,
+                 index_sort_keys=True)
     with open(os.path.join(destination, "config.json"), "w", encoding="utf-8") as f:
         f.write(json.dumps({**config, "quantization_config": quark_mxfp4_config(exclude)},
                            indent=2, sort_keys=True) + "\n")

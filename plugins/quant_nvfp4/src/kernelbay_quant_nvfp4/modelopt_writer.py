@@ -37,10 +37,11 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from kernelbay.checkpoint.layout import plain_linear_modules
+from kernelbay.checkpoint.layout import beyond_layers, plain_linear_modules
+from kernelbay.checkpoint.writing import SourceTensors, write_shards
 from kernelbay.errors import CheckpointError
 
 from kernelbay_quant_nvfp4.matching import is_never_quantized
@@ -62,7 +63,6 @@ MODELOPT_VERSION = "0.47.0"
 MAX_SHARD_BYTES = 10 * 10**9
 _EXPERT = re.compile(r"^(?P<block>.+)\.experts\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|"
                      r"down_proj)$")
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _EMBEDDING_PARTS = ("embed_tokens", "embed", "wte")
 _FLOAT32_TENSORS = ("e_score_correction_bias",)
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "uint8": 1,
@@ -117,34 +117,10 @@ def modelopt_quant_configs(exclude: list[str]) -> tuple[dict[str, Any], dict[str
     return hf_quant, config
 
 
-def _loaded_by_transformers(name: str, config: Mapping[str, Any]) -> bool:
-    if name.endswith("rotary_emb.inv_freq"):
-        return False
-    match = _LAYER.search(name)
-    layers = config.get("num_hidden_layers")
-    return match is None or layers is None or int(match.group(1)) < int(layers)
-
-
 def _is_embedding(name: str, info: TensorInfo) -> bool:
     leaf = name.removesuffix(".weight").rsplit(".", 1)[-1]
     return (name.endswith(".weight") and len(info.shape) == 2
             and any(p in leaf for p in _EMBEDDING_PARTS))
-
-
-class _Source:
-    """Lazy reads of the source safetensors, one open handle per file."""
-
-    def __init__(self, tensors: Mapping[str, TensorInfo]) -> None:
-        self.tensors = tensors
-        self._handles: dict[str, Any] = {}
-
-    def __call__(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
-
-        file = self.tensors[name].file
-        if file not in self._handles:
-            self._handles[file] = safe_open(file, framework="pt")
-        return self._handles[file].get_tensor(name)  # type: ignore[no-any-return]
 
 
 def _groups(quantized: Iterable[str], calibration: Calibration) -> dict[str, tuple[str, ...]]:
@@ -175,35 +151,19 @@ def _input_amax(module: str, group: tuple[str, ...], calibration: Calibration) -
     return max(values) if values else None
 
 
-def _plan_shards(units: list[tuple[str, int]]) -> list[list[str]]:
-    """Split ``(unit, bytes)`` into shards of at most ``MAX_SHARD_BYTES`` (a unit larger
-    than that gets a shard of its own), in order, as ``save_pretrained`` does."""
-    shards: list[list[str]] = [[]]
-    used = 0
-    for name, size in units:
-        if shards[-1] and used + size > MAX_SHARD_BYTES:
-            shards.append([])
-            used = 0
-        shards[-1].append(name)
-        used += size
-    return shards
-
-
 def write_modelopt_nvfp4(source: CheckpointFolder, destination: str, *,
                          progress: bool = False) -> None:
     """Quantize the unquantized checkpoint ``source`` to ModelOpt NVFP4 in ``destination``
     (an existing empty folder): tensors, ``config.json`` and ``hf_quant_config.json``."""
     import torch
     from kernelbay.formats import nvfp4_global_scale, quantize_nvfp4
-    from safetensors.torch import save_file
-    from tqdm import tqdm
 
     from kernelbay_quant_nvfp4.calibration import calibrate, calibration_text
 
     with open(source.file("config.json"), encoding="utf-8") as f:
         config: dict[str, Any] = json.load(f)
-    tensors = {n: i for n, i in source.tensors.items() if _loaded_by_transformers(n, config)}
-    read = _Source(tensors)
+    tensors = {n: i for n, i in source.tensors.items() if not beyond_layers(n, config.get("num_hidden_layers"))}
+    read = SourceTensors(tensors)
     quantized: dict[str, tuple[int, int]] = {}
     unquantized = ["lm_head"]  # the head module exists even when tied to the embedding
     for linear in plain_linear_modules(tensors):
@@ -246,36 +206,19 @@ def write_modelopt_nvfp4(source: CheckpointFolder, destination: str, *,
         else:
             dtype = "float32" if name.endswith(_FLOAT32_TENSORS) else info.dtype
             units.append((name, info.numel * _DTYPE_BYTES.get(dtype, 4)))
-    shards = _plan_shards(units)
-    files = (["model.safetensors"] if len(shards) == 1 else
-             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
-    bar = tqdm(total=len(units), desc="writing", unit="tensor", disable=not progress)
-    weight_map: dict[str, str] = {}
-    for file, names in zip(files, shards, strict=True):
-        out: dict[str, torch.Tensor] = {}
-        for name in names:
-            module = name.removesuffix(".weight")
-            if name.endswith(".weight") and module in quantized:
-                group = groups[module]
-                packed, block_scales, g = quantize_nvfp4(
-                    read(name), scale(max(weight_amax[m] for m in group)))
-                out[name] = packed
-                out[f"{module}.weight_scale"] = block_scales
-                out[f"{module}.weight_scale_2"] = g
-                out[f"{module}.input_scale"] = scale(
-                    _input_amax(module, group, calibration) or 0.0)
-            else:
-                value = read(name)
-                out[name] = value.float() if name.endswith(_FLOAT32_TENSORS) else value
-            bar.update(1)
-        weight_map.update(dict.fromkeys(out, file))
-        save_file(out, os.path.join(destination, file), metadata={"format": "pt"})
-    bar.close()
-    if len(files) > 1:
-        with open(os.path.join(destination, "model.safetensors.index.json"), "w",
-                  encoding="utf-8") as f:
-            json.dump({"metadata": {"total_size": sum(size for _, size in units)},
-                       "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
+    def produce(name: str) -> dict[str, torch.Tensor]:
+        module = name.removesuffix(".weight")
+        if not (name.endswith(".weight") and module in quantized):
+            value = read(name)
+            return {name: value.float() if name.endswith(_FLOAT32_TENSORS) else value}
+        group = groups[module]
+        packed, block_scales, g = quantize_nvfp4(
+            read(name), scale(max(weight_amax[m] for m in group)))
+        return {name: packed, f"{module}.weight_scale": block_scales,
+                f"{module}.weight_scale_2": g,
+                f"{module}.input_scale": scale(_input_amax(module, group, calibration) or 0.0)}
+
+    write_shards(destination, units, produce, max_bytes=MAX_SHARD_BYTES, progress=progress)
     exclude = sorted(summarize_exclude_modules(unquantized, quantized))
     hf_quant, quantization_config = modelopt_quant_configs(exclude)
     with open(os.path.join(destination, "hf_quant_config.json"), "w", encoding="utf-8") as f:

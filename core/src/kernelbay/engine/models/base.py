@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from kernelbay.checkpoint.layout import beyond_layers
 from kernelbay.engine.build import ModelBuilder
-from kernelbay.engine.loader import layer_index
 from kernelbay.engine.modules import ForwardMeta, Linear, vocab_logits
 from kernelbay.engine.rope import Rope
 
@@ -47,10 +47,5 @@ class CausalLM(nn.Module):
 
     @staticmethod
     def ignored_tensor(name: str, config: Any) -> bool:
-        """Checkpoint tensors no family reads: rotary caches of old exports and layers past
-        ``num_hidden_layers`` (DeepSeek's multi-token-prediction layers)."""
-        if name.endswith("rotary_emb.inv_freq"):
-            return True
-        index = layer_index(name)
-        layers = getattr(config, "num_hidden_layers", None)
-        return index is not None and layers is not None and index >= layers
+        """Checkpoint tensors no family reads (``kernelbay.checkpoint.layout.beyond_layers``)."""
+        return beyond_layers(name, getattr(config, "num_hidden_layers", None))
