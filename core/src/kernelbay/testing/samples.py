@@ -44,6 +44,10 @@ def sample_requests(kind: BackendKind) -> list[object]:
                                  "column", 1, 2))
         out.append(LinearRequest(4096, 2048, _NVFP4, "bfloat16", True, LayerRole.MOE_EXPERT,
                                  num_experts=8))
+        # Whole routed-expert MLPs (the fused-MoE seam, role "moe_experts"), one per scheme.
+        for scheme in (QuantScheme("unquantized"), _NVFP4, _MXFP4, _FP8_BLOCK, _FP8):
+            out.append(LinearRequest(2048, 768, scheme, "bfloat16", False, "moe_experts",
+                                     "replicated", num_experts=64))
         return out
     if kind is BackendKind.ATTENTION:
         return [
