@@ -64,8 +64,6 @@ def test_accepts_fp8_on_avx512_bf16_and_amx_cpus() -> None:
     (LinearRequest(4100, 4096, TENSOR), AVX, "K=4100 is not a multiple of 32"),
     (LinearRequest(4096, 4096, BLOCK, "float16"), AVX,
      "needs activation dtype in ('bfloat16', 'float32'), request has 'float16'"),
-    (LinearRequest(4096, 4096, BLOCK, num_experts=8), AVX,
-     "handles dense layers only, request stacks 8 experts"),
     (LinearRequest(4096, 4096, QuantScheme("fp8-block", "float8_e4m3fn", (128, 128),
                                            activation="mxfp8-dynamic")), AVX,
      "needs activation scheme in (None, 'fp8-static', 'fp8-dynamic') (W8A16), scheme has "
@@ -88,6 +86,12 @@ def test_other_schemes_are_not_applicable() -> None:
         assert scheme.name in verdict.reason or "unquantized" in verdict.reason
     verdict = CpuBf16Avx512Linear.can_implement(LinearRequest(4096, 4096, BLOCK), AVX)
     assert not verdict.accepted and not verdict.applicable
+    # Routed experts are cpu-fp8-moe's: the dense methods pass them over without a warning.
+    for cls, scheme in ((CpuFp8Avx512Linear, BLOCK), (CpuBf16Avx512Linear, QuantScheme(
+            "unquantized"))):
+        verdict = cls.can_implement(LinearRequest(4096, 4096, scheme, num_experts=8), AVX)
+        assert not verdict.accepted and not verdict.applicable
+        assert "handles dense layers only, request stacks 8 experts" in verdict.reason
 
 
 def test_bf16_method_verdicts() -> None:

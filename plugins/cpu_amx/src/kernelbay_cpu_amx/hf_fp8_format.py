@@ -27,6 +27,9 @@ blocks that are not square (e.g. 32 x 128, or 1 x 128 per row): with square bloc
 weight and its grid are indistinguishable from an [N, K] one by shapes alone, and the layer is
 taken as [N, K], the Hugging Face convention (the engine then reports a logical-shape
 mismatch against the architecture, naming the tensor).
+
+Writing: ``kernelbay quantize --format fp8`` (and ``kernelbay run --quantize fp8``) writes
+this dialect with 128 x 128 blocks; see ``hf_fp8_writer``.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from kernelbay.requests import UNQUANTIZED, FormatRequest, QuantScheme
 from kernelbay.verdict import Verdict
 
 if TYPE_CHECKING:
+    from kernelbay.checkpoint.folder import CheckpointFolder
     from kernelbay.checkpoint.tensors import TensorInfo
     from kernelbay.device import DeviceCapability
 
@@ -84,7 +88,20 @@ class HfFp8Format(CheckpointFormat):
     api_version: ClassVar[str] = "1.0"
     priority: ClassVar[int] = 0
     summary: ClassVar[str] = ("Hugging Face fine-grained FP8 (quant_method 'fp8', "
-                              "weight_scale_inv, weight_block_size)")
+                              "weight_scale_inv, weight_block_size); writes 'fp8'")
+    writes: ClassVar[tuple[str, ...]] = ("fp8",)
+
+    @classmethod
+    def write(cls, source: CheckpointFolder, destination: str, output_format: str, *,
+              progress: bool = False) -> None:
+        """Quantize ``source`` to the fine-grained FP8 dialect with 128 x 128 blocks, as
+        DeepSeek-V3's release lays it out (``hf_fp8_writer``)."""
+        if output_format not in cls.writes:
+            raise ValueError(f"{cls.name} writes {list(cls.writes)}, asked for "
+                             f"{output_format!r}")
+        from kernelbay_cpu_amx.hf_fp8_writer import write_hf_fp8
+
+        write_hf_fp8(source, destination, progress=progress)
 
     def __init__(self, request: FormatRequest) -> None:
         super().__init__(request)
@@ -168,4 +185,8 @@ class HfFp8Format(CheckpointFormat):
                            self.activation, "hf-fp8", options)
 
     def source_name(self, module: str, tensor: str) -> str:
-        return f"{module}.{_SOURCE_NAMES.get(tensor, tensor)}"
+        # A routed-expert method names its tensors relative to the MoE block
+        # ("experts.5.gate_proj.weight_scale"): only the last component is renamed.
+        head, _, leaf = tensor.rpartition(".")
+        leaf = _SOURCE_NAMES.get(leaf, leaf)
+        return f"{module}.{head}.{leaf}" if head else f"{module}.{leaf}"

@@ -27,6 +27,7 @@ __all__ = [
     "REQUIRED_CPU_FLAGS",
     "CpuBf16Avx512Linear",
     "CpuFp8Avx512Linear",
+    "device_checks",
     "fp8_group",
     "kernel_group",
     "replicated_block_scales",
@@ -49,7 +50,8 @@ _ACTIVATION_SCHEMES = (None, "fp8-static", "fp8-dynamic")
 _LAYOUTS = ("nk", "kn")
 
 
-def _device_checks(device: DeviceCapability) -> list[Verdict]:
+def device_checks(device: DeviceCapability) -> list[Verdict]:
+    """The device rules of every method here: an x86 CPU with ``REQUIRED_CPU_FLAGS``."""
     missing = [f for f in REQUIRED_CPU_FLAGS if not device.has(f)]
     return [
         Verdict.check(device.platform == "cpu",
@@ -136,6 +138,10 @@ class CpuFp8Avx512Linear(LinearMethod):
             # "bfloat16" is QuantScheme's default: a scheme that names no element type.
             Verdict.handles(s.weight_dtype in ("float8_e4m3fn", "bfloat16"),
                             f"handles float8_e4m3fn weights, scheme has {s.weight_dtype!r}"),
+            # Routed experts are cpu-fp8-moe's (kernelbay_cpu_amx.moe).
+            Verdict.handles(request.num_experts is None,
+                            f"handles dense layers only, request stacks {request.num_experts} "
+                            "experts"),
         )
         if not handles:
             return handles
@@ -159,16 +165,13 @@ class CpuFp8Avx512Linear(LinearMethod):
                               f"is {group}"),
             ]
         verdict = Verdict.all(
-            *_device_checks(device),
+            *device_checks(device),
             Verdict.check(s.activation in _ACTIVATION_SCHEMES,
                           f"needs activation scheme in {_ACTIVATION_SCHEMES} (W8A16), scheme "
                           f"has {s.activation!r}"),
             Verdict.check(request.activation_dtype in _FP8_ACTIVATION_DTYPES,
                           f"needs activation dtype in {_FP8_ACTIVATION_DTYPES}, request has "
                           f"{request.activation_dtype!r}"),
-            Verdict.check(request.num_experts is None,
-                          f"handles dense layers only, request stacks {request.num_experts} "
-                          "experts"),
             Verdict.check(layout in _LAYOUTS,
                           f"needs scheme option weight_layout in {_LAYOUTS}, got {layout!r}"),
             *shape_checks,
@@ -323,18 +326,20 @@ class CpuBf16Avx512Linear(LinearMethod):
     def can_implement(cls, request: LinearRequest, device: DeviceCapability) -> Verdict:
         s = request.scheme
         n, k = request.out_features, request.in_features
-        handles = Verdict.handles(not s.is_quantized,
-                                  f"handles unquantized weights only, layer is {s.describe()}")
+        handles = Verdict.all(
+            Verdict.handles(not s.is_quantized,
+                            f"handles unquantized weights only, layer is {s.describe()}"),
+            Verdict.handles(request.num_experts is None,
+                            f"handles dense layers only, request stacks {request.num_experts} "
+                            "experts"),
+        )
         if not handles:
             return handles
         verdict = Verdict.all(
-            *_device_checks(device),
+            *device_checks(device),
             Verdict.check(request.activation_dtype == "bfloat16",
                           f"needs activation dtype 'bfloat16' (the weights' dtype), request has "
                           f"{request.activation_dtype!r}"),
-            Verdict.check(request.num_experts is None,
-                          f"handles dense layers only, request stacks {request.num_experts} "
-                          "experts"),
             Verdict.check(n % N_MULTIPLE == 0, f"N={n} is not a multiple of {N_MULTIPLE}"),
             Verdict.check(k % K_BLOCK_MULTIPLE == 0,
                           f"K={k} is not a multiple of {K_BLOCK_MULTIPLE}"),
