@@ -70,6 +70,23 @@ class MoEMethod(LinearMethod):
     ``x W^T``) does not exist for a MoE layer.
     """
 
+    @classmethod
+    def routed_expert_checks(cls, request: LinearRequest) -> Verdict:
+        """What every routed-expert method checks first: a MoE request (not applicable
+        otherwise), at least one expert, a float activation dtype, no expert biases."""
+        r = request
+        return Verdict.all(
+            Verdict.handles(r.num_experts is not None,
+                            f"handles routed-expert MLPs (num_experts set) only, request is "
+                            f"a dense {r.role!r} layer"),
+            Verdict.check(r.num_experts is None or r.num_experts >= 1,
+                          f"needs num_experts >= 1, request has {r.num_experts}"),
+            Verdict.check(r.activation_dtype in _FLOAT_DTYPES,
+                          f"needs activation dtype in {_FLOAT_DTYPES}, request has "
+                          f"{r.activation_dtype!r}"),
+            Verdict.check(not r.bias, f"has no expert biases, request {r.role!r} has bias=True"),
+        )
+
     @property
     def num_experts(self) -> int:
         """Routed experts in this layer."""
@@ -158,17 +175,9 @@ class TorchMoE(MoEMethod):
         del device  # plain torch: any device
         r = request
         return Verdict.all(
-            Verdict.handles(r.num_experts is not None,
-                            f"handles routed-expert MLPs (num_experts set) only, request is "
-                            f"a dense {r.role!r} layer"),
+            cls.routed_expert_checks(r),
             Verdict.handles(not r.scheme.is_quantized,
                             f"handles unquantized experts only, layer is {r.scheme.describe()}"),
-            Verdict.check(r.num_experts is None or r.num_experts >= 1,
-                          f"needs num_experts >= 1, request has {r.num_experts}"),
-            Verdict.check(r.activation_dtype in _FLOAT_DTYPES,
-                          f"needs activation dtype in {_FLOAT_DTYPES}, request has "
-                          f"{r.activation_dtype!r}"),
-            Verdict.check(not r.bias, f"has no expert biases, request {r.role!r} has bias=True"),
         )
 
     def tensor_specs(self) -> Mapping[str, TensorSpec]:
@@ -229,18 +238,10 @@ class TorchFp8MoE(TorchMoE):
         # same columns of down; its slice of a block grid is exact only for whole blocks.
         split = r.parallel == "column" and r.tp_size > 1 and block is not None
         return Verdict.all(
-            Verdict.handles(r.num_experts is not None,
-                            f"handles routed-expert MLPs (num_experts set) only, request is "
-                            f"a dense {r.role!r} layer"),
+            cls.routed_expert_checks(r),
             Verdict.handles(r.scheme.name in _FP8_SCHEMES,
                             f"handles FP8 experts (schemes {_FP8_SCHEMES}) only, layer is "
                             f"{r.scheme.describe()}"),
-            Verdict.check(r.num_experts is None or r.num_experts >= 1,
-                          f"needs num_experts >= 1, request has {r.num_experts}"),
-            Verdict.check(r.activation_dtype in _FLOAT_DTYPES,
-                          f"needs activation dtype in {_FLOAT_DTYPES}, request has "
-                          f"{r.activation_dtype!r}"),
-            Verdict.check(not r.bias, f"has no expert biases, request {r.role!r} has bias=True"),
             Verdict.check(block is None or min(block) > 0,
                           f"needs a positive scale block, scheme has {block}"),
             Verdict.check(not split or block is None

@@ -56,9 +56,7 @@ class Mxfp4MoEEmulation(MoEMethod):
         s = r.scheme
         rule = s.option("scale_mode", "even")
         verdict = Verdict.all(
-            Verdict.handles(r.num_experts is not None,
-                            f"handles routed-expert MLPs (num_experts set) only, request is a "
-                            f"dense {r.role!r} layer"),
+            cls.routed_expert_checks(r),
             Verdict.handles(s.name == "mxfp4",
                             f"handles OCP MXFP4 experts only, layer is {s.describe()}"),
             Verdict.check(s.group_shape == (1, _BLOCK) and s.scale_dtype == "e8m0",
@@ -70,12 +68,6 @@ class Mxfp4MoEEmulation(MoEMethod):
             Verdict.check(s.activation is None or rule in SCALE_RULES,
                           f"needs an MX scale rule in {list(SCALE_RULES)} for its activations, "
                           f"scheme has scale_mode {rule!r}"),
-            Verdict.check(r.num_experts is None or r.num_experts >= 1,
-                          f"needs num_experts >= 1, request has {r.num_experts}"),
-            Verdict.check(r.activation_dtype in _FLOAT_DTYPES,
-                          f"needs activation dtype in {_FLOAT_DTYPES}, request has "
-                          f"{r.activation_dtype!r}"),
-            Verdict.check(not r.bias, f"has no expert biases, request {r.role!r} has bias=True"),
             Verdict.check(r.in_features > 0 and r.in_features % _BLOCK == 0,
                           f"hidden size K={r.in_features} is not a multiple of the MX block "
                           f"{_BLOCK}"),

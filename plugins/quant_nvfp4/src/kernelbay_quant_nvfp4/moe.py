@@ -28,7 +28,7 @@ from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
 from kernelbay_quant_nvfp4.emulation import W4A4_ACTIVATION
-from kernelbay_quant_nvfp4.schemes import FLOAT_DTYPES, NVFP4_BLOCK
+from kernelbay_quant_nvfp4.schemes import NVFP4_BLOCK
 
 if TYPE_CHECKING:
     import torch
@@ -54,9 +54,7 @@ class Nvfp4MoEEmulation(MoEMethod):
         r = request
         s = r.scheme
         verdict = Verdict.all(
-            Verdict.handles(r.num_experts is not None,
-                            f"handles routed-expert MLPs (num_experts set) only, request is a "
-                            f"dense {r.role!r} layer"),
+            cls.routed_expert_checks(r),
             Verdict.handles(s.name == "nvfp4",
                             f"handles NVFP4 experts only, layer is {s.describe()}"),
             Verdict.check(s.group_shape == (1, NVFP4_BLOCK) and s.scale_dtype == "float8_e4m3fn",
@@ -65,12 +63,6 @@ class Nvfp4MoEEmulation(MoEMethod):
             Verdict.check(s.activation in (None, W4A4_ACTIVATION),
                           f"emulates activations None or {W4A4_ACTIVATION!r}, scheme has "
                           f"{s.activation!r}"),
-            Verdict.check(r.num_experts is None or r.num_experts >= 1,
-                          f"needs num_experts >= 1, request has {r.num_experts}"),
-            Verdict.check(r.activation_dtype in FLOAT_DTYPES,
-                          f"needs activation dtype in {FLOAT_DTYPES}, request has "
-                          f"{r.activation_dtype!r}"),
-            Verdict.check(not r.bias, f"has no expert biases, request {r.role!r} has bias=True"),
             Verdict.check(r.in_features > 0 and r.in_features % NVFP4_BLOCK == 0,
                           f"hidden size K={r.in_features} is not a multiple of the NVFP4 block "
                           f"{NVFP4_BLOCK}"),
