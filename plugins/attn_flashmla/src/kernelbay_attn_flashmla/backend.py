@@ -75,9 +75,12 @@ class MLAReferenceAttention(AttentionBackend):
         if isinstance(record, str):
             return Verdict.reject(record)
         return Verdict.all(
-            Verdict.check((record.kv_lora_rank, record.rope_dim) == (r.kv_lora_rank, r.rope_dim),
-                          f"{record.kind} records hold {record.dims_text} latent dims, "
-                          f"request has {r.kv_lora_rank}+{r.rope_dim}"),
+            # Each record kind is laid out for one model generation's latent dims: another
+            # model's MLA is not what these records are for (no fallback warning).
+            Verdict.handles((record.kv_lora_rank, record.rope_dim)
+                            == (r.kv_lora_rank, r.rope_dim),
+                            f"{record.kind} records hold {record.dims_text} latent dims, "
+                            f"request has {r.kv_lora_rank}+{r.rope_dim}"),
             Verdict.check(r.num_kv_heads == 1,
                           f"MLA keeps one shared latent KV head, request has "
                           f"num_kv_heads={r.num_kv_heads}"),
