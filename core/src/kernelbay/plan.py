@@ -136,6 +136,7 @@ class Plan:
     linears: tuple[Decision, ...]
     attention: Decision
     collective: Decision | None
+    proposer: Decision | None = None
 
     @property
     def ok(self) -> bool:

@@ -51,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
                    help="activation dtype (default: the checkpoint's)")
     p.add_argument("--kv-cache", default="auto", help="KV-cache record kind (default auto)")
+    p.add_argument("--speculative", metavar="METHOD",
+                   help="speculative decoding with this proposer (e.g. ngram)")
+    p.add_argument("--num-speculative-tokens", type=int, default=4,
+                   help="tokens drafted per step (default 4)")
 
     p = sub.add_parser("quantize", help="write a checkpoint in a producer's exact format")
     p.add_argument("source", help="an unquantized checkpoint folder")
@@ -97,7 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 max_tokens=args.max_tokens, temperature=args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                                 tp_size=args.tp, device=args.device, dtype=args.dtype,
-                                kv_cache=args.kv_cache, quantize=args.quantize)
+                                kv_cache=args.kv_cache, quantize=args.quantize,
+                                speculative=args.speculative,
+                                num_speculative_tokens=args.num_speculative_tokens)
         if args.command == "quantize":
             from kernelbay.cli.quantize_cmd import run_quantize
 

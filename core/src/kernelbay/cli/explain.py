@@ -43,6 +43,8 @@ def summary_lines(plan: Plan) -> list[str]:
              f"  attention: {plan.attention.chosen}"]
     if plan.collective is not None:
         lines.append(f"  collective: {plan.collective.chosen}")
+    if plan.proposer is not None:
+        lines.append(f"  proposer: {plan.proposer.chosen}")
     counts: dict[str, int] = {}
     for d in plan.linears:
         counts[d.chosen] = counts.get(d.chosen, 0) + 1

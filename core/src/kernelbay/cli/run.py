@@ -19,11 +19,12 @@ DEMO_TEMPERATURE, DEMO_TOP_P = 0.7, 0.95
 def run_generate(policy: Policy, model: str | None, *, prompt: str | None, max_tokens: int,
                  temperature: float | None, top_k: int, top_p: float | None, seed: int,
                  tp_size: int, device: str | None, dtype: str | None, kv_cache: str,
-                 quantize: str | None = None) -> int:
+                 quantize: str | None = None, speculative: str | None = None,
+                 num_speculative_tokens: int = 4) -> int:
     """Load ``model`` (default: the bundled demo, optionally quantized first), stream one
     completion of ``prompt``, then print speed and the chosen backends."""
     from kernelbay.cli.explain import summary_lines
-    from kernelbay.engine import LLM, SamplingParams
+    from kernelbay.engine import LLM, SamplingParams, SpeculativeConfig
 
     demo = model is None
     if demo:
@@ -45,7 +46,9 @@ def run_generate(policy: Policy, model: str | None, *, prompt: str | None, max_t
 
     started = time.perf_counter()
     llm = LLM(model, device=device, dtype=dtype, tensor_parallel_size=tp_size,
-              kv_cache=kv_cache, policy=policy)
+              kv_cache=kv_cache, policy=policy,
+              speculative=(SpeculativeConfig(speculative, num_speculative_tokens)
+                           if speculative else None))
     loaded = time.perf_counter() - started
     is_writer = llm.tp.rank == 0
     ids = llm.encode(prompt) if llm.tokenizer is not None else [int(t) for t in prompt.split()]
@@ -72,8 +75,10 @@ def run_generate(policy: Policy, model: str | None, *, prompt: str | None, max_t
     out = llm.generate([ids], params, on_token=stream)[0]
     if is_writer:
         print()
-        print(f"\n[{len(out.token_ids)} tokens, {out.tokens_per_second:.1f} tokens/s, "
-              f"finish: {out.finish_reason}, loaded in {loaded:.1f}s on "
+        accepted = (f", {out.accepted_length:.2f} tokens per target step"
+                    if llm.proposer is not None else "")
+        print(f"\n[{len(out.token_ids)} tokens, {out.tokens_per_second:.1f} tokens/s"
+              f"{accepted}, finish: {out.finish_reason}, loaded in {loaded:.1f}s on "
               f"{llm.capability.describe()}]")
         for line in summary_lines(llm.plan):
             print(line)

@@ -3,5 +3,6 @@
 from kernelbay.engine.kv_cache import KVCacheConfig
 from kernelbay.engine.llm import LLM, RequestOutput
 from kernelbay.engine.sampling import SamplingParams
+from kernelbay.engine.speculative import SpeculativeConfig
 
-__all__ = ["LLM", "KVCacheConfig", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "KVCacheConfig", "RequestOutput", "SamplingParams", "SpeculativeConfig"]

@@ -22,12 +22,14 @@ from kernelbay.engine.models import model_class
 from kernelbay.engine.parallel import init_tensor_parallel
 from kernelbay.engine.runner import ModelRunner, Sequence
 from kernelbay.engine.sampling import SamplingParams, sample_tokens
+from kernelbay.engine.speculative import SpeculativeConfig, speculative_step
 from kernelbay.errors import ConfigError
 from kernelbay.kinds import BackendKind
+from kernelbay.layers import DraftBuffers, Proposer
 from kernelbay.plan import Decision, Plan
 from kernelbay.plugins import Registry, get_registry
 from kernelbay.policy import Policy
-from kernelbay.requests import CollectiveRequest
+from kernelbay.requests import CollectiveRequest, ProposerRequest
 from kernelbay.select import select
 
 __all__ = ["LLM", "RequestOutput"]
@@ -45,6 +47,12 @@ class RequestOutput:
     text: str
     finish_reason: str
     step_times: list[float] = field(default_factory=list)
+    steps: int = 0
+
+    @property
+    def accepted_length(self) -> float:
+        """Generated tokens per target forward pass (1 without speculation)."""
+        return len(self.token_ids) / self.steps if self.steps else 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -86,13 +94,11 @@ class LLM:
 
     def __init__(self, model: str, *, device: str | torch.device | None = None,
                  dtype: str | torch.dtype | None = None, tensor_parallel_size: int = 1,
-                 kv_cache: str | KVCacheConfig | None = None, speculative: Any = None,
+                 kv_cache: str | KVCacheConfig | None = None,
+                 speculative: SpeculativeConfig | str | None = None,
                  policy: Policy | None = None, registry: Registry | None = None,
                  max_model_len: int | None = None, max_num_seqs: int = 16,
                  progress: bool | None = None) -> None:
-        if speculative is not None:
-            raise ConfigError("speculative decoding is not available in this version of the "
-                              "engine; use speculative=None")
         self.folder = CheckpointFolder(model)
         config = self.folder.config
         self.registry = registry if registry is not None else get_registry(policy)
@@ -136,8 +142,27 @@ class LLM:
         self.runner = ModelRunner(self.model, self.cache, torch_device)
         self.eos_token_ids = _eos_ids(self.folder)
         self.tokenizer = self._tokenizer()
+        self.speculative = (SpeculativeConfig(speculative) if isinstance(speculative, str)
+                            else speculative)
+        self.proposer: Proposer | None = None
+        if self.speculative is not None:
+            self._select_proposer(self.speculative)
 
     # -- set-up helpers -------------------------------------------------------------------
+
+    def _select_proposer(self, spec: SpeculativeConfig) -> None:
+        config = self.folder.config
+        request = ProposerRequest(spec.method, spec.num_speculative_tokens,
+                                  config.vocab_size or 0, config.model_type,
+                                  config.hidden_size or 0, spec.drafter)
+        chosen = select(BackendKind.PROPOSER, request, self.capability, self.policy,
+                        registry=self.registry)
+        self._decisions.append(Decision("proposer", request, chosen))
+        self.proposer = chosen.backend(request)
+        self.draft_buffers = DraftBuffers.allocate(self.proposer.draft_logits_spec(),
+                                                   self.max_num_seqs,
+                                                   spec.num_speculative_tokens,
+                                                   config.vocab_size or 0)
 
     def _capability(self, device: torch.device) -> DeviceCapability:
         capability = self.registry.device()
@@ -174,11 +199,12 @@ class LLM:
         """Every selection made for this model (as ``kernelbay explain`` shows)."""
         attention = next(d for d in self._decisions if d.module == "attention")
         collective = next((d for d in self._decisions if d.module == "all_reduce"), None)
+        proposer = next((d for d in self._decisions if d.module == "proposer"), None)
         linears = tuple(d for d in self._decisions
-                        if d.module not in ("checkpoint", "attention", "all_reduce"))
+                        if d.module not in ("checkpoint", "attention", "all_reduce", "proposer"))
         arch = ",".join(self.folder.config.architectures)
         return Plan(self.folder.path, arch, self.capability, self.tp.size, self._decisions[0],
-                    linears, attention, collective)
+                    linears, attention, collective, proposer)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (needs the checkpoint's tokenizer.json)."""
@@ -225,7 +251,8 @@ class LLM:
                                  f"{self.max_model_len}")
         self._run(deque(sequences), on_token)
         return [RequestOutput(s.tokens[:s.num_prompt], s.generated, self.decode(s.generated),
-                              s.finish_reason or "length", s.step_times) for s in sequences]
+                              s.finish_reason or "length", s.step_times, s.steps)
+                for s in sequences]
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -241,11 +268,13 @@ class LLM:
              ) -> None:
         allocator = self.cache.allocator
         page = self.cache.page_size
+        # Drafts past max_tokens are never kept, but their K/V are written before verifying.
+        lookahead = self.speculative.num_speculative_tokens if self.speculative else 0
         running: list[Sequence] = []
         while waiting or running:
             while waiting and len(running) < self.max_num_seqs:
                 seq = waiting[0]
-                need = pages_for(seq.num_prompt + seq.params.max_tokens, page)
+                need = pages_for(seq.num_prompt + seq.params.max_tokens + lookahead, page)
                 if need > allocator.free_pages:
                     if not running:
                         raise MemoryError(f"request {seq.index} needs {need} KV-cache pages, "
@@ -254,25 +283,45 @@ class LLM:
                 seq.pages = allocator.allocate(need)
                 running.append(waiting.popleft())
             start = time.perf_counter()
-            batch = [(s, len(s.tokens) - s.num_cached) for s in running]
-            logits = self.runner.forward(batch)
-            chosen = sample_tokens(logits, [s.params for s in running],
-                                   [len(s.tokens) for s in running]).tolist()
+            if self.proposer is not None:
+                produced = speculative_step(self.runner, self.proposer, self.draft_buffers,
+                                            running)
+            else:
+                batch = [(s, len(s.tokens) - s.num_cached) for s in running]
+                logits = self.runner.forward(batch)
+                chosen = sample_tokens(logits, [s.params for s in running],
+                                       [len(s.tokens) for s in running]).tolist()
+                for seq, token in zip(running, chosen, strict=True):
+                    seq.tokens.append(int(token))
+                produced = [[int(token)] for token in chosen]
             elapsed = time.perf_counter() - start
             still: list[Sequence] = []
-            for seq, token in zip(running, chosen, strict=True):
-                seq.tokens.append(int(token))
-                seq.step_times.append(elapsed)
-                if on_token is not None:
-                    on_token(seq.index, int(token))
-                stops = () if seq.params.ignore_eos else (self.eos_token_ids
-                                                          + seq.params.stop_token_ids)
-                if token in stops:
-                    seq.finish_reason = "stop"
-                elif len(seq.generated) >= seq.params.max_tokens:
-                    seq.finish_reason = "length"
+            for seq, new in zip(running, produced, strict=True):
+                seq.steps += 1
+                self._commit(seq, new, elapsed, on_token)
                 if seq.finish_reason is None:
                     still.append(seq)
                 else:
                     allocator.free(seq.pages)
             running = still
+
+    def _commit(self, seq: Sequence, new: list[int], elapsed: float,
+                on_token: Callable[[int, int], None] | None) -> None:
+        """Account for the tokens just appended to ``seq``: stop at a stop token or at
+        ``max_tokens`` (dropping what follows), stream them, time them."""
+        stops = () if seq.params.ignore_eos else (self.eos_token_ids
+                                                  + seq.params.stop_token_ids)
+        first = len(seq.tokens) - len(new)
+        for i, token in enumerate(new):
+            if token in stops:
+                seq.finish_reason = "stop"
+            elif first + i + 1 - seq.num_prompt >= seq.params.max_tokens:
+                seq.finish_reason = "length"
+            if seq.finish_reason is not None:
+                del seq.tokens[first + i + 1:]
+                new = new[:i + 1]
+                break
+        for token in new:
+            seq.step_times.append(elapsed / len(new))
+            if on_token is not None:
+                on_token(seq.index, token)

@@ -28,6 +28,7 @@ class Sequence:
     num_cached: int = 0
     finish_reason: str | None = None
     step_times: list[float] = field(default_factory=list)
+    steps: int = 0
 
     @property
     def generated(self) -> list[int]:
