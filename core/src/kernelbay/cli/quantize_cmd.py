@@ -6,16 +6,11 @@ import hashlib
 import os
 import sys
 
+from kernelbay.cache import cache_dir
 from kernelbay.plugins import Registry
 from kernelbay.policy import Policy
 
 __all__ = ["cached_quantized", "run_quantize"]
-
-
-def _cache_root() -> str:
-    base = os.environ.get("KERNELBAY_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kernelbay")
-    return base
 
 
 def run_quantize(policy: Policy, source: str, destination: str, output_format: str, *,
@@ -45,7 +40,7 @@ def cached_quantized(policy: Policy, source: str, output_format: str) -> str:
     plugin = writers[output_format][1] if output_format in writers else "-"
     version = registry.record(plugin).version if plugin != "-" else "-"
     key = f"{output_format}-{digest.hexdigest()[:12]}-{plugin}-{version}"
-    target = os.path.join(_cache_root(), "quantized", key)
+    target = str(cache_dir("quantized", key))
     if not os.path.isdir(target):
         print(f"quantizing {source} to {output_format} (once; cached in {target})",
               file=sys.stderr)

@@ -22,7 +22,7 @@ from kernelbay.engine.runner import ModelRunner, Sequence
 from kernelbay.engine.sampling import sample_tokens
 from kernelbay.layers import DraftBuffers, Proposer
 
-__all__ = ["SpeculativeConfig", "accepted_length", "speculative_step"]
+__all__ = ["SpeculativeConfig", "speculative_step"]
 
 
 @final
@@ -83,8 +83,3 @@ def speculative_step(runner: ModelRunner, proposer: Proposer, buffers: DraftBuff
         seq.num_cached = base + accepted
         out.append(new)
     return out
-
-
-def accepted_length(tokens: int, steps: int) -> float:
-    """Mean tokens per target forward (bonus included): the speedup's upper bound."""
-    return tokens / steps if steps else 0.0

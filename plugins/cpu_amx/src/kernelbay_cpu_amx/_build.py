@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
+from kernelbay.cache import cache_dir
 from kernelbay.errors import KernelbayError
 
 __all__ = [
@@ -61,13 +62,8 @@ class ExtensionBuildError(KernelbayError, RuntimeError):
 
 
 def cache_root() -> Path:
-    """``$KERNELBAY_CACHE_DIR``, else ``$XDG_CACHE_HOME/kernelbay``, else ``~/.cache/kernelbay``."""
-    explicit = os.environ.get("KERNELBAY_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "kernelbay"
+    """The core's cache folder (``kernelbay.cache.cache_dir``)."""
+    return cache_dir()
 
 
 def build_key() -> str:
