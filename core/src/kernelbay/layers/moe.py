@@ -31,7 +31,7 @@ Math of ``apply_moe`` for token t with its k-th routed expert ``e = topk_ids[t, 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, ClassVar, cast
 
 from kernelbay._version import PLUGIN_API_VERSION
@@ -109,14 +109,21 @@ class MoEMethod(LinearMethod):
             return dict.fromkeys(EXPERT_PROJECTIONS)
         return {"gate_proj": 0, "up_proj": 0, "down_proj": 1}
 
-    def expert_weight_specs(self, dtype: str) -> dict[str, TensorSpec]:
-        """``experts.{e}.{gate,up,down}_proj.weight`` of every expert, in ``dtype``."""
+    def projections(self) -> Iterator[tuple[int, str, int, int, int | None]]:
+        """Every expert projection of this rank: (expert, projection, N, K, shard dim), with
+        gate/up [intermediate, hidden] and down [hidden, intermediate]."""
         hidden, inter = self.hidden_size, self.intermediate_size
         shard = self.projection_shard_dims()
         shapes = {"gate_proj": (inter, hidden), "up_proj": (inter, hidden),
                   "down_proj": (hidden, inter)}
-        return {expert_tensor(e, p): TensorSpec(shapes[p], dtype, shard[p])
-                for e in range(self.num_experts) for p in EXPERT_PROJECTIONS}
+        for e in range(self.num_experts):
+            for p in EXPERT_PROJECTIONS:
+                yield e, p, *shapes[p], shard[p]
+
+    def expert_weight_specs(self, dtype: str) -> dict[str, TensorSpec]:
+        """``experts.{e}.{gate,up,down}_proj.weight`` of every expert, in ``dtype``."""
+        return {expert_tensor(e, p): TensorSpec((n, k), dtype, shard)
+                for e, p, n, k, shard in self.projections()}
 
     def create_weights(self, layer: torch.nn.Module, device: torch.device | str = "cpu") -> None:
         """One empty parameter per tensor spec, stored under its dotted canonical name."""

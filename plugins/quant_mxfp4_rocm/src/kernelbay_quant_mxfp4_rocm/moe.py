@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar, cast
 
 from kernelbay.layers.linear import TensorSpec
-from kernelbay.layers.moe import EXPERT_PROJECTIONS, MoEMethod, expert_tensor
+from kernelbay.layers.moe import MoEMethod, expert_tensor
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
@@ -88,19 +88,13 @@ class Mxfp4MoEEmulation(MoEMethod):
         return None if activation is None else MX_ACTIVATIONS[activation]
 
     def tensor_specs(self) -> Mapping[str, TensorSpec]:
-        hidden, inter = self.hidden_size, self.intermediate_size
-        shard = self.projection_shard_dims()
-        shapes = {"gate_proj": (inter, hidden), "up_proj": (inter, hidden),
-                  "down_proj": (hidden, inter)}
         specs: dict[str, TensorSpec] = {}
-        for e in range(self.num_experts):
-            for proj in EXPERT_PROJECTIONS:
-                n, k = shapes[proj]
-                # E8M0 scales follow their weight; a rank's K share is whole blocks
-                # (can_implement checks the intermediate size).
-                specs[expert_tensor(e, proj)] = TensorSpec((n, k // 2), "uint8", shard[proj])
-                specs[expert_tensor(e, proj, "weight_scale")] = TensorSpec(
-                    (n, k // _BLOCK), "uint8", shard[proj])
+        for e, proj, n, k, shard in self.projections():
+            # E8M0 scales follow their weight; a rank's K share is whole blocks
+            # (can_implement checks the intermediate size).
+            specs[expert_tensor(e, proj)] = TensorSpec((n, k // 2), "uint8", shard)
+            specs[expert_tensor(e, proj, "weight_scale")] = TensorSpec(
+                (n, k // _BLOCK), "uint8", shard)
         return specs
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:

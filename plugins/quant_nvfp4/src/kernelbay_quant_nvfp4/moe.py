@@ -82,22 +82,16 @@ class Nvfp4MoEEmulation(MoEMethod):
         return self.request.scheme.activation == W4A4_ACTIVATION
 
     def tensor_specs(self) -> Mapping[str, TensorSpec]:
-        hidden, inter = self.hidden_size, self.intermediate_size
-        shard = self.projection_shard_dims()
-        shapes = {"gate_proj": (inter, hidden), "up_proj": (inter, hidden),
-                  "down_proj": (hidden, inter)}
         specs: dict[str, TensorSpec] = {}
-        for e in range(self.num_experts):
-            for proj in EXPERT_PROJECTIONS:
-                n, k = shapes[proj]
-                # Block scales follow their weight (one row per row, one per 16 columns);
-                # a rank's K share is whole blocks because can_implement checks it.
-                specs[expert_tensor(e, proj)] = TensorSpec((n, k // 2), "uint8", shard[proj])
-                specs[expert_tensor(e, proj, "weight_scale")] = TensorSpec(
-                    (n, k // NVFP4_BLOCK), "float8_e4m3fn", shard[proj])
-                specs[expert_tensor(e, proj, "weight_scale_2")] = TensorSpec((), "float32")
-                if self.w4a4:
-                    specs[expert_tensor(e, proj, "input_scale")] = TensorSpec((), "float32")
+        for e, proj, n, k, shard in self.projections():
+            # Block scales follow their weight (one row per row, one per 16 columns);
+            # a rank's K share is whole blocks because can_implement checks it.
+            specs[expert_tensor(e, proj)] = TensorSpec((n, k // 2), "uint8", shard)
+            specs[expert_tensor(e, proj, "weight_scale")] = TensorSpec(
+                (n, k // NVFP4_BLOCK), "float8_e4m3fn", shard)
+            specs[expert_tensor(e, proj, "weight_scale_2")] = TensorSpec((), "float32")
+            if self.w4a4:
+                specs[expert_tensor(e, proj, "input_scale")] = TensorSpec((), "float32")
         return specs
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
