@@ -31,7 +31,7 @@ Math of ``apply_moe`` for token t with its k-th routed expert ``e = topk_ids[t, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, ClassVar, cast
 
 from kernelbay._version import PLUGIN_API_VERSION
@@ -44,8 +44,15 @@ if TYPE_CHECKING:
 
     from kernelbay.device import DeviceCapability
 
-__all__ = ["EXPERT_PROJECTIONS", "MOE_EXPERTS_ROLE", "MoEMethod", "TorchFp8MoE", "TorchMoE",
-           "expert_tensor"]
+__all__ = [
+    "EXPERT_PROJECTIONS",
+    "MOE_EXPERTS_ROLE",
+    "MoEMethod",
+    "TorchFp8MoE",
+    "TorchMoE",
+    "combine_experts",
+    "expert_tensor",
+]
 
 #: The ``LinearRequest.role`` of a whole routed-expert MLP (one request for all experts).
 MOE_EXPERTS_ROLE = "moe_experts"
@@ -53,6 +60,24 @@ MOE_EXPERTS_ROLE = "moe_experts"
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 _FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 _FP8_SCHEMES = ("fp8", "fp8-block")
+
+
+def combine_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                    out_features: int,
+                    expert_fn: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``sum_k topk_weights[t, k] * expert_fn(topk_ids[t, k], ...)[t]``: the routing every MoE
+    method shares. ``expert_fn(expert, tokens)`` computes that expert's output rows for the
+    token indices ``tokens`` (called once per expert any token routes to); the weighted sum
+    is accumulated in float32 and returned [T, out_features] in ``x``'s dtype."""
+    import torch
+
+    out = torch.zeros(x.shape[0], out_features, dtype=torch.float32, device=x.device)
+    ids = topk_ids.long()
+    for expert in torch.unique(ids).tolist():
+        tokens, slots = torch.where(ids == expert)
+        y = expert_fn(int(expert), tokens)
+        out.index_add_(0, tokens, y.float() * topk_weights[tokens, slots, None].float())
+    return out.to(x.dtype)
 
 
 def expert_tensor(expert: int, projection: str, tensor: str = "weight") -> str:
@@ -199,21 +224,18 @@ class TorchMoE(MoEMethod):
 
     def apply_moe(self, layer: torch.nn.Module, x: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor) -> torch.Tensor:
-        import torch
         import torch.nn.functional as F
 
         w13 = cast("torch.Tensor", layer.w13)
         w2 = cast("torch.Tensor", layer.w2)
         inter = w2.shape[-1]
-        out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
-        ids = topk_ids.long()
-        for expert in torch.unique(ids).tolist():
-            tokens, slots = torch.where(ids == expert)
+
+        def expert_mlp(expert: int, tokens: torch.Tensor) -> torch.Tensor:
             gate_up = F.linear(x[tokens], w13[expert])
             h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-            y = F.linear(h, w2[expert])
-            out.index_add_(0, tokens, y.float() * topk_weights[tokens, slots, None].float())
-        return out.to(x.dtype)
+            return F.linear(h, w2[expert])
+
+        return combine_experts(x, topk_ids, topk_weights, w2.shape[1], expert_mlp)
 
 
 class TorchFp8MoE(TorchMoE):

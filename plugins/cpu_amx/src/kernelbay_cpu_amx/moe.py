@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, cast
 
-from kernelbay.layers.moe import EXPERT_PROJECTIONS, TorchFp8MoE, expert_tensor
+from kernelbay.layers.moe import EXPERT_PROJECTIONS, TorchFp8MoE, combine_experts, expert_tensor
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
@@ -179,7 +179,6 @@ class CpuFp8MoE(TorchFp8MoE):
 
     def apply_moe(self, layer: torch.nn.Module, x: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor) -> torch.Tensor:
-        import torch
         import torch.nn.functional as F
 
         from kernelbay_cpu_amx import kernels
@@ -188,13 +187,10 @@ class CpuFp8MoE(TorchFp8MoE):
             raise RuntimeError(f"{self.name}: call process_weights_after_loading(layer) before "
                                "apply_moe; the packed experts are made there")
         inter = self.intermediate_size
-        out = torch.zeros(x.shape[0], self.hidden_size, dtype=torch.float32, device=x.device)
-        ids = topk_ids.long()
-        for expert in torch.unique(ids).tolist():
-            tokens, slots = torch.where(ids == expert)
+
+        def expert_mlp(expert: int, tokens: torch.Tensor) -> torch.Tensor:
             gate_up_op, down_op = self.packed(layer, expert)
             gate_up = kernels.linear(gate_up_op, x[tokens])
-            h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-            y = kernels.linear(down_op, h)
-            out.index_add_(0, tokens, y.float() * topk_weights[tokens, slots, None].float())
-        return out.to(x.dtype)
+            return kernels.linear(down_op, F.silu(gate_up[:, :inter]) * gate_up[:, inter:])
+
+        return combine_experts(x, topk_ids, topk_weights, self.hidden_size, expert_mlp)

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar, cast
 
 from kernelbay.layers.linear import TensorSpec
-from kernelbay.layers.moe import MoEMethod, expert_tensor
+from kernelbay.layers.moe import MoEMethod, combine_experts, expert_tensor
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
@@ -115,7 +115,6 @@ class Mxfp4MoEEmulation(MoEMethod):
 
     def apply_moe(self, layer: torch.nn.Module, x: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor) -> torch.Tensor:
-        import torch
         import torch.nn.functional as F
 
         from kernelbay_quant_mxfp4_rocm.emulation import fake_quantize_mx
@@ -128,17 +127,15 @@ class Mxfp4MoEEmulation(MoEMethod):
         elem = self._activation_elem
         rule = self.request.scheme.option("scale_mode", "even") or "even"
         inter = w2.shape[-1]
-        out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
-        ids = topk_ids.long()
         # MX blocks lie within one token's row: quantizing all rows once is the same as
         # quantizing each expert's rows.
         xq = x if elem is None else fake_quantize_mx(x, elem, rule)
-        for expert in torch.unique(ids).tolist():
-            tokens, slots = torch.where(ids == expert)
+
+        def expert_mlp(expert: int, tokens: torch.Tensor) -> torch.Tensor:
             gate_up = F.linear(xq[tokens], w13[expert])
             h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
             if elem is not None:
                 h = fake_quantize_mx(h, elem, rule)
-            y = F.linear(h, w2[expert])
-            out.index_add_(0, tokens, y.float() * topk_weights[tokens, slots, None].float())
-        return out.to(x.dtype)
+            return F.linear(h, w2[expert])
+
+        return combine_experts(x, topk_ids, topk_weights, w2.shape[1], expert_mlp)

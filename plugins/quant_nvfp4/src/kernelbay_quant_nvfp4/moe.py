@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar, cast
 
 from kernelbay.layers.linear import TensorSpec
-from kernelbay.layers.moe import EXPERT_PROJECTIONS, MoEMethod, expert_tensor
+from kernelbay.layers.moe import EXPERT_PROJECTIONS, MoEMethod, combine_experts, expert_tensor
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
@@ -129,7 +129,6 @@ class Nvfp4MoEEmulation(MoEMethod):
 
     def apply_moe(self, layer: torch.nn.Module, x: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor) -> torch.Tensor:
-        import torch
         import torch.nn.functional as F
 
         from kernelbay_quant_nvfp4.emulation import fake_quantize_nvfp4
@@ -140,24 +139,20 @@ class Nvfp4MoEEmulation(MoEMethod):
                                "apply_moe; the dequantized experts are made there")
         w2 = cast("torch.Tensor", layer.w2)
         inter = w2.shape[-1]
-        out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
-        ids = topk_ids.long()
-        for expert in torch.unique(ids).tolist():
-            tokens, slots = torch.where(ids == expert)
+
+        def expert_mlp(expert: int, tokens: torch.Tensor) -> torch.Tensor:
             xe = x[tokens]
-            w_gate, w_up = w13[expert, :inter], w13[expert, inter:]
-            if self.w4a4:
-                a13 = cast("torch.Tensor", layer.a13)
-                a_gate, a_up = a13[expert, 0], a13[expert, 1]
-                x_gate = fake_quantize_nvfp4(xe, a_gate)
-                # gate and up usually share one input scale (ModelOpt exports them so).
-                x_up = x_gate if bool(a_gate == a_up) else fake_quantize_nvfp4(xe, a_up)
-                h = F.silu(F.linear(x_gate, w_gate)) * F.linear(x_up, w_up)
-                a2 = cast("torch.Tensor", layer.a2)
-                y = F.linear(fake_quantize_nvfp4(h, a2[expert]), w2[expert])
-            else:
+            if not self.w4a4:
                 gate_up = F.linear(xe, w13[expert])
-                h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-                y = F.linear(h, w2[expert])
-            out.index_add_(0, tokens, y.float() * topk_weights[tokens, slots, None].float())
-        return out.to(x.dtype)
+                return F.linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], w2[expert])
+            w_gate, w_up = w13[expert, :inter], w13[expert, inter:]
+            a13 = cast("torch.Tensor", layer.a13)
+            a_gate, a_up = a13[expert, 0], a13[expert, 1]
+            x_gate = fake_quantize_nvfp4(xe, a_gate)
+            # gate and up usually share one input scale (ModelOpt exports them so).
+            x_up = x_gate if bool(a_gate == a_up) else fake_quantize_nvfp4(xe, a_up)
+            h = F.silu(F.linear(x_gate, w_gate)) * F.linear(x_up, w_up)
+            a2 = cast("torch.Tensor", layer.a2)
+            return F.linear(fake_quantize_nvfp4(h, a2[expert]), w2[expert])
+
+        return combine_experts(x, topk_ids, topk_weights, w2.shape[1], expert_mlp)
