@@ -104,3 +104,42 @@ def deepseek_reference(path: str, dtype: torch.dtype = torch.float32) -> Any:
 
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager",
                                                 experts_implementation="eager").eval()
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface, for a gloo process group."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tp_rank(rank: int, path: str, prompts: list[list[int]], max_tokens: int, port: int,
+             results: dict[int, list[list[int]]]) -> None:
+    import torch.distributed as dist
+    from kernelbay import Policy, Registry
+    from kernelbay.engine import LLM, SamplingParams
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    try:
+        llm = LLM(path, dtype="float32", tensor_parallel_size=2,
+                  registry=Registry(Policy(plugins=frozenset())))
+        assert llm.plan.collective is not None
+        outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        results[rank] = [o.token_ids for o in outs]
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def greedy_tp2(path: str, prompts: list[list[int]], max_tokens: int) -> dict[int, Any]:
+    """Greedy tokens of each of two gloo ranks running ``path`` with tensor parallel 2."""
+    import torch.multiprocessing as mp
+
+    results = mp.Manager().dict()
+    mp.spawn(_tp_rank, args=(path, prompts, max_tokens, free_port(), results), nprocs=2,
+             join=True)
+    return dict(results)

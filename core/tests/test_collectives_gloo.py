@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from engine_helpers import free_port
 from kernelbay import CollectiveRequest
 from kernelbay.layers.torch_collectives import TorchDistributedCollective
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _worker(rank: int, port: int, results: dict[int, dict[str, torch.Tensor]]) -> None:
@@ -38,7 +32,7 @@ def _worker(rank: int, port: int, results: dict[int, dict[str, torch.Tensor]]) -
 def test_collectives_over_two_gloo_ranks() -> None:
     manager = mp.Manager()
     results = manager.dict()
-    mp.spawn(_worker, args=(_free_port(), results), nprocs=2, join=True)
+    mp.spawn(_worker, args=(free_port(), results), nprocs=2, join=True)
     x0 = torch.arange(8, dtype=torch.float32).reshape(2, 4)
     x1 = x0 * 2
     w0, w1 = torch.full((3, 4), 1.0), torch.full((3, 4), 2.0)

@@ -4,13 +4,11 @@ tensor parallel over gloo against one process."""
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-from engine_helpers import deepseek_reference, save_tiny_deepseek
+from engine_helpers import deepseek_reference, greedy_tp2, save_tiny_deepseek
 from kernelbay import Policy, Registry
 from kernelbay.engine import LLM, SamplingParams
 from kernelbay.engine.models.deepseek_v3 import DeepseekV3ForCausalLM, mla_softmax_scale
@@ -128,29 +126,6 @@ def test_ignores_rotary_caches_and_mtp_layers() -> None:
 TP_PROMPTS = [[0, 17, 42, 99, 5], [0, 3, 3, 3, 3, 3, 8, 150]]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _rank(rank: int, path: str, port: int, results: dict[int, list[list[int]]]) -> None:
-    import torch.distributed as dist
-
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    try:
-        llm = LLM(path, dtype="float32", tensor_parallel_size=2,
-                  registry=Registry(Policy(plugins=frozenset())))
-        outs = llm.generate(TP_PROMPTS, SamplingParams(max_tokens=16, ignore_eos=True))
-        results[rank] = [o.token_ids for o in outs]
-        assert llm.plan.collective is not None
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 def test_tp2_gloo_matches_tp1(tmp_path: object) -> None:
     # q_lora + attention biases: replicated q_a/kv_a, column q_b/kv_b, row o_proj with bias;
     # vocab 163 does not divide by 2 (padded vocabulary shards).
@@ -159,6 +134,5 @@ def test_tp2_gloo_matches_tp1(tmp_path: object) -> None:
     single = LLM(path, dtype="float32", registry=CORE_ONLY)
     expected = [o.token_ids for o in single.generate(
         TP_PROMPTS, SamplingParams(max_tokens=16, ignore_eos=True))]
-    results = mp.Manager().dict()
-    mp.spawn(_rank, args=(path, _port(), results), nprocs=2, join=True)
+    results = greedy_tp2(path, TP_PROMPTS, 16)
     assert results[0] == expected and results[1] == expected
