@@ -12,7 +12,7 @@ from kernelbay.layers import AttentionBackend, AttentionMetadata, KVCacheLayout
 from kernelbay.requests import AttentionRequest
 from kernelbay.verdict import Verdict
 
-from kernelbay_attn_flashmla.records import RECORDS, MLARecord
+from kernelbay_attn_flashmla.records import RECORDS, MLARecord, record_for_dims
 
 if TYPE_CHECKING:
     import torch
@@ -27,7 +27,8 @@ _AUTO = {"bfloat16": "bf16"}
 
 
 def record_for(request: AttentionRequest) -> MLARecord | str:
-    """The record kind a request asks for, or a sentence saying why there is none."""
+    """The record kind a request asks for, laid out for the request's latent dims
+    (``records.record_for_dims``), or a sentence saying why there is none."""
     kv = request.kv_cache
     if kv == "auto":
         if request.dtype not in _AUTO:
@@ -37,7 +38,13 @@ def record_for(request: AttentionRequest) -> MLARecord | str:
     if kv not in RECORDS:
         return (f"stores MLA records {sorted(RECORDS)} (or 'auto' with dtype 'bfloat16'), "
                 f"request asks {kv!r}")
-    return RECORDS[kv]
+    if request.kv_lora_rank is None or request.rope_dim is None:
+        return (f"needs kv_lora_rank and rope_dim for MLA, request has "
+                f"kv_lora_rank={request.kv_lora_rank}, rope_dim={request.rope_dim}")
+    try:
+        return record_for_dims(kv, request.kv_lora_rank, request.rope_dim)
+    except ValueError as exc:
+        return str(exc)
 
 
 class MLAReferenceAttention(AttentionBackend):
@@ -75,12 +82,6 @@ class MLAReferenceAttention(AttentionBackend):
         if isinstance(record, str):
             return Verdict.reject(record)
         return Verdict.all(
-            # Each record kind is laid out for one model generation's latent dims: another
-            # model's MLA is not what these records are for (no fallback warning).
-            Verdict.handles((record.kv_lora_rank, record.rope_dim)
-                            == (r.kv_lora_rank, r.rope_dim),
-                            f"{record.kind} records hold {record.dims_text} latent dims, "
-                            f"request has {r.kv_lora_rank}+{r.rope_dim}"),
             Verdict.check(r.num_kv_heads == 1,
                           f"MLA keeps one shared latent KV head, request has "
                           f"num_kv_heads={r.num_kv_heads}"),

@@ -28,6 +28,8 @@ from kernelbay.layers import KVCacheLayout
 __all__ = [
     "DEFAULT_PAGE_ALIGNMENT",
     "DTYPE_SIZES",
+    "FACTORIES",
+    "MIN_GROUP",
     "RECORDS",
     "RECORD_GRANULE",
     "MLARecord",
@@ -38,6 +40,7 @@ __all__ = [
     "fp8_record",
     "mxfp8_record",
     "pool_layouts",
+    "record_for_dims",
 ]
 
 #: Bytes per element of each field dtype (names as torch spells them).
@@ -274,3 +277,42 @@ def pool_layouts(records: Sequence[MLARecord], page_size: int,
     """Each record's ``KVCacheLayout`` at the common alignment of a shared page pool."""
     alignment = common_page_alignment(records, page_size, base_alignment)
     return tuple(r.layout(page_size, alignment) for r in records)
+
+
+#: Each kind's factory, keyed by ``kv_cache`` name (for records at other latent dims).
+FACTORIES = {"bf16": bf16_record, "fp8": fp8_record, "fp8-e8m0": fp8_e8m0_record,
+             "mxfp8": mxfp8_record}
+
+
+def record_for_dims(kind: str, kv_lora_rank: int, rope_dim: int) -> MLARecord:
+    """The ``kind`` record for a model's latent dims.
+
+    At the dims FORMATS.md gives a kind, this is ``RECORDS[kind]``. At other dims the same
+    fields are laid out for ``kv_lora_rank + rope_dim``; a scale group is the kind's default
+    group (fp8 128, fp8-e8m0 64, mxfp8 32) when it divides the scaled values, else the
+    largest common divisor of the two (e.g. 64+16 latents: fp8 and fp8-e8m0 groups of 64,
+    mxfp8 blocks of 16), at least 8. ``ValueError`` names the kind and dims otherwise.
+    """
+    if kind not in FACTORIES:
+        raise ValueError(f"no MLA record kind {kind!r}; kinds: {sorted(FACTORIES)}")
+    if kv_lora_rank < 1 or rope_dim < 1:
+        raise ValueError(f"{kind} records need kv_lora_rank >= 1 and rope_dim >= 1, got "
+                         f"{kv_lora_rank}+{rope_dim}")
+    default = RECORDS[kind]
+    if (default.kv_lora_rank, default.rope_dim) == (kv_lora_rank, rope_dim):
+        return default
+    if kind == "bf16":
+        return bf16_record(kv_lora_rank, rope_dim)
+    scaled = kv_lora_rank + rope_dim if kind == "mxfp8" else kv_lora_rank
+    assert default.group_size is not None
+    group = math.gcd(scaled, default.group_size)
+    if group < MIN_GROUP:
+        raise ValueError(f"{kind} records at {kv_lora_rank}+{rope_dim}: {scaled} scaled values "
+                         f"share no group of {MIN_GROUP} or more with the default group "
+                         f"{default.group_size} (largest common divisor {group})")
+    return FACTORIES[kind](kv_lora_rank, rope_dim, group)  # type: ignore[operator]
+
+
+#: Smallest scale group ``record_for_dims`` derives (smaller groups cost more scale bytes
+#: than they save).
+MIN_GROUP = 8
