@@ -134,19 +134,29 @@ class MLAReferenceAttention(AttentionBackend):
         tokens[slots // page_size, slots % page_size] = encode_records(self.record, latent)
 
     def forward(self, query: torch.Tensor, cache: torch.Tensor, metadata: AttentionMetadata,
-                scale: float, *, num_splits: int = 1,
+                scale: float, *, num_splits: int | None = None,
                 topk_indices: torch.Tensor | None = None) -> torch.Tensor:
         """Latent output ``[T, H, kv_lora_rank]``; see the class docstring for the layout."""
         return self.forward_with_lse(query, cache, metadata, scale, num_splits=num_splits,
                                      topk_indices=topk_indices)[0]
 
     def forward_with_lse(self, query: torch.Tensor, cache: torch.Tensor,
-                         metadata: AttentionMetadata, scale: float, *, num_splits: int = 1,
+                         metadata: AttentionMetadata, scale: float, *,
+                         num_splits: int | None = None,
                          topk_indices: torch.Tensor | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``forward`` plus the log-sum-exp of the scores ``[T, H]`` (float32)."""
+        """``forward`` plus the log-sum-exp of the scores ``[T, H]`` (float32);
+        ``num_splits`` None means 1 here."""
         from kernelbay_attn_flashmla.mla import mla_attention
 
+        r = self.request
+        self._check_call(query, topk_indices)
+        return mla_attention(query, cache, self.record, r.page_size, metadata, scale,
+                             num_splits=1 if num_splits is None else num_splits, topk_indices=topk_indices,
+                             sliding_window=r.sliding_window)
+
+    def _check_call(self, query: torch.Tensor, topk_indices: torch.Tensor | None) -> None:
+        """Raise if ``query``'s heads or ``topk_indices`` do not fit the request."""
         r = self.request
         if r.sparse_topk is not None:
             if topk_indices is None:
@@ -158,6 +168,3 @@ class MLAReferenceAttention(AttentionBackend):
         if query.shape[1] != r.num_heads:
             raise ValueError(f"{self.name}: query has {query.shape[1]} heads, the request "
                              f"has {r.num_heads}")
-        return mla_attention(query, cache, self.record, r.page_size, metadata, scale,
-                             num_splits=num_splits, topk_indices=topk_indices,
-                             sliding_window=r.sliding_window)

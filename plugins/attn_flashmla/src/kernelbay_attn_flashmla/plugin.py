@@ -1,4 +1,5 @@
-"""Entry point of kernelbay-attn-flashmla: the ``mla-reference`` attention backend.
+"""Entry point of kernelbay-attn-flashmla: the ``mla-triton`` and ``mla-reference`` attention
+backends.
 
 Discovery imports this module; it and ``backend`` import no torch at module level.
 """
@@ -18,7 +19,8 @@ KERNELBAY_PLUGIN_API = "1.0"
 
 @hookimpl
 def kernelbay_attention_backends() -> Sequence[type[AttentionBackend]]:
-    """MLA attention over compact records, in plain torch."""
+    """MLA attention over compact records: Triton kernels (cc >= 9.0) and the torch reference."""
     from kernelbay_attn_flashmla.backend import MLAReferenceAttention
+    from kernelbay_attn_flashmla.triton_backend import MLATritonAttention
 
-    return [MLAReferenceAttention]
+    return [MLATritonAttention, MLAReferenceAttention]

@@ -1,0 +1,101 @@
+"""The ``mla-triton`` attention backend: the Triton decode and cache-write kernels on
+compute capability 9.0+ GPUs, for every record kind.
+
+Torch and triton are imported only when the backend runs; ``can_implement`` looks for
+triton without importing it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING, ClassVar
+
+from kernelbay.layers import AttentionMetadata
+from kernelbay.requests import AttentionRequest
+from kernelbay.verdict import Verdict
+
+from kernelbay_attn_flashmla.backend import MLAReferenceAttention, record_for
+
+if TYPE_CHECKING:
+    import torch
+    from kernelbay.device import DeviceCapability
+
+__all__ = ["KERNEL_DTYPES", "MAX_KV_LORA_RANK", "MAX_ROPE_DIM", "MIN_KV_LORA_RANK",
+           "MLATritonAttention"]
+
+#: Query dtypes the kernel takes (its dots run in bfloat16 with float32 accumulation).
+KERNEL_DTYPES = ("bfloat16", "float16")
+#: Latent widths one program holds in registers: nope [16, 1024] accumulators at most.
+MIN_KV_LORA_RANK = 16
+MAX_KV_LORA_RANK = 1024
+MAX_ROPE_DIM = 256
+
+
+class MLATritonAttention(MLAReferenceAttention):
+    """Absorbed MLA over paged records with Triton kernels (compute capability 9.0+).
+
+    Same layouts and results as ``mla-reference`` (the class it extends): the decode kernel
+    reads records from the pages, dequantizes in registers, attends with all heads of a
+    block (up to 32) in one program per KV tile, and splits long contexts over the SMs with
+    a combine step; the write kernel quantizes latents into records bit for bit as the
+    reference codec. ``forward`` takes ``num_splits`` (None: chosen from batch x heads vs
+    SM count) and ``topk_indices`` like the reference.
+    """
+
+    name: ClassVar[str] = "mla-triton"
+    priority: ClassVar[int] = 20
+    summary: ClassVar[str] = ("MLA decode over bf16/fp8/fp8-e8m0/mxfp8 KV records, Triton "
+                              "split-KV kernel, CUDA cc >= 9.0")
+
+    @classmethod
+    def can_implement(cls, request: AttentionRequest, device: DeviceCapability) -> Verdict:
+        base = super().can_implement(request, device)
+        if not base.accepted:
+            return base
+        r = request
+        record = record_for(r)
+        assert not isinstance(record, str)  # the reference accepted it
+        page_pow2 = r.page_size >= 1 and r.page_size & (r.page_size - 1) == 0
+        return Verdict.all(
+            Verdict.check(device.cc_at_least(9, 0),
+                          f"needs a CUDA device of compute capability >= 9.0, device is "
+                          f"{device.platform} {device.cc_text}"),
+            Verdict.check(importlib.util.find_spec("triton") is not None,
+                          "needs the triton package, which is not installed"),
+            Verdict.check(r.dtype in KERNEL_DTYPES,
+                          f"computes for query dtypes {list(KERNEL_DTYPES)}, request has "
+                          f"{r.dtype!r}"),
+            Verdict.check(MIN_KV_LORA_RANK <= record.kv_lora_rank <= MAX_KV_LORA_RANK,
+                          f"holds kv_lora_rank in [{MIN_KV_LORA_RANK}, {MAX_KV_LORA_RANK}], "
+                          f"request has {record.kv_lora_rank}"),
+            Verdict.check(record.rope_dim <= MAX_ROPE_DIM,
+                          f"holds rope_dim <= {MAX_ROPE_DIM}, request has {record.rope_dim}"),
+            Verdict.check(page_pow2,
+                          f"needs page_size a power of two (tiles index pages by shift), "
+                          f"request has {r.page_size}"),
+        )
+
+    def write_kv(self, cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None,
+                 slot_mapping: torch.Tensor) -> None:
+        """Encode the latents ``key`` [T, kv_lora_rank + rope_dim] into their slots (Triton)."""
+        from kernelbay_attn_flashmla.triton_mla import mla_write
+
+        if value is not None:
+            raise ValueError(f"{self.name}: MLA caches one latent per token; pass it as key "
+                             f"and value=None, got a value of shape {tuple(value.shape)}")
+        latent = key[:, 0] if key.dim() == 3 and key.shape[1] == 1 else key
+        mla_write(cache, self.record, self.request.page_size, latent, slot_mapping)
+
+    def forward_with_lse(self, query: torch.Tensor, cache: torch.Tensor,
+                         metadata: AttentionMetadata, scale: float, *,
+                         num_splits: int | None = None,
+                         topk_indices: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` plus the log-sum-exp of the scores ``[T, H]`` (float32)."""
+        from kernelbay_attn_flashmla.triton_mla import mla_decode
+
+        r = self.request
+        self._check_call(query, topk_indices)
+        return mla_decode(query, cache, self.record, r.page_size, metadata, scale,
+                          num_splits=num_splits, topk_indices=topk_indices,
+                          sliding_window=r.sliding_window)

@@ -1,0 +1,295 @@
+"""Triton kernels for MLA over paged records: split-KV decode, its combine, and cache writes.
+
+Imported only when the ``mla-triton`` backend runs (imports triton). One program of the
+decode kernel serves one query token, one KV split and a block of up to ``BLOCK_H`` heads:
+every KV tile it reads is used by all those heads in one ``[BLOCK_H, D] x [D, BLOCK_N]``
+``tl.dot``, so with 16 query heads each page is read once per request. Records are read
+straight from the uint8 pages and dequantized in registers:
+
+    KIND 0  bf16       nope bf16, rope bf16
+    KIND 1  fp8        nope E4M3 * fp32 scale of its group, rope bf16
+    KIND 2  fp8-e8m0   nope E4M3 * 2^(byte - 127) of its group, rope bf16
+    KIND 3  mxfp8      nope and rope E4M3 * 2^(byte - 127) of their block
+
+Field offsets, group sizes and the record size come from the descriptor as constexprs.
+The cache write kernel quantizes bit for bit as ``codec.encode_records`` (the shared
+``kernelbay.formats`` rules), with integer rounding so the interpreter and the GPU agree.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["mla_combine_kernel", "mla_decode_kernel", "mla_write_kernel"]
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _pow2(e):
+    """2^e (float32) for an int32 e in [-127, 127], exactly (2^-127 is subnormal)."""
+    bits = tl.where(e >= -126, (e + 127) << 23, 0x00400000)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e4m3_to_f32(code, FAST_FP8: tl.constexpr):
+    """Decode E4M3 bytes (uint8) to float32; the hardware cast on the GPU, integer math
+    under the interpreter (numpy has no float8)."""
+    if FAST_FP8:
+        return code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    c = code.to(tl.int32)
+    e = (c >> 3) & 15
+    m = (c & 7).to(tl.float32)
+    mag = tl.where(e == 0, m * 0.001953125, (m + 8.0) * _pow2(e - 10))
+    return tl.where((c & 128) != 0, -mag, mag)
+
+
+@triton.jit
+def _load_part(cache_u8, cache_bf16, cache_f32, row, rows_ok, cols, cols_ok, ELEM_OFF,
+               COL0, SCALE_OFF, GROUP: tl.constexpr, SCALE: tl.constexpr,
+               FAST_FP8: tl.constexpr):
+    """Float32 values ``[BLOCK_N, C]`` of columns ``cols`` of a record field.
+
+    ``row`` [BLOCK_N] byte offsets of the records; the field's elements start at byte
+    ``ELEM_OFF``. SCALE 0: bf16 elements; 1: E4M3 with fp32 group scales at ``SCALE_OFF``;
+    2: E4M3 with E8M0 group scales; ``COL0`` is the first column's index in the scaled
+    values (the rope of an MXFP8 record follows its nope in the same scale blocks).
+    """
+    mask = rows_ok[:, None] & cols_ok[None, :]
+    if SCALE == 0:
+        ptr = cache_bf16 + ((row[:, None] + ELEM_OFF) // 2 + cols[None, :])
+        return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+    code = tl.load(cache_u8 + (row[:, None] + ELEM_OFF + cols[None, :]), mask=mask, other=0)
+    values = _e4m3_to_f32(code, FAST_FP8)
+    group = (COL0 + cols) // GROUP
+    if SCALE == 1:
+        scale = tl.load(cache_f32 + ((row[:, None] + SCALE_OFF) // 4 + group[None, :]),
+                        mask=mask, other=0.0)
+    else:
+        byte = tl.load(cache_u8 + (row[:, None] + SCALE_OFF + group[None, :]), mask=mask,
+                       other=127)
+        scale = _pow2(byte.to(tl.int32) - 127)
+    return values * scale
+
+
+@triton.jit
+def mla_decode_kernel(
+    q_ptr, q_stride_t, q_stride_h,
+    cache_u8, cache_bf16, cache_f32,
+    block_tables, bt_stride,
+    tok_seq, tok_len, tok_start,
+    topk_ptr, topk_stride, num_topk,
+    out_ptr, out_stride_t, out_stride_s, out_stride_h,
+    lse_ptr, lse_stride_t, lse_stride_s,
+    num_heads, sm_scale,
+    NUM_SPLITS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr,
+    D_PAD: tl.constexpr, R_PAD: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr, BPT: tl.constexpr,
+    NOPE_OFF: tl.constexpr, ROPE_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
+    GROUP: tl.constexpr, NOPE_SCALE: tl.constexpr, ROPE_SCALE: tl.constexpr,
+    SPARSE: tl.constexpr, FAST_FP8: tl.constexpr, DOT: tl.constexpr,
+):
+    """Partial attention of query token ``program_id(0)`` over KV split ``program_id(1)``
+    for heads ``program_id(2) * BLOCK_H ...``: writes the normalised partial output
+    (float32, or the final output when NUM_SPLITS == 1) and its natural-log LSE. ``DOT`` is
+    the dot operand type: bfloat16 on the GPU, float32 under the interpreter (whose numpy
+    dot has no bfloat16)."""
+    t = tl.program_id(0)
+    split = tl.program_id(1)
+    hb = tl.program_id(2)
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    heads_ok = heads < num_heads
+    dcols = tl.arange(0, D_PAD)
+    rcols = tl.arange(0, R_PAD)
+    dcols_ok = dcols < RANK
+    rcols_ok = rcols < ROPE
+
+    q_row = q_ptr + t * q_stride_t + heads[:, None] * q_stride_h
+    q_nope = tl.load(q_row + dcols[None, :], mask=heads_ok[:, None] & dcols_ok[None, :],
+                     other=0.0).to(DOT)
+    q_rope = tl.load(q_row + RANK + rcols[None, :], mask=heads_ok[:, None] & rcols_ok[None, :],
+                     other=0.0).to(DOT)
+
+    seq = tl.load(tok_seq + t)
+    length = tl.load(tok_len + t)      # keys at positions < length are causal
+    start = tl.load(tok_start + t)     # and >= start (sliding window)
+    num_keys = num_topk if SPARSE else length - start
+    per_split = tl.cdiv(tl.cdiv(num_keys, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * per_split
+    hi = tl.minimum(lo + per_split, num_keys)
+
+    qk_scale = sm_scale * 1.4426950408889634
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, D_PAD], tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        offs = n0 + tl.arange(0, BLOCK_N)
+        ok = offs < hi
+        if SPARSE:
+            pos = tl.load(topk_ptr + t * topk_stride + offs, mask=ok, other=-1)
+            ok = ok & (pos >= start) & (pos < length)
+        else:
+            pos = start + offs
+        pos = tl.where(ok, pos, 0)
+        page = tl.load(block_tables + seq * bt_stride + pos // PAGE_SIZE, mask=ok, other=0)
+        row = page.to(tl.int64) * PAGE_BYTES + (pos % PAGE_SIZE).to(tl.int64) * BPT
+        k_nope = _load_part(cache_u8, cache_bf16, cache_f32, row, ok, dcols, dcols_ok,
+                            NOPE_OFF, 0, SCALE_OFF, GROUP, NOPE_SCALE, FAST_FP8
+                            ).to(DOT)
+        k_rope = _load_part(cache_u8, cache_bf16, cache_f32, row, ok, rcols, rcols_ok,
+                            ROPE_OFF, RANK, SCALE_OFF, GROUP, ROPE_SCALE, FAST_FP8
+                            ).to(DOT)
+        s = tl.dot(q_nope, tl.trans(k_nope)) + tl.dot(q_rope, tl.trans(k_rope))
+        s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # A tile with no allowed key keeps m = -inf; subtract 0 then so exp2 gives 0.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), k_nope)
+        m_i = m_new
+
+    has = l_i > 0.0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634,
+                   float("-inf"))
+    o_ptr = (out_ptr + t * out_stride_t + split * out_stride_s + heads[:, None] * out_stride_h
+             + dcols[None, :])
+    tl.store(o_ptr, out.to(out_ptr.dtype.element_ty),
+             mask=heads_ok[:, None] & dcols_ok[None, :])
+    tl.store(lse_ptr + t * lse_stride_t + split * lse_stride_s + heads, lse, mask=heads_ok)
+
+
+@triton.jit
+def mla_combine_kernel(
+    part_ptr, part_stride_t, part_stride_s, part_stride_h,
+    plse_ptr, plse_stride_t, plse_stride_s,
+    out_ptr, out_stride_t, out_stride_h,
+    lse_ptr, lse_stride_t,
+    num_heads,
+    NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr, RANK: tl.constexpr, D_PAD: tl.constexpr,
+):
+    """Merge the split partials of token ``program_id(0)``, head ``program_id(1)``:
+    lse = logsumexp_i lse_i, out = sum_i exp(lse_i - lse) * out_i (no key: 0 and -inf)."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    splits = tl.arange(0, S_PAD)
+    s_ok = splits < NUM_SPLITS
+    lses = tl.load(plse_ptr + t * plse_stride_t + splits * plse_stride_s + h, mask=s_ok,
+                   other=float("-inf"))
+    m = tl.max(lses, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lses - m_safe)
+    total = tl.sum(w, axis=0)
+    w = w / tl.where(total > 0.0, total, 1.0)
+    cols = tl.arange(0, D_PAD)
+    cols_ok = cols < RANK
+    parts = tl.load(part_ptr + t * part_stride_t + splits[:, None] * part_stride_s
+                    + h * part_stride_h + cols[None, :],
+                    mask=s_ok[:, None] & cols_ok[None, :], other=0.0)
+    out = tl.sum(parts * w[:, None], axis=0)
+    tl.store(out_ptr + t * out_stride_t + h * out_stride_h + cols, out.to(
+        out_ptr.dtype.element_ty), mask=cols_ok)
+    lse = tl.where(total > 0.0, m_safe + tl.log(tl.where(total > 0.0, total, 1.0)),
+                   float("-inf"))
+    tl.store(lse_ptr + t * lse_stride_t + h, lse)
+
+
+@triton.jit
+def _bf16_bits(x):
+    """bfloat16 bits (int16) of float32 ``x``, rounded to nearest even (NaN not produced)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = bits + 0x7FFF + ((bits >> 16) & 1)
+    return (rounded >> 16).to(tl.uint16).to(tl.int16, bitcast=True)
+
+
+@triton.jit
+def _e4m3_bits(y):
+    """E4M3 byte of float32 ``y``: clamp to +-448, round to nearest even (as torch's cast)."""
+    a = tl.minimum(tl.abs(y), 448.0)
+    bits = a.to(tl.uint32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) >> 20).to(tl.int32) - (120 << 3)
+    # Below 2^-6 the codes are multiples of 2^-9: round a * 512 to an integer (exact scaling,
+    # then the 2^23 trick rounds to nearest even).
+    sub = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
+    code = tl.where(a < 0.015625, sub, normal)
+    sign = ((y.to(tl.uint32, bitcast=True) >> 31) << 7).to(tl.int32)
+    return (code | sign).to(tl.uint8)
+
+
+@triton.jit
+def _mx_exponent(amax):
+    """OCP MX "rceil" block exponent for E4M3: ceil(log2(amax / 448)) clamped to [-127, 127],
+    from amax's bits (amax below the smallest normal counts as that normal; inf gives 127)."""
+    bits = amax.to(tl.uint32, bitcast=True)
+    e = ((bits >> 23) & 0xFF).to(tl.int32)
+    m = (bits & 0x7FFFFF).to(tl.int32)
+    # amax / 448 = (1.m / 1.75) * 2^(e - 135): above 2^(e - 135) exactly when 1.m > 1.75.
+    x = tl.where(e == 0, 1, e) - 135 + tl.where((e != 0) & (m > 0x600000), 1, 0)
+    x = tl.where(e == 255, 127, x)
+    return tl.minimum(tl.maximum(x, -127), 127)
+
+
+@triton.jit
+def _quantize_groups(cache_u8, cache_f32, lat_ptr, row, COL0: tl.constexpr,
+                     COUNT: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr,
+                     ELEM_OFF: tl.constexpr, SCALE_OFF: tl.constexpr, E8M0: tl.constexpr):
+    """Quantize latent columns ``COL0 .. COL0 + COUNT`` in groups of ``GROUP`` to E4M3 codes
+    at ``ELEM_OFF`` and one scale per group at ``SCALE_OFF`` (fp32 amax / 448, or E8M0)."""
+    g = tl.arange(0, G_PAD)
+    c = tl.arange(0, GROUP)
+    g_ok = g < COUNT // GROUP
+    cols = g[:, None] * GROUP + c[None, :]
+    mask = g_ok[:, None] & (c[None, :] < GROUP)
+    x = tl.load(lat_ptr + COL0 + cols, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    if E8M0:
+        e = _mx_exponent(amax)
+        y = x * _pow2(-e)[:, None]
+        tl.store(cache_u8 + row + SCALE_OFF + g, (e + 127).to(tl.uint8), mask=g_ok)
+    else:
+        scale = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0,
+                                                                         tl.float32)))
+        y = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
+        tl.store(cache_f32 + (row + SCALE_OFF) // 4 + g, scale, mask=g_ok)
+    tl.store(cache_u8 + row + ELEM_OFF + cols, _e4m3_bits(y), mask=mask)
+
+
+@triton.jit
+def _store_bf16(cache_i16, lat_ptr, row, COL0: tl.constexpr, COUNT: tl.constexpr,
+                C_PAD: tl.constexpr, ELEM_OFF: tl.constexpr):
+    """Store latent columns ``COL0 .. COL0 + COUNT`` as bfloat16 at byte ``ELEM_OFF``."""
+    c = tl.arange(0, C_PAD)
+    ok = c < COUNT
+    x = tl.load(lat_ptr + COL0 + c, mask=ok, other=0.0).to(tl.float32)
+    tl.store(cache_i16 + (row + ELEM_OFF) // 2 + c, _bf16_bits(x), mask=ok)
+
+
+@triton.jit
+def mla_write_kernel(
+    lat_ptr, lat_stride, slots,
+    cache_u8, cache_i16, cache_f32,
+    RANK: tl.constexpr, ROPE: tl.constexpr, D_PAD: tl.constexpr, R_PAD: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr, BPT: tl.constexpr, KIND: tl.constexpr,
+    NOPE_OFF: tl.constexpr, ROPE_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
+    GROUP: tl.constexpr, G_PAD: tl.constexpr,
+):
+    """Encode latent ``program_id(0)`` into the record of its slot (negative slot: skip)."""
+    t = tl.program_id(0)
+    slot = tl.load(slots + t).to(tl.int64)
+    if slot >= 0:
+        row = (slot // PAGE_SIZE) * PAGE_BYTES + (slot % PAGE_SIZE) * BPT
+        lat = lat_ptr + t.to(tl.int64) * lat_stride
+        if KIND == 0:
+            _store_bf16(cache_i16, lat, row, 0, RANK, D_PAD, NOPE_OFF)
+            _store_bf16(cache_i16, lat, row, RANK, ROPE, R_PAD, ROPE_OFF)
+        elif KIND == 3:
+            _quantize_groups(cache_u8, cache_f32, lat, row, 0, RANK + ROPE, GROUP, G_PAD,
+                             NOPE_OFF, SCALE_OFF, True)
+        else:
+            _quantize_groups(cache_u8, cache_f32, lat, row, 0, RANK, GROUP, G_PAD, NOPE_OFF,
+                             SCALE_OFF, KIND == 2)
+            _store_bf16(cache_i16, lat, row, RANK, ROPE, R_PAD, ROPE_OFF)

@@ -1,0 +1,220 @@
+"""Host side of the Triton MLA kernels: launch shapes, split counts, per-token tables.
+
+``mla_decode`` has the signature and results of ``mla.mla_attention`` (the reference);
+``mla_write`` those of the reference ``write_kv``. Imports triton (only when used).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from kernelbay.layers import AttentionMetadata
+from torch import Tensor
+
+from kernelbay_attn_flashmla.records import MLARecord
+from kernelbay_attn_flashmla.triton_kernels import (
+    mla_combine_kernel,
+    mla_decode_kernel,
+    mla_write_kernel,
+)
+
+__all__ = ["KernelFields", "choose_splits", "kernel_fields", "mla_decode", "mla_write"]
+
+#: Record kind -> (KIND, nope scale mode, rope scale mode): 0 bf16, 1 fp32 group scales,
+#: 2 E8M0 group scales.
+_MODES = {"bf16": (0, 0, 0), "fp8": (1, 1, 0), "fp8-e8m0": (2, 2, 0), "mxfp8": (3, 2, 2)}
+#: Fewest keys a split should get: below this the combine costs more than the split saves.
+MIN_SPLIT_KEYS = 256
+#: Most splits per query token (the combine reads one partial per split).
+MAX_SPLITS = 128
+
+
+@dataclass(frozen=True)
+class KernelFields:
+    """A record's field offsets and scale modes as the kernels take them."""
+
+    kind: int
+    nope_off: int
+    rope_off: int
+    scale_off: int
+    group: int
+    nope_scale: int
+    rope_scale: int
+
+
+def kernel_fields(record: MLARecord) -> KernelFields:
+    """The kernels' view of ``record`` (offsets from the descriptor, never literals)."""
+    if record.kind not in _MODES:
+        raise ValueError(f"no Triton kernel for record kind {record.kind!r}; kinds: "
+                         f"{sorted(_MODES)}")
+    kind, nope_scale, rope_scale = _MODES[record.kind]
+    group = record.group_size or 1
+    if record.kind == "bf16":
+        return KernelFields(kind, record.field("nope").offset, record.field("rope").offset, 0,
+                            group, nope_scale, rope_scale)
+    if record.kind == "mxfp8":
+        values = record.field("values")
+        return KernelFields(kind, values.offset, values.offset + record.kv_lora_rank,
+                            record.field("scales").offset, group, nope_scale, rope_scale)
+    return KernelFields(kind, record.field("nope").offset, record.field("rope").offset,
+                        record.field("nope_scale").offset, group, nope_scale, rope_scale)
+
+
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(max(1, n))
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _pages(cache: Tensor, record: MLARecord, page_size: int) -> tuple[Tensor, int]:
+    """The cache as flat bytes and its page stride in bytes."""
+    if cache.dtype != torch.uint8 or not cache.is_contiguous() or cache.dim() not in (2, 3):
+        raise ValueError(f"{record.kind} cache must be contiguous uint8 [num_pages, page_bytes] "
+                         f"or [num_pages, page_size, bytes_per_token], got "
+                         f"{tuple(cache.shape)} {cache.dtype}")
+    page_bytes = cache[0].numel()
+    if page_bytes < page_size * record.bytes_per_token or page_bytes % 4:
+        raise ValueError(f"{record.kind} cache pages hold {page_bytes} bytes, need at least "
+                         f"{page_size} x {record.bytes_per_token} and a multiple of 4")
+    return cache.view(-1), page_bytes
+
+
+def choose_splits(num_tokens: int, head_blocks: int, max_keys: int, num_sms: int) -> int:
+    """KV splits per query token: enough programs to fill ``num_sms`` SMs about twice when
+    the batch alone does not, each split keeping at least ``MIN_SPLIT_KEYS`` keys."""
+    programs = max(1, num_tokens * head_blocks)
+    want = -(-2 * num_sms // programs)
+    by_keys = max(1, max_keys // MIN_SPLIT_KEYS)
+    return max(1, min(want, by_keys, MAX_SPLITS))
+
+
+def _token_tables(metadata: AttentionMetadata, num_tokens: int,
+                  sliding_window: int | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Per query token: its sequence, its causal key count (position + 1) and first key."""
+    qsl = metadata.query_start_loc.long()
+    counts = qsl[1:] - qsl[:-1]
+    batch = counts.shape[0]
+    device = qsl.device
+    seq = torch.repeat_interleave(torch.arange(batch, device=device), counts,
+                                  output_size=num_tokens)
+    local = torch.arange(num_tokens, device=device) - qsl[seq]
+    length = metadata.seq_lens.long()[seq] - counts[seq] + local + 1
+    start = (torch.clamp(length - sliding_window, min=0) if sliding_window is not None
+             else torch.zeros_like(length))
+    return seq.int(), length.int(), start.int()
+
+
+def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
+               metadata: AttentionMetadata, scale: float, *, num_splits: int | None = None,
+               topk_indices: Tensor | None = None, sliding_window: int | None = None,
+               num_sms: int | None = None) -> tuple[Tensor, Tensor]:
+    """Absorbed MLA attention over paged records on the GPU (or the Triton interpreter).
+
+    Same inputs and results as ``mla.mla_attention``: ``(out [T, H, kv_lora_rank] in
+    query.dtype, lse [T, H] float32)``. ``num_splits`` None picks ``choose_splits`` from
+    the batch, the head blocks, the block table's capacity and ``num_sms`` (the device's).
+    """
+    num_tokens, heads, dim = query.shape
+    if dim != record.latent_dim:
+        raise ValueError(f"{record.kind} MLA query is [T, H, {record.dims_text} = "
+                         f"{record.latent_dim}], got {tuple(query.shape)}")
+    flat, page_bytes = _pages(cache, record, page_size)
+    rank, rope = record.kv_lora_rank, record.rope_dim
+    block_h = min(max(16, _pow2(heads)), 32)
+    head_blocks = -(-heads // block_h)
+    d_pad = _pow2(rank)
+    block_n = 32 if d_pad >= 256 else 64
+    if num_splits is None:
+        sms = num_sms if num_sms is not None else (
+            torch.cuda.get_device_properties(query.device).multi_processor_count
+            if query.is_cuda else 1)
+        max_keys = (topk_indices.shape[-1] if topk_indices is not None
+                    else metadata.block_tables.shape[1] * page_size)
+        num_splits = choose_splits(num_tokens, head_blocks, max_keys, sms)
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    out = torch.empty(num_tokens, heads, rank, dtype=query.dtype, device=query.device)
+    lse = torch.empty(num_tokens, heads, dtype=torch.float32, device=query.device)
+    if num_tokens == 0:
+        return out, lse
+    query = query.contiguous()
+    seq, length, start = _token_tables(metadata, num_tokens, sliding_window)
+    block_tables = metadata.block_tables.int().contiguous()
+    if topk_indices is not None:
+        if topk_indices.dim() != 2 or topk_indices.shape[0] != num_tokens:
+            raise ValueError(f"topk_indices must be [T={num_tokens}, K], got "
+                             f"{tuple(topk_indices.shape)}")
+        topk = topk_indices.int().contiguous()
+        num_topk = topk.shape[1]
+    else:
+        topk, num_topk = seq, 0
+    if num_splits == 1:
+        part, plse = out.unsqueeze(1), lse.unsqueeze(1)
+    else:
+        part = torch.empty(num_tokens, num_splits, heads, rank, dtype=torch.float32,
+                           device=query.device)
+        plse = torch.empty(num_tokens, num_splits, heads, dtype=torch.float32,
+                           device=query.device)
+    f = kernel_fields(record)
+    mla_decode_kernel[(num_tokens, num_splits, head_blocks)](
+        query, query.stride(0), query.stride(1),
+        flat, flat.view(torch.bfloat16), flat.view(torch.float32),
+        block_tables, block_tables.stride(0),
+        seq, length, start,
+        topk, topk.stride(0) if topk.dim() == 2 else 0, num_topk,
+        part, part.stride(0), part.stride(1), part.stride(2),
+        plse, plse.stride(0), plse.stride(1),
+        heads, float(scale),
+        NUM_SPLITS=num_splits, RANK=rank, ROPE=rope, D_PAD=d_pad, R_PAD=_pow2(max(rope, 16)),
+        BLOCK_H=block_h, BLOCK_N=block_n, PAGE_SIZE=page_size, PAGE_BYTES=page_bytes,
+        BPT=record.bytes_per_token, NOPE_OFF=f.nope_off, ROPE_OFF=f.rope_off,
+        SCALE_OFF=f.scale_off, GROUP=f.group, NOPE_SCALE=f.nope_scale,
+        ROPE_SCALE=f.rope_scale, SPARSE=topk_indices is not None,
+        FAST_FP8=query.is_cuda and not _interpreting(),
+        DOT=tl.float32 if _interpreting() else tl.bfloat16,
+        num_warps=8 if d_pad >= 256 else 4, num_stages=2,
+    )
+    if num_splits > 1:
+        mla_combine_kernel[(num_tokens, heads)](
+            part, part.stride(0), part.stride(1), part.stride(2),
+            plse, plse.stride(0), plse.stride(1),
+            out, out.stride(0), out.stride(1),
+            lse, lse.stride(0),
+            heads,
+            NUM_SPLITS=num_splits, S_PAD=_pow2(num_splits), RANK=rank, D_PAD=d_pad,
+            num_warps=4,
+        )
+    return out, lse
+
+
+def mla_write(cache: Tensor, record: MLARecord, page_size: int, latent: Tensor,
+              slot_mapping: Tensor) -> None:
+    """Encode ``latent [T, kv_lora_rank + rope_dim]`` into the records of ``slot_mapping``
+    (bit for bit as ``codec.encode_records``); negative slots are skipped."""
+    if latent.dim() != 2 or latent.shape[-1] != record.latent_dim:
+        raise ValueError(f"{record.kind} records hold {record.dims_text} latent dims, got a "
+                         f"latent of shape {tuple(latent.shape)}")
+    if slot_mapping.shape[0] != latent.shape[0]:
+        raise ValueError(f"slot_mapping has {slot_mapping.shape[0]} slots for "
+                         f"{latent.shape[0]} latents")
+    if latent.shape[0] == 0:
+        return
+    flat, page_bytes = _pages(cache, record, page_size)
+    latent = latent if latent.stride(-1) == 1 else latent.contiguous()
+    f = kernel_fields(record)
+    scaled = record.latent_dim if record.kind == "mxfp8" else record.kv_lora_rank
+    mla_write_kernel[(latent.shape[0],)](
+        latent, latent.stride(0), slot_mapping.contiguous(),
+        flat, flat.view(torch.int16), flat.view(torch.float32),
+        RANK=record.kv_lora_rank, ROPE=record.rope_dim, D_PAD=_pow2(record.kv_lora_rank),
+        R_PAD=_pow2(record.rope_dim), PAGE_SIZE=page_size, PAGE_BYTES=page_bytes,
+        BPT=record.bytes_per_token, KIND=f.kind, NOPE_OFF=f.nope_off, ROPE_OFF=f.rope_off,
+        SCALE_OFF=f.scale_off, GROUP=f.group, G_PAD=_pow2(scaled // f.group),
+        num_warps=4,
+    )
