@@ -231,7 +231,15 @@ def _probe_cpu() -> DeviceCapability:
                             name, _cpu_memory(), 1, None, None, "probed")
 
 
+#: Environment switches with which a host turns multicast (NVLS) off for every library.
+MULTICAST_OFF_SWITCHES = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                          "NVSHMEM_DISABLE_NVLS": "1"}
+
+
 def _probe_multicast(index: int) -> bool | None:
+    # A host that switched multicast off has none, whatever the driver could do.
+    if any(os.environ.get(k, "").strip() == v for k, v in MULTICAST_OFF_SWITCHES.items()):
+        return False
     # Private API: answer "unknown" rather than fail if this torch lacks it.
     try:
         from torch._C._autograd import DeviceType

@@ -137,13 +137,14 @@ class Plan:
     attention: Decision
     collective: Decision | None
     proposer: Decision | None = None
+    #: The collective chosen for row-parallel GEMM + all-reduce (tensor parallel only).
+    gemm_collective: Decision | None = None
 
     @property
     def ok(self) -> bool:
         """True when every decision found a backend."""
         every = [self.format, self.attention, *self.linears]
-        if self.collective is not None:
-            every.append(self.collective)
+        every += [d for d in (self.collective, self.gemm_collective) if d is not None]
         return all(d.selection is not None for d in every)
 
     def groups(self) -> list[tuple[str, int, Decision]]:
@@ -166,6 +167,8 @@ class Plan:
             "format": self.format.as_dict(),
             "attention": self.attention.as_dict(),
             "collective": self.collective.as_dict() if self.collective else None,
+            "gemm_collective": (self.gemm_collective.as_dict() if self.gemm_collective
+                                else None),
             "linears": [d.as_dict() for d in self.linears],
         }
 
@@ -191,12 +194,16 @@ def plan_checkpoint(path: str, *, device: DeviceCapability | None = None,
     folder = CheckpointFolder(path)
     request = folder.format_request()
     fmt = _decide(BackendKind.CHECKPOINT_FORMAT, "checkpoint", request, device, policy, registry)
-    collective = None
+    collective: Decision | None = None
+    gemm_collective: Decision | None = None
     if tp_size > 1:
         transport = "nccl" if device.platform in ("cuda", "rocm") else "gloo"
         coll_req = CollectiveRequest("all_reduce", tp_size, folder.config.dtype_name, transport)
         collective = _decide(BackendKind.COLLECTIVE, "all_reduce", coll_req, device, policy,
                              registry)
+        gemm_collective = _decide(BackendKind.COLLECTIVE, "gemm_all_reduce",
+                                  replace(coll_req, op="gemm_all_reduce"), device, policy,
+                                  registry)
     arch = ",".join(folder.config.architectures) or folder.config.model_type or "unknown"
     if fmt.selection is not None and _supported(folder):
         built = _plan_by_building(folder, fmt.selection.backend(request), registry, device,
@@ -205,7 +212,7 @@ def plan_checkpoint(path: str, *, device: DeviceCapability | None = None,
                          Decision("attention", None, None, "the model has no attention layer"))
         built_linears = tuple(d for d in built if d.module != "attention")
         return Plan(folder.path, arch, device, tp_size, fmt, built_linears, attention,
-                    collective)
+                    collective, gemm_collective=gemm_collective)
     linears: list[Decision] = []
     if fmt.selection is not None:
         handler: CheckpointFormat = fmt.selection.backend(request)
@@ -227,7 +234,8 @@ def plan_checkpoint(path: str, *, device: DeviceCapability | None = None,
                             registry)
     except ConfigError as exc:
         attention = Decision("attention", None, None, str(exc))
-    return Plan(folder.path, arch, device, tp_size, fmt, tuple(linears), attention, collective)
+    return Plan(folder.path, arch, device, tp_size, fmt, tuple(linears), attention, collective,
+                gemm_collective=gemm_collective)
 
 
 def _supported(folder: CheckpointFolder) -> bool:

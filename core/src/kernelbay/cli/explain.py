@@ -43,6 +43,8 @@ def summary_lines(plan: Plan) -> list[str]:
              f"  attention: {plan.attention.chosen}"]
     if plan.collective is not None:
         lines.append(f"  collective: {plan.collective.chosen}")
+    if plan.gemm_collective is not None:
+        lines.append(f"  gemm + all-reduce: {plan.gemm_collective.chosen}")
     if plan.proposer is not None:
         lines.append(f"  proposer: {plan.proposer.chosen}")
     counts: dict[str, int] = {}
@@ -61,6 +63,8 @@ def render_plan(plan: Plan, verbose: bool = False) -> str:
     out += _section("attention", plan.attention, verbose)
     if plan.collective is not None:
         out += _section("collective", plan.collective, verbose)
+    if plan.gemm_collective is not None:
+        out += _section("gemm + all-reduce", plan.gemm_collective, verbose)
     out.append("")
     rows = []
     for pattern, count, d in plan.groups():

@@ -8,7 +8,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, final
 
 import torch
@@ -124,6 +124,12 @@ class LLM:
                             registry=self.registry)
             decisions.append(Decision("all_reduce", request, chosen))
             self.tp.collective = chosen.backend(request)
+            gemm_request = replace(request, op="gemm_all_reduce")
+            gemm = select(BackendKind.COLLECTIVE, gemm_request, self.capability, self.policy,
+                          registry=self.registry)
+            decisions.append(Decision("gemm_all_reduce", gemm_request, gemm))
+            if getattr(gemm.backend, "fuses_gemm", False):
+                self.tp.gemm_collective = gemm.backend(gemm_request)
         builder = ModelBuilder(self.folder, self.handler, self.registry, self.capability,
                                self.policy, torch_device, self.dtype, self.tp, cache.record,
                                cache.page_size)
@@ -199,12 +205,14 @@ class LLM:
         """Every selection made for this model (as ``kernelbay explain`` shows)."""
         attention = next(d for d in self._decisions if d.module == "attention")
         collective = next((d for d in self._decisions if d.module == "all_reduce"), None)
+        gemm = next((d for d in self._decisions if d.module == "gemm_all_reduce"), None)
         proposer = next((d for d in self._decisions if d.module == "proposer"), None)
         linears = tuple(d for d in self._decisions
-                        if d.module not in ("checkpoint", "attention", "all_reduce", "proposer"))
+                        if d.module not in ("checkpoint", "attention", "all_reduce",
+                                            "gemm_all_reduce", "proposer"))
         arch = ",".join(self.folder.config.architectures)
         return Plan(self.folder.path, arch, self.capability, self.tp.size, self._decisions[0],
-                    linears, attention, collective, proposer)
+                    linears, attention, collective, proposer, gemm)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (needs the checkpoint's tokenizer.json)."""

@@ -27,7 +27,9 @@ class ForwardMeta:
 class Linear(nn.Module):
     """A linear layer whose parameters and math belong to its selected ``LinearMethod``.
 
-    Row-parallel layers all-reduce their partial sums here, after the method runs.
+    Row-parallel layers all-reduce their partial sums here, after the method runs; when a
+    fusing GEMM + all-reduce collective was selected and this layer's weight is a plain
+    dense matrix (``fusable``), the collective runs the GEMM and the all-reduce together.
     """
 
     def __init__(self, method: LinearMethod, tp: TensorParallel, device: torch.device) -> None:
@@ -36,11 +38,28 @@ class Linear(nn.Module):
         self.tp = tp
         method.create_weights(self, device)
 
+    @property
+    def fusable(self) -> bool:
+        """True when a fused GEMM + all-reduce may replace this layer's method: row-parallel,
+        unquantized, one dense ``weight`` and no bias on this rank."""
+        r = self.method.request
+        weight = getattr(self, "weight", None)
+        return (r.parallel == "row" and not r.scheme.is_quantized and r.num_experts is None
+                and isinstance(weight, torch.Tensor) and weight.dim() == 2
+                and self.method.rank_bias(self) is None)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = self.method.apply(self, x.reshape(-1, shape[-1]))
+        flat = x.reshape(-1, shape[-1])
+        y: torch.Tensor
         if self.method.request.parallel == "row" and self.tp.size > 1:
-            y = self.tp.collective.all_reduce(y)
+            fused = self.tp.gemm_collective
+            if fused is not None and self.fusable and flat.dtype == self.weight.dtype:
+                y = fused.gemm_all_reduce(flat, self.weight)
+            else:
+                y = self.tp.collective.all_reduce(self.method.apply(self, flat))
+        else:
+            y = self.method.apply(self, flat)
         return y.reshape(*shape[:-1], y.shape[-1])
 
 

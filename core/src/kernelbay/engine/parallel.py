@@ -13,12 +13,15 @@ __all__ = ["TensorParallel", "init_tensor_parallel"]
 @dataclass
 class TensorParallel:
     """This rank's place in the tensor-parallel group. ``collective`` is the selected
-    collective backend instance (``None`` when ``size == 1``)."""
+    collective backend instance (``None`` when ``size == 1``); ``gemm_collective`` the one
+    selected for GEMM + all-reduce when it fuses the two (``fuses_gemm``), else ``None``
+    and row-parallel layers run their method's GEMM, then ``collective.all_reduce``."""
 
     rank: int = 0
     size: int = 1
     group: Any = None
     collective: Any = None
+    gemm_collective: Any = None
 
     def shard_range(self, total: int) -> tuple[int, int]:
         """[start, end) of this rank's rows when ``total`` rows are split in ceil-sized

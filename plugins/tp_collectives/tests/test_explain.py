@@ -1,0 +1,53 @@
+"""``kernelbay explain --tp 2`` shows the collectives chosen and why the fused GEMM +
+all-reduce was passed over."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from kernelbay import Policy, Registry, parse_device
+from kernelbay.cli.explain import render_plan
+from kernelbay.plan import plan_checkpoint
+from kernelbay_tp_collectives.checks import MULTICAST_SWITCHES
+
+DEMO = os.path.join(os.path.dirname(__import__("kernelbay.demo").demo.__file__))
+
+
+@pytest.fixture(autouse=True)
+def _no_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in MULTICAST_SWITCHES:
+        monkeypatch.delenv(name, raising=False)
+
+
+def _plan(spec: str) -> str:
+    registry = Registry.discover(Policy(plugins=frozenset({"tp_collectives"})))
+    plan = plan_checkpoint(DEMO, device=parse_device(spec), registry=registry, tp_size=2)
+    assert plan.ok
+    assert plan.collective is not None and plan.gemm_collective is not None
+    return render_plan(plan)
+
+
+def test_without_multicast_the_fused_path_is_passed_over_with_its_reason() -> None:
+    text = _plan("sm_90x2")
+    assert "collective: tp-symm-mem-two-shot  [all_reduce over 2 ranks (nccl" in text
+    assert "gemm + all-reduce: tp-symm-mem-two-shot" in text
+    assert ("passed over: tp-fused-gemm-all-reduce: needs multicast (NVLS) between the "
+            "devices, device 'sm_90' reports multicast=False") in text
+
+
+def test_with_multicast_the_fused_path_is_chosen() -> None:
+    assert "gemm + all-reduce: tp-fused-gemm-all-reduce" in _plan("sm_90x2+multicast")
+
+
+def test_switched_off_multicast_wins_over_the_description(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    text = _plan("sm_90x2+multicast")
+    assert "gemm + all-reduce: tp-symm-mem-two-shot" in text
+    assert "switches off (NCCL_NVLS_ENABLE=0)" in text
+
+
+def test_cpu_plans_keep_the_reference() -> None:
+    text = _plan("cpu")
+    assert "collective: torch-distributed  [all_reduce over 2 ranks (gloo" in text
