@@ -22,10 +22,10 @@ from kernelbay.engine.models import model_class
 from kernelbay.engine.parallel import init_tensor_parallel
 from kernelbay.engine.runner import ModelRunner, Sequence
 from kernelbay.engine.sampling import SamplingParams, sample_tokens
-from kernelbay.engine.speculative import SpeculativeConfig, speculative_step
+from kernelbay.engine.speculative import SpeculativeConfig, SpeculativeDecoder
 from kernelbay.errors import ConfigError
 from kernelbay.kinds import BackendKind
-from kernelbay.layers import DraftBuffers, Proposer
+from kernelbay.layers import Proposer
 from kernelbay.plan import Decision, Plan
 from kernelbay.plugins import Registry, get_registry
 from kernelbay.policy import Policy
@@ -165,10 +165,11 @@ class LLM:
                         registry=self.registry)
         self._decisions.append(Decision("proposer", request, chosen))
         self.proposer = chosen.backend(request)
-        self.draft_buffers = DraftBuffers.allocate(self.proposer.draft_logits_spec(),
-                                                   self.max_num_seqs,
-                                                   spec.num_speculative_tokens,
-                                                   config.vocab_size or 0)
+        self.speculator = SpeculativeDecoder(self.runner, self.proposer,
+                                             spec.num_speculative_tokens, self.max_num_seqs,
+                                             config.vocab_size or 0,
+                                             config.num_hidden_layers or 0,
+                                             config.hidden_size or 0, self.dtype)
 
     def _capability(self, device: torch.device) -> DeviceCapability:
         capability = self.registry.device()
@@ -292,8 +293,7 @@ class LLM:
                 running.append(waiting.popleft())
             start = time.perf_counter()
             if self.proposer is not None:
-                produced = speculative_step(self.runner, self.proposer, self.draft_buffers,
-                                            running)
+                produced = self.speculator.step(running)
             else:
                 batch = [(s, len(s.tokens) - s.num_cached) for s in running]
                 logits = self.runner.forward(batch)

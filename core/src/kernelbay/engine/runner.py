@@ -43,13 +43,17 @@ class ModelRunner:
         self.model = model
         self.cache = cache
         self.device = device
+        #: The states ``forward(..., capture=...)`` took last (see ``forward``).
+        self.captured: torch.Tensor | None = None
 
-    def forward(self, batch: list[tuple[Sequence, int]], all_logits: bool = False
-                ) -> torch.Tensor:
+    def forward(self, batch: list[tuple[Sequence, int]], all_logits: bool = False,
+                capture: tuple[int, ...] = ()) -> torch.Tensor:
         """Run the ``num_new`` uncached tokens of each sequence; cache their K/V.
 
         Returns the logits of each sequence's last token [B, V], or of every new token
-        [sum num_new, V] when ``all_logits``.
+        [sum num_new, V] when ``all_logits``. With ``capture`` (hidden-state layer indices,
+        ``CausalLM.forward_capturing``), ``self.captured`` holds those layers' states of
+        every new token [sum num_new, len(capture), hidden] afterwards.
         """
         page = self.cache.page_size
         ids: list[int] = []
@@ -75,8 +79,13 @@ class ModelRunner:
                               tables.to(dev), torch.tensor(slots, dtype=torch.long, device=dev)),
             self.cache.caches)
         with torch.inference_mode():
-            hidden = self.model(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev),
-                                meta)
+            if capture:
+                hidden, self.captured = self.model.forward_capturing(
+                    torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), meta,
+                    capture)
+            else:
+                hidden = self.model(torch.tensor(ids, device=dev),
+                                    torch.tensor(positions, device=dev), meta)
             if not all_logits:
                 hidden = hidden[torch.tensor(starts[1:], device=dev) - 1]
             logits: torch.Tensor = self.model.compute_logits(hidden)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 from kernelbay._version import PLUGIN_API_VERSION
-from kernelbay.layers.proposer import DraftBuffers, DraftLogitsSpec, Proposer
+from kernelbay.layers.proposer import DraftBuffers, DraftContext, DraftLogitsSpec, Proposer
 from kernelbay.requests import ProposerRequest
 from kernelbay.verdict import Verdict
 
@@ -36,7 +36,9 @@ def ngram_lookup(tokens: Sequence[int], k: int, max_n: int = 4, min_n: int = 1) 
 class NGramProposer(Proposer):
     """Prompt lookup: copy what followed the latest earlier occurrence of the context's tail.
 
-    Its draft distribution is top-1 with probability 1 (the draft is deterministic).
+    Its draft distribution is top-1 with probability 1 (the draft is deterministic). It
+    reads no hidden states (``hidden_state_spec`` is None) and ignores the sampling
+    parameters: the verifier alone decides what is kept.
     """
 
     name: ClassVar[str] = "ngram"
@@ -60,8 +62,11 @@ class NGramProposer(Proposer):
     def draft_logits_spec(self) -> DraftLogitsSpec:
         return DraftLogitsSpec("topc", 1)
 
-    def propose(self, token_ids: Sequence[torch.Tensor], out: DraftBuffers) -> None:
+    def propose(self, token_ids: Sequence[torch.Tensor], out: DraftBuffers,
+                context: DraftContext | None = None) -> None:
         import torch
+
+        del context  # drafts depend on the tokens only
 
         k = out.tokens.shape[1]
         assert out.candidate_ids is not None and out.candidate_probs is not None

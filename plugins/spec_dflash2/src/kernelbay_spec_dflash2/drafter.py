@@ -3,7 +3,8 @@
 Data flow for a batch of B requests (D = drafter width, L <= context_window)::
 
     context  [B, L, n_layers * H_target] -- target hidden states at the chosen layers,
-                                            concatenated; the last row is the anchor's position
+                                            concatenated; the last row is the position just
+                                            before the anchor's
       -> Linear + RMSNorm + position-from-the-end embedding          [B, L, D]
     slots    embed(anchor) + slot embedding t                        [B, k, D]
       -> DynamicDepthwiseConv                          (the opening conv of the wrap)
@@ -95,9 +96,10 @@ class DFlash2Drafter(nn.Module):
                 context_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Per-slot logits ``[B, k, vocab]``.
 
-        ``anchor`` [B]: the last accepted token of each request. ``context``
-        [B, L, n_layers * target_hidden] with L <= ``context_window``: target features of the
-        latest L positions, right-aligned (row L-1 is the anchor's position).
+        ``anchor`` [B]: the last accepted token of each request (not yet through the target).
+        ``context`` [B, L, n_layers * target_hidden] with L <= ``context_window``: target
+        features of the latest L positions before the anchor, right-aligned (row L-1 is the
+        position just before the anchor's). Slot t predicts the token at anchor + 1 + t.
         ``context_mask`` [B, L] bool, False for left padding; None means all valid.
         """
         c = self.config
@@ -106,7 +108,7 @@ class DFlash2Drafter(nn.Module):
             raise ValueError(f"expected context [{batch}, L <= {c.context_window}, "
                              f"{c.context_features}], got {tuple(context.shape)}")
         if length < 1:
-            raise ValueError("context must hold at least the anchor's position, got L=0")
+            raise ValueError("context must hold at least one position before the anchor, got L=0")
         if context_mask is None:
             context_mask = torch.ones(batch, length, dtype=torch.bool, device=context.device)
         elif context_mask.shape != (batch, length):

@@ -15,17 +15,32 @@ CandidateSelector (one block, anchor token y_{-1} = a; slot t keeps its top-c to
 [vocab, r] tables (the low-rank bilinear pair term). Greedy: the path maximising S by exact
 Viterbi. Temperature T > 0: a path drawn from p(y) = exp(S(y)/T) / Z over the c^k paths of the
 candidate lattice, drawn left to right from its exact conditionals (forward-filtering via
-backward messages); those conditionals are what ``candidate_probs`` returns.
+backward messages); those conditionals are what ``candidate_probs`` returns. The draw at each
+slot is either ``torch.multinomial`` with a generator, or -- what the speculative engine uses
+-- a Gumbel-noised argmax whose noise the caller supplies per candidate (keyed by seed,
+position and token id, the same noise the verifier adds to the target's logits).
+
+Candidates are the top-c logits with ties broken towards the lower token id
+(``topk_lower_id``), so the lattice is deterministic and equal under tensor parallel
+(``kernelbay_spec_dflash2.tp.vocab_parallel_topk``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-__all__ = ["CandidateSelector", "DynamicDepthwiseConv", "SelectorOutput"]
+__all__ = ["CandidateSelector", "DynamicDepthwiseConv", "SelectorOutput", "topk_lower_id"]
+
+
+def topk_lower_id(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest of ``values`` [..., V] along the last dim, descending, equal values
+    ordered by lower index (deterministic, unlike ``torch.topk``'s tie order)."""
+    ordered, index = torch.sort(values, dim=-1, descending=True, stable=True)
+    return ordered[..., :k], index[..., :k]
 
 
 class DynamicDepthwiseConv(nn.Module):
@@ -122,7 +137,7 @@ class CandidateSelector(nn.Module):
             raise ValueError(f"expected logits [B, k, {self.vocab_size}], got "
                              f"{tuple(logits.shape)}")
         logp = torch.log_softmax(logits.float(), dim=-1)
-        top, ids = logp.topk(self.num_candidates, dim=-1)
+        top, ids = topk_lower_id(logp, self.num_candidates)
         return ids, self.unigram_weight.float() * top
 
     def transitions(self, anchor: torch.Tensor, ids: torch.Tensor
@@ -147,19 +162,56 @@ class CandidateSelector(nn.Module):
         """
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
+        ids, unigram, first, between = self._lattice(logits, anchor)
+        if temperature == 0:
+            choice, scores = _viterbi(unigram, first, between)
+            probs = torch.zeros_like(unigram).scatter_(-1, choice[..., None], 1.0)
+        else:
+            inv = torch.full(unigram.shape[:1], 1.0 / temperature, device=unigram.device)
+            choice, probs = _sample(unigram, first, between, inv, generator, None)
+            scores = path_scores(unigram, first, between, choice)
+        tokens = ids.gather(-1, choice[..., None]).squeeze(-1)
+        return SelectorOutput(tokens, choice, ids, probs, scores)
+
+    def select_keyed(self, logits: torch.Tensor, anchor: torch.Tensor,
+                     temperature: torch.Tensor, noise: Callable[[torch.Tensor], torch.Tensor]
+                     ) -> SelectorOutput:
+        """Per-row temperature [B]: rows at 0 take the Viterbi path, the others draw each
+        slot as ``argmax(log q(y_t | anchor, y_<t) + g)`` where ``g = noise(candidate_ids)``
+        [B, k, c] is Gumbel noise keyed by the caller (seed, position, token id)."""
+        ids, unigram, first, between = self._lattice(logits, anchor)
+        choice, scores = _viterbi(unigram, first, between)
+        probs = torch.zeros_like(unigram).scatter_(-1, choice[..., None], 1.0)
+        hot = temperature.to(unigram.device) > 0
+        if bool(hot.any()):
+            inv = 1.0 / temperature.to(unigram.device).float().clamp(min=1e-6)
+            sampled, sampled_probs = _sample(unigram, first, between, inv, None,
+                                             noise(ids).to(unigram.dtype))
+            choice = torch.where(hot[:, None], sampled, choice)
+            probs = torch.where(hot[:, None, None], sampled_probs, probs)
+            scores = path_scores(unigram, first, between, choice)
+        tokens = ids.gather(-1, choice[..., None]).squeeze(-1)
+        return SelectorOutput(tokens, choice, ids, probs, scores)
+
+    def _lattice(self, logits: torch.Tensor, anchor: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         ids, unigram = self.candidates(logits)
         anchor = anchor.to(ids.device).long()
         if anchor.shape != ids.shape[:1]:
             raise ValueError(f"expected anchor [{ids.shape[0]}], got {tuple(anchor.shape)}")
         first, between = self.transitions(anchor, ids)
-        if temperature == 0:
-            choice, scores = _viterbi(unigram, first, between)
-            probs = torch.zeros_like(unigram).scatter_(-1, choice[..., None], 1.0)
-        else:
-            choice, probs = _sample(unigram, first, between, temperature, generator)
-            scores = path_scores(unigram, first, between, choice)
-        tokens = ids.gather(-1, choice[..., None]).squeeze(-1)
-        return SelectorOutput(tokens, choice, ids, probs, scores)
+        return ids, unigram, first, between
+
+    def log_partition(self, logits: torch.Tensor, anchor: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                 torch.Tensor]:
+        """For training: candidate ids, unigram, pair terms and log Z [B] of the lattice
+        (``logsumexp`` of S over all c^k paths, by the forward algorithm)."""
+        ids, unigram, first, between = self._lattice(logits, anchor)
+        alpha = first + unigram[:, 0]
+        for t in range(1, unigram.shape[1]):
+            alpha = torch.logsumexp(alpha[:, :, None] + between[:, t - 1], dim=1) + unigram[:, t]
+        return ids, unigram, first, between, torch.logsumexp(alpha, dim=-1)
 
 
 def path_scores(unigram: torch.Tensor, first: torch.Tensor, between: torch.Tensor,
@@ -191,14 +243,15 @@ def _viterbi(unigram: torch.Tensor, first: torch.Tensor, between: torch.Tensor
 
 
 def _sample(unigram: torch.Tensor, first: torch.Tensor, between: torch.Tensor,
-            temperature: float, generator: torch.Generator | None
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+            inv_temperature: torch.Tensor, generator: torch.Generator | None,
+            gumbel: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    # gumbel [B, k, c]: draw by noised argmax; None: draw with multinomial(generator).
     batch, k, c = unigram.shape
-    inv = 1.0 / temperature
+    inv = inv_temperature.to(unigram.dtype)[:, None]
     # beta[t][b, j] = log sum over completions of slots t+1.. of exp(S_rest / T) given slot t = j.
     beta = [torch.zeros(batch, c, dtype=unigram.dtype, device=unigram.device)]
     for t in range(k - 1, 0, -1):
-        nxt = (between[:, t - 1] + unigram[:, t, None, :]) * inv + beta[0][:, None, :]
+        nxt = (between[:, t - 1] + unigram[:, t, None, :]) * inv[..., None] + beta[0][:, None, :]
         beta.insert(0, torch.logsumexp(nxt, dim=-1))
     choice = torch.empty(batch, k, dtype=torch.long, device=unigram.device)
     probs = torch.empty_like(unigram)
@@ -210,5 +263,8 @@ def _sample(unigram: torch.Tensor, first: torch.Tensor, between: torch.Tensor,
             step = (prev + unigram[:, t]) * inv + beta[t]
         # The exact conditional q(y_t | anchor, y_<t) of the lattice distribution.
         probs[:, t] = torch.softmax(step, dim=-1)
-        choice[:, t] = torch.multinomial(probs[:, t], 1, generator=generator).squeeze(-1)
+        if gumbel is None:
+            choice[:, t] = torch.multinomial(probs[:, t], 1, generator=generator).squeeze(-1)
+        else:
+            choice[:, t] = (torch.log_softmax(step, dim=-1) + gumbel[:, t]).argmax(dim=-1)
     return choice, probs

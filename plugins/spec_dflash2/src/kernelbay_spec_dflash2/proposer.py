@@ -1,22 +1,29 @@
-"""The ``dflash2`` proposer: the core's Proposer contract around a DFlash2 drafter.
+"""The ``dflash2`` proposer: DFlash2 drafts from the target's hidden states.
 
-This module imports no torch at module level (discovery imports it).
+It declares its hidden states to the core (``hidden_state_spec``: the drafter's
+``target_layer_ids`` over its ``context_window`` latest positions); the engine captures them
+during every target forward and passes them to ``propose`` in a ``DraftContext``. The anchor
+of a block is each request's last token (not yet through the target); the context rows are
+the positions before it. A request whose context is not ready (its prompt has not been
+through the target yet) gets no draft that step.
 
-Provisional interface for target hidden states: before each ``propose`` call the engine
-calls ``set_context(hidden_states)`` with one tensor per request, the target's hidden states
-at the drafter's ``target_layer_ids`` for that request's latest positions (last row = the
-last token of ``token_ids``), shaped ``[L_b, len(target_layer_ids), target_hidden_size]`` (or
-already concatenated, ``[L_b, len(target_layer_ids) * target_hidden_size]``). ``propose``
-consumes the context, so a stale one is never reused.
+Greedy requests take the selector's Viterbi path; at temperature > 0 each slot is drawn as a
+Gumbel-noised argmax over its candidates, with the noise the verifier adds at that position
+(``kernelbay.engine.sampling.gumbel_noise`` keyed by the request's seed, the position and the
+token id), so a draft is accepted exactly when it is the target's own draw.
+
+Without an explicit drafter folder, the drafter bundled for the kernelbay demo model is used
+when the target is that model (``bundled_drafter``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 from kernelbay.layers import DraftBuffers, DraftLogitsSpec, Proposer
+from kernelbay.layers.proposer import DraftContext, HiddenStateSpec
 from kernelbay.requests import ProposerRequest
 from kernelbay.verdict import Verdict
 
@@ -28,16 +35,42 @@ if TYPE_CHECKING:
 
     from kernelbay_spec_dflash2.drafter import DFlash2Drafter
 
-__all__ = ["DFlash2Proposer", "drafter_verdict"]
+__all__ = ["BUNDLED_DIR", "DFlash2Proposer", "bundled_drafter", "drafter_verdict"]
+
+#: Drafters shipped with this plugin, one folder each (``demo``: for the kernelbay demo model).
+BUNDLED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "drafters")
+#: The kernelbay demo model, as a proposer request describes its target.
+_DEMO_TARGET = ("deepseek_v3", 256, 288)
+
+
+def bundled_drafter(request: ProposerRequest) -> str | None:
+    """The bundled drafter folder for the request's target: the ``demo`` folder when the target
+    is the kernelbay demo model (whether or not its weights are present), else None."""
+    if (request.model_type, request.hidden_size, request.vocab_size) == _DEMO_TARGET:
+        return os.path.join(BUNDLED_DIR, "demo")
+    return None
+
+
+def resolve_drafter(request: ProposerRequest) -> str | None:
+    """``request.drafter``, or the bundled drafter for its target."""
+    return request.drafter if request.drafter is not None else bundled_drafter(request)
 
 
 def drafter_verdict(request: ProposerRequest) -> Verdict:
-    """Whether ``request.drafter`` names a usable drafter folder for the request's target."""
-    folder = request.drafter
+    """Whether ``request.drafter`` (or the bundled drafter for the request's target) names a
+    usable drafter folder."""
+    folder = resolve_drafter(request)
     if folder is None:
-        return Verdict.reject(f"no drafter weights given: the request's drafter is None; "
+        return Verdict.reject(f"no drafter weights given: the request's drafter is None and "
+                              f"no bundled drafter serves target {request.model_type!r} "
+                              f"(hidden {request.hidden_size}, vocab {request.vocab_size}); "
                               f"dflash2 needs a folder with {CONFIG_NAME!r} and "
                               f"{WEIGHTS_NAME!r}")
+    if request.drafter is None and not os.path.isfile(os.path.join(folder, WEIGHTS_NAME)):
+        return Verdict.reject(f"the bundled drafter for the kernelbay demo model is missing: "
+                              f"{os.path.join(folder, WEIGHTS_NAME)!r} (and {CONFIG_NAME!r}) "
+                              f"are not installed; train them with tools/train_drafter.py "
+                              f"or pass a drafter folder")
     if not os.path.isdir(folder):
         return Verdict.reject(f"drafter folder {folder!r} does not exist")
     missing = [n for n in (CONFIG_NAME, WEIGHTS_NAME)
@@ -73,8 +106,8 @@ class DFlash2Proposer(Proposer):
 
     Its draft distribution is top-c (c = the drafter's ``num_candidates``): per slot, the
     candidate ids and the selector's conditional probabilities given the drafted prefix
-    (one-hot at the drafted token when ``temperature == 0``). Needs ``set_context`` before
-    each ``propose`` (see the module docstring; provisional).
+    (one-hot at the drafted token when greedy). Reads the target hidden states it declares in
+    ``hidden_state_spec`` (see the module docstring).
     """
 
     name: ClassVar[str] = "dflash2"
@@ -96,8 +129,7 @@ class DFlash2Proposer(Proposer):
             drafter_verdict(request),
         )
 
-    def __init__(self, request: ProposerRequest, *, temperature: float = 0.0, seed: int = 0,
-                 device: torch.device | str = "cpu",
+    def __init__(self, request: ProposerRequest, *, device: torch.device | str = "cpu",
                  dtype: torch.dtype | None = None) -> None:
         super().__init__(request)
         verdict = drafter_verdict(request)
@@ -105,98 +137,94 @@ class DFlash2Proposer(Proposer):
             raise ValueError(f"{self.name}: {verdict.reason}")
         from kernelbay_spec_dflash2.drafter import load_drafter
 
-        assert request.drafter is not None
-        self.drafter: DFlash2Drafter = load_drafter(request.drafter, device, dtype)
+        folder = resolve_drafter(request)
+        assert folder is not None
+        #: The drafter folder in use (the request's, or the bundled one).
+        self.folder = folder
+        self.drafter: DFlash2Drafter = load_drafter(folder, device, dtype)
         self.config = self.drafter.config
-        #: Sampling temperature of the selector (0 = Viterbi path).
-        self.temperature = float(temperature)
-        self.seed = seed
-        self._generator: torch.Generator | None = None
-        self._context: list[torch.Tensor] | None = None
 
     @property
     def target_layer_ids(self) -> tuple[int, ...]:
-        """Indices into the target's hidden-states tuple whose states ``set_context`` wants."""
+        """The target layers whose hidden states the drafter reads."""
         return self.config.target_layer_ids
 
     def draft_logits_spec(self) -> DraftLogitsSpec:
         return DraftLogitsSpec("topc", self.config.num_candidates)
 
-    def set_context(self, hidden_states: Sequence[torch.Tensor]) -> None:
-        """Give the target hidden states for the next ``propose`` (one tensor per request).
+    def hidden_state_spec(self) -> HiddenStateSpec:
+        return HiddenStateSpec(self.config.target_layer_ids, self.config.context_window)
 
-        Each is ``[L_b, len(target_layer_ids), target_hidden_size]`` or
-        ``[L_b, len(target_layer_ids) * target_hidden_size]``; row L_b - 1 belongs to the
-        request's last token. Provisional: the engine's speculative loop may pass these
-        differently once it lands.
-        """
-        width = self.config.context_features
-        context = []
-        for b, states in enumerate(hidden_states):
-            flat = states.flatten(-2) if states.dim() == 3 else states
-            if flat.dim() != 2 or flat.shape[-1] != width:
-                raise ValueError(
-                    f"{self.name}: context of request {b} has shape {tuple(states.shape)}; "
-                    f"expected [L, {len(self.config.target_layer_ids)}, "
-                    f"{self.config.target_hidden_size}] or [L, {width}]")
-            context.append(flat)
-        self._context = context
-
-    def propose(self, token_ids: Sequence[torch.Tensor], out: DraftBuffers) -> None:
+    def propose(self, token_ids: Sequence[torch.Tensor], out: DraftBuffers,
+                context: DraftContext | None = None) -> None:
         import torch
 
-        context, self._context = self._context, None
-        if context is None:
-            raise RuntimeError(f"{self.name}: propose() needs the target's hidden states; call "
-                               "set_context(hidden_states) before each propose()")
-        if len(context) != len(token_ids):
-            raise ValueError(f"{self.name}: set_context got {len(context)} requests, propose "
-                             f"got {len(token_ids)}")
+        if context is None or context.hidden_states is None or context.num_hidden is None:
+            raise ValueError(f"{self.name}: propose() needs a DraftContext with the target's "
+                             f"hidden states at layers {list(self.config.target_layer_ids)} "
+                             "(the engine passes it; see Proposer.hidden_state_spec)")
         k = out.tokens.shape[1]
         c = self.config.num_candidates
         if out.candidate_ids is None or out.candidate_probs is None:
             raise ValueError(f"{self.name}: needs top-c buffers (DraftLogitsSpec('topc', {c})), "
                              "got buffers without candidate_ids/candidate_probs")
-        if out.candidate_ids.shape[1:] != (k, c) or k > self.config.block_size:
+        if out.candidate_ids.shape[2] != c or k > self.config.block_size:
             raise ValueError(f"{self.name}: buffers hold [B, {k}, "
                              f"{out.candidate_ids.shape[-1]}] candidates; the drafter gives "
                              f"at most {self.config.block_size} slots of {c}")
-        out.tokens.zero_()
-        out.num_drafted.zero_()
-        out.candidate_ids.zero_()
-        out.candidate_probs.zero_()
-        rows = [b for b, t in enumerate(token_ids) if t.numel() > 0]
+        states = context.hidden_states
+        layers, width = len(self.config.target_layer_ids), self.config.target_hidden_size
+        if states.shape[0] != len(token_ids) or tuple(states.shape[2:]) != (layers, width):
+            raise ValueError(f"{self.name}: hidden_states has shape {tuple(states.shape)}; "
+                             f"expected [{len(token_ids)}, window, {layers}, {width}]")
+        batch = len(token_ids)
+        out.tokens[:batch].zero_()
+        out.num_drafted[:batch].zero_()
+        out.candidate_ids[:batch].zero_()
+        out.candidate_probs[:batch].zero_()
+        # A block is drafted after the anchor (the one token not yet through the target).
+        rows = [b for b, t in enumerate(token_ids)
+                if int(context.num_hidden[b]) > 0 and int(context.num_cached[b]) == t.numel() - 1]
         if not rows:
             return
-        empty = [b for b in rows if context[b].shape[0] == 0]
-        if empty:
-            raise ValueError(f"{self.name}: requests {empty} have tokens but no context rows")
-        device = context[rows[0]].device
+        device = states.device
         if next(self.drafter.parameters()).device != device:
             self.drafter.to(device)
-        window = min(self.config.context_window, max(context[b].shape[0] for b in rows))
-        feats = torch.zeros(len(rows), window, self.config.context_features, device=device,
-                            dtype=context[rows[0]].dtype)
-        mask = torch.zeros(len(rows), window, dtype=torch.bool, device=device)
-        for i, b in enumerate(rows):
-            rows_b = context[b][-window:]
-            feats[i, window - rows_b.shape[0]:] = rows_b.to(device)   # right-aligned
-            mask[i, window - rows_b.shape[0]:] = True
+        window = min(self.config.context_window, states.shape[1])
+        index = torch.tensor(rows, device=device)
+        feats = states[index, states.shape[1] - window:].flatten(-2)
+        have = context.num_hidden[rows].to(device)
+        mask = torch.arange(window, device=device)[None, :] >= (window - have)[:, None]
         anchor = torch.stack([token_ids[b][-1] for b in rows]).to(device).long()
-        picked = self.drafter.draft(anchor, feats, mask, num_tokens=k,
-                                    temperature=self.temperature,
-                                    generator=self._generator_on(device))
-        index = torch.tensor(rows, device=out.tokens.device)
-        out.tokens[index] = picked.tokens.to(out.tokens)
-        out.candidate_ids[index] = picked.candidate_ids.to(out.candidate_ids)
-        out.candidate_probs[index] = picked.candidate_probs.to(out.candidate_probs)
-        out.num_drafted[index] = k
+        with torch.no_grad():
+            logits = self.drafter(anchor, feats, mask)[:, :k]
+            temperature = context.temperature[rows]
+            if bool((temperature > 0).any()):
+                picked = self.drafter.selector.select_keyed(
+                    logits, anchor, temperature,
+                    self._keyed_noise(context.seed[rows], [token_ids[b].numel() for b in rows],
+                                      k, device))
+            else:
+                picked = self.drafter.selector(logits, anchor)
+        at = index.to(out.tokens.device)
+        out.tokens[at] = picked.tokens.to(out.tokens)
+        out.candidate_ids[at] = picked.candidate_ids.to(out.candidate_ids)
+        out.candidate_probs[at] = picked.candidate_probs.to(out.candidate_probs)
+        out.num_drafted[at] = k
 
-    def _generator_on(self, device: torch.device) -> torch.Generator | None:
+    @staticmethod
+    def _keyed_noise(seed: torch.Tensor, lengths: list[int], k: int, device: torch.device
+                     ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Gumbel noise per candidate [R, k, c], keyed as the verifier keys it: slot t of a
+        request of ``n`` tokens lands at position n + t."""
         import torch
+        from kernelbay.engine.sampling import gumbel_noise
 
-        if self.temperature == 0:
-            return None
-        if self._generator is None or self._generator.device != device:
-            self._generator = torch.Generator(device=device).manual_seed(self.seed)
-        return self._generator
+        slots = torch.arange(k, device=device)
+        position = torch.tensor(lengths, device=device)[:, None] + slots[None, :]
+        seeds = seed.to(device).long()[:, None].expand(-1, k)
+
+        def noise(ids: torch.Tensor) -> torch.Tensor:
+            return gumbel_noise(seeds, position, ids)
+
+        return noise

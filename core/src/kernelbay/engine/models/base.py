@@ -34,12 +34,28 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 meta: ForwardMeta) -> torch.Tensor:
         """Hidden states [T, hidden] of the packed tokens ``input_ids`` [T]."""
+        return self.forward_capturing(input_ids, positions, meta, ())[0]
+
+    def forward_capturing(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                          meta: ForwardMeta, layers: tuple[int, ...]
+                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``forward``, plus the states of ``layers`` [T, len(layers), hidden] (None when
+        empty): 0 the embeddings, i the output of decoder layer i, and the last layer's
+        index after the final norm (Hugging Face's ``output_hidden_states`` convention)."""
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rope.cos_sin(positions, x.dtype)
-        for layer in self.model.layers:
+        count = len(self.model.layers)
+        taken: dict[int, torch.Tensor] = {0: x} if 0 in layers else {}
+        for index, layer in enumerate(self.model.layers, start=1):
             x = layer(x, self.rope, cos, sin, meta)
+            if index in layers and index < count:
+                taken[index] = x
         hidden: torch.Tensor = self.model.norm(x)
-        return hidden
+        if count in layers:
+            taken[count] = hidden
+        if not layers:
+            return hidden, None
+        return hidden, torch.stack([taken[i] for i in layers], dim=1)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] of the selected hidden states."""
