@@ -27,8 +27,11 @@ def kernelbay_checkpoint_formats() -> Sequence[type[CheckpointFormat]]:
 
 @hookimpl
 def kernelbay_linear_methods() -> Sequence[type[LinearMethod]]:
-    """The reference NVFP4 linear method (dequantize, then F.linear) and its MoE sibling."""
+    """The reference NVFP4 linear method (dequantize, then F.linear) and its MoE sibling,
+    the Triton weight-only kernel (GPUs), the native W4A4 path (compute capability 10.x) and
+    FP8_PB_WO weight-only with internal padding."""
     from kernelbay_quant_nvfp4.emulation import Nvfp4EmulationLinear
+    from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear
     from kernelbay_quant_nvfp4.moe import Nvfp4MoEEmulation
 
-    return [Nvfp4EmulationLinear, Nvfp4MoEEmulation]
+    return [Nvfp4EmulationLinear, Nvfp4MoEEmulation, Nvfp4TritonLinear]

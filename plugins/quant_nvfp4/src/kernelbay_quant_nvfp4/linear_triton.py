@@ -1,0 +1,196 @@
+"""``nvfp4-triton``: weight-only NVFP4 linear with the weight decoded in registers (Triton).
+
+Math: ``y = x @ W^T (+ b)`` with ``W[n, k] = e2m1(code[n, k]) * float(scale[n, k // 16]) *
+weight_scale_2``, each weight element rounded to the activation dtype (bf16/fp16) before the
+tensor-core product, accumulated in fp32 (``triton_kernels``). For W4A4 checkpoints
+(``nvfp4-dynamic``) this is the weight-only reading FORMATS.md gives for Hopper and older:
+``input_scale`` is not used.
+
+Paths by batch size M (``triton_configs``): split-K GEMV tiles for M <= 16, tiled kernel for
+larger M, and for the largest M either larger tiles or a Triton dequantize into a per-call
+temporary followed by ``F.linear`` (cuBLAS). No dense copy of the weight is kept.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, ClassVar, cast
+
+from kernelbay.layers.linear import LinearMethod, TensorSpec
+from kernelbay.requests import LinearRequest
+from kernelbay.verdict import Verdict
+
+from kernelbay_quant_nvfp4.emulation import W4A4_ACTIVATION
+from kernelbay_quant_nvfp4.schemes import NVFP4_BLOCK
+from kernelbay_quant_nvfp4.triton_configs import (
+    DEFAULT_CONFIGS,
+    KernelConfig,
+    config_for,
+    fit_block_m,
+    split_k_for,
+)
+
+if TYPE_CHECKING:
+    import torch
+    from kernelbay.device import DeviceCapability
+
+__all__ = ["Nvfp4TritonLinear", "check_finite_scales", "gpu_triton_checks", "run_config"]
+
+_ACT_DTYPES = ("bfloat16", "float16")
+
+
+def gpu_triton_checks(device: DeviceCapability) -> Verdict:
+    """Accept a CUDA device of compute capability >= 8.0 or a ROCm device, with triton
+    installed (looked up, not imported)."""
+    if device.platform == "cuda":
+        gpu = Verdict.check(device.cc_at_least(8, 0),
+                            f"needs a CUDA device of compute capability >= 8.0 for the Triton "
+                            f"kernel's bf16/fp16 tensor-core dots, device has {device.cc_text}")
+    else:
+        gpu = Verdict.check(device.platform == "rocm",
+                            f"needs a CUDA (compute capability >= 8.0) or ROCm GPU for Triton, "
+                            f"device is {device.platform} {device.arch}")
+    return Verdict.all(gpu, Verdict.check(importlib.util.find_spec("triton") is not None,
+                                          "needs the triton package, which is not installed "
+                                          "(pip install triton)"))
+
+
+def check_finite_scales(method: str, scales: torch.Tensor, global_scale: torch.Tensor,
+                        prefix: str = "") -> None:
+    """Raise ``ValueError`` naming the tensor when a block scale or the global scale is NaN
+    or infinite (a kernel would silently spread it over a whole block or tensor)."""
+    import torch
+
+    bad = int((~torch.isfinite(scales.float())).sum())
+    if bad:
+        raise ValueError(f"{method}: {prefix}weight_scale has {bad} NaN/Inf block scale(s) of "
+                         f"{scales.numel()}; NVFP4 block scales must be finite E4M3")
+    if not bool(torch.isfinite(global_scale.float()).all()):
+        raise ValueError(f"{method}: {prefix}weight_scale_2 is {global_scale.float().item()}; "
+                         "the NVFP4 global scale must be a finite fp32 value")
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    import torch
+
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
+               scales: torch.Tensor, global_scale: torch.Tensor,
+               bias: torch.Tensor | None) -> torch.Tensor:
+    """``x2 [M, K]`` through one kernel configuration (the benchmark calls it directly)."""
+    import torch.nn.functional as F
+
+    from kernelbay_quant_nvfp4.triton_kernels import dequantize_nvfp4_triton, nvfp4_linear_triton
+
+    m, k = x2.shape
+    if config.path == "dequant":
+        # A per-call temporary: the caching allocator hands the same block back next call,
+        # so no dense copy lives between calls.
+        weight = dequantize_nvfp4_triton(packed, scales, global_scale, x2.dtype)
+        return F.linear(x2, weight, bias)
+    config = fit_block_m(config, m)
+    sms = _sm_count(x2.device.index or 0) if x2.is_cuda else 4
+    return nvfp4_linear_triton(x2, packed, scales, global_scale, bias,
+                               block_m=config.block_m, block_n=config.block_n,
+                               block_k=config.block_k,
+                               split_k=split_k_for(config, m, packed.shape[0], k, sms),
+                               num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+class Nvfp4TritonLinear(LinearMethod):
+    """Weight-only NVFP4 on GPUs through Triton: packed E2M1 and E4M3 block scales decoded in
+    registers, bf16/fp16 tensor-core dots; split-K for decode batches."""
+
+    name: ClassVar[str] = "nvfp4-triton"
+    api_version: ClassVar[str] = "1.0"
+    priority: ClassVar[int] = 30
+    summary: ClassVar[str] = ("NVFP4 weight-only (W4A16) Triton kernel, weight decoded in "
+                              "registers; CUDA cc >= 8.0 / ROCm")
+    #: The M -> config table ``apply`` uses (a class attribute, so it can be swapped to tune).
+    configs: ClassVar[tuple[tuple[int, KernelConfig], ...]] = DEFAULT_CONFIGS
+
+    @classmethod
+    def can_implement(cls, request: LinearRequest, device: DeviceCapability) -> Verdict:
+        s = request.scheme
+        k = request.in_features
+        verdict = Verdict.all(
+            Verdict.handles(request.num_experts is None,
+                            f"handles dense layers only, request is a routed-expert MLP of "
+                            f"{request.num_experts} experts"),
+            Verdict.handles(s.name == "nvfp4",
+                            f"handles NVFP4 weights only, layer is {s.describe()}"),
+            Verdict.check(s.group_shape == (1, NVFP4_BLOCK) and s.scale_dtype == "float8_e4m3fn",
+                          f"needs NVFP4 blocks of 1x{NVFP4_BLOCK} with float8_e4m3fn scales, "
+                          f"scheme has group {s.group_shape} with {s.scale_dtype!r} scales"),
+            Verdict.check(s.activation in (None, W4A4_ACTIVATION),
+                          f"runs weight-only NVFP4 (activations None, or {W4A4_ACTIVATION!r} "
+                          f"read as weight-only), scheme has {s.activation!r}"),
+            gpu_triton_checks(device),
+            Verdict.check(request.activation_dtype in _ACT_DTYPES,
+                          f"needs activation dtype in {_ACT_DTYPES} for the tensor-core dot, "
+                          f"request has {request.activation_dtype!r}"),
+            Verdict.check(k > 0 and k % NVFP4_BLOCK == 0,
+                          f"K={k} is not a multiple of the NVFP4 block {NVFP4_BLOCK}"),
+        )
+        if verdict.accepted and s.activation is not None:
+            return Verdict.accept("weight-only: the checkpoint's input_scale is not used "
+                                  "(activations stay in their dtype)")
+        return verdict
+
+    def tensor_specs(self) -> Mapping[str, TensorSpec]:
+        r = self.request
+        n, k = r.out_features, r.in_features
+        weight_dim = self.weight_shard_dim
+        # can_implement checks that this rank's K is whole NVFP4 blocks, so the block scales
+        # always split with the weight (never the replicated case of tp.block_scale_sharding).
+        specs = {
+            "weight": TensorSpec((n, k // 2), "uint8", weight_dim),
+            "weight_scale": TensorSpec((n, k // NVFP4_BLOCK), "float8_e4m3fn", weight_dim),
+            "weight_scale_2": TensorSpec((), "float32", None),
+            **self.bias_specs(),
+        }
+        if r.scheme.activation is not None:
+            # W4A4 exports carry it; the weight-only math does not read it.
+            specs["input_scale"] = TensorSpec((), "float32", None, required=False)
+        return specs
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        """Check the scales, make the tensors contiguous, keep the global scale as a
+        one-element fp32 tensor on the weight's device (the kernels load it)."""
+        weight = cast("torch.Tensor", layer.weight)
+        scales = cast("torch.Tensor", layer.weight_scale)
+        glob = cast("torch.Tensor", layer.weight_scale_2)
+        check_finite_scales(self.name, scales.data, glob.data)
+        layer.weight.data = weight.data.contiguous()
+        layer.weight_scale.data = scales.data.contiguous()
+        layer.weight_scale_2.data = glob.data.float().reshape(1).to(weight.device)
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        k = self.request.in_features
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, k)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        n = self.request.out_features
+        if x2.shape[0] == 0:
+            return x.new_empty(*lead, n)
+        config = config_for(x2.shape[0], self.configs)
+        out = run_config(config, x2, cast("torch.Tensor", layer.weight),
+                         cast("torch.Tensor", layer.weight_scale),
+                         cast("torch.Tensor", layer.weight_scale_2), self.rank_bias(layer))
+        return out.reshape(*lead, n)
+
+    def dequantized_weight(self, layer: torch.nn.Module) -> torch.Tensor:
+        """The dense weight in the activation dtype, through the reference (exact)."""
+        import torch
+        from kernelbay.formats import dequantize_nvfp4
+
+        w = dequantize_nvfp4(cast("torch.Tensor", layer.weight),
+                             cast("torch.Tensor", layer.weight_scale),
+                             cast("torch.Tensor", layer.weight_scale_2).reshape(()))
+        return w.to(getattr(torch, self.request.activation_dtype))

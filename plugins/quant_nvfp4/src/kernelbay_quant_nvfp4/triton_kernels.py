@@ -1,0 +1,244 @@
+"""Triton kernels for weight-only NVFP4: ``y = x @ dequant(W)^T`` with the weight decoded in
+registers, and a standalone dequantizer (for the dequantize-then-cuBLAS path at large M).
+
+Weight layout (as loaded, nothing repacked): ``packed`` uint8 [N, K/2] (element 2i in the low
+nibble, 2i+1 in the high one), ``scales`` float8_e4m3fn [N, K/16], ``global_scale`` fp32 [].
+
+Decoding one E2M1 code ``c`` (sign bit 3, magnitude index ``i = c & 7``) costs a few integer
+ops: the fp16 bit pattern ``(c & 8) << 12 | (c & 7) << 9`` is exactly ``value * 2^-14`` for
+all eight magnitudes (index 1 lands on the fp16 subnormal 2^-15 = 0.5 * 2^-14). The 2^14 is
+folded into the per-block factor ``float(scale) * global * 2^14``, computed once per 16
+elements (the E4M3 scale is decoded from its bits the same way, ``(b & 0x7F) << 7`` being
+its fp16 pattern times 2^-8; the scales are passed as a uint8 view), so each element needs one int->fp16 bitcast, one widening and one fp32 multiply;
+the product equals the reference's ``e2m1_value * (float(scale) * global)`` up to the order of
+two exact power-of-two factors, so the dequantized weight is the reference's bit for bit
+before its cast to the activation dtype.
+
+The packed halves are never interleaved: the low nibbles multiply the even columns of ``x``
+and the high nibbles the odd ones, two ``tl.dot`` per K tile accumulating in fp32.
+
+Small M (decode) is memory bound: split-K gives enough CTAs to fill the GPU (partial sums in
+an fp32 workspace, reduced by a second small kernel that adds the bias and casts). Large M
+uses the same kernel with larger tiles, or the dequantizer then ``F.linear`` (cuBLAS).
+
+Interpreter: whether ``triton.jit`` builds an interpreted function is decided when the
+decorator runs (``TRITON_INTERPRET``), so callers get the kernels through ``kernels()``, which
+re-imports this module when the setting changed since it was imported; tests set the
+variable in a fixture and get CPU-interpretable kernels without affecting anything else.
+This module imports triton: only the Triton linear methods import it, when they are built.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["Nvfp4Kernels", "dequantize_nvfp4_triton", "kernels", "nvfp4_linear_triton"]
+
+@dataclass(frozen=True)
+class Nvfp4Kernels:
+    """The jitted kernels of one mode (compiled or interpreted)."""
+
+    matmul: Any
+    reduce: Any
+    dequant: Any
+
+
+@triton.jit
+def _scale_factor(s_bits, factor):
+    # E4M3 bits (viewed as uint8) -> fp16 bits: (b & 0x7F) << 7 is the magnitude * 2^-8
+    # for normals and subnormals alike; the 2^8 sits in ``factor``. Integer decoding
+    # keeps compute capability 8.0 (no fp8 conversions there) on the same path.
+    b = s_bits.to(tl.int16)
+    bits = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
+    return bits.to(tl.float16, bitcast=True).to(tl.float32) * factor
+
+@triton.jit
+def _decode(codes, block_factor):
+    # codes: uint8 nibbles in 0..15 -> fp32 value * block factor (exact, see module doc).
+    c = codes.to(tl.int16)
+    bits = ((c & 8) << 12) | ((c & 7) << 9)
+    return bits.to(tl.float16, bitcast=True).to(tl.float32) * block_factor
+
+@triton.jit
+def nvfp4_matmul(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
+                 M, N, K, stride_xm, stride_wn, stride_sn, stride_om, stride_os,
+                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
+                 DOT_FP32: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    HALF: tl.constexpr = BLOCK_K // 2
+    GROUPS: tl.constexpr = BLOCK_K // 16
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_h = tl.arange(0, HALF)
+    offs_g = tl.arange(0, GROUPS)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    kh_total = K // 2
+    kg_total = K // 16
+    factor = tl.load(g_ptr).to(tl.float32) * 4194304.0  # global * 2^14 * 2^8
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    first = pid_k * TILES_PER_SPLIT
+    for t in range(first, first + TILES_PER_SPLIT):
+        kh = t * HALF + offs_h  # packed column (pair of K columns)
+        kg = t * GROUPS + offs_g  # block-scale column
+        h_ok = kh < kh_total
+        # Weight tile as [HALF, BLOCK_N] (K along rows) so tl.dot needs no transpose.
+        w = tl.load(w_ptr + offs_n[None, :] * stride_wn + kh[:, None],
+                    mask=h_ok[:, None] & n_ok[None, :], other=0)
+        s = tl.load(s_ptr + offs_n[None, :] * stride_sn + kg[:, None],
+                    mask=(kg < kg_total)[:, None] & n_ok[None, :], other=0)
+        blk = _scale_factor(s, factor)  # [GROUPS, BLOCK_N]
+        # One factor per 8 packed bytes (16 elements): broadcast along K.
+        blk = tl.reshape(tl.broadcast_to(blk[:, None, :], (GROUPS, 8, BLOCK_N)),
+                         (HALF, BLOCK_N))
+        w_lo = _decode(w & 15, blk).to(x_ptr.dtype.element_ty)
+        w_hi = _decode(w >> 4, blk).to(x_ptr.dtype.element_ty)
+        x_row = x_ptr + offs_m[:, None] * stride_xm + 2 * kh[None, :]
+        x_mask = m_ok[:, None] & h_ok[None, :]
+        x_even = tl.load(x_row, mask=x_mask, other=0.0)
+        x_odd = tl.load(x_row + 1, mask=x_mask, other=0.0)
+        if DOT_FP32:
+            # Interpreter only: its tl.dot multiplies bfloat16 as raw uint16 bits, so the
+            # (exactly representable) operands are widened; the products are the same.
+            acc += tl.dot(x_even.to(tl.float32), w_lo.to(tl.float32))
+            acc += tl.dot(x_odd.to(tl.float32), w_hi.to(tl.float32))
+        else:
+            acc += tl.dot(x_even, w_lo)
+            acc += tl.dot(x_odd, w_hi)
+    o_mask = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=o_mask)
+    else:
+        tl.store(out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
+                 acc, mask=o_mask)
+
+@triton.jit
+def splitk_reduce(part_ptr, b_ptr, out_ptr, MN, N, SPLIT_K: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(SPLIT_K):
+        acc += tl.load(part_ptr + s * MN + offs, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+@triton.jit
+def nvfp4_dequant(w_ptr, s_ptr, g_ptr, out_ptr, N, K,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    HALF: tl.constexpr = BLOCK_K // 2
+    GROUPS: tl.constexpr = BLOCK_K // 16
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    kh = tl.program_id(1) * HALF + tl.arange(0, HALF)
+    kg = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    n_ok = offs_n < N
+    h_ok = kh < K // 2
+    w = tl.load(w_ptr + offs_n[:, None] * (K // 2) + kh[None, :],
+                mask=n_ok[:, None] & h_ok[None, :], other=0)
+    s = tl.load(s_ptr + offs_n[:, None] * (K // 16) + kg[None, :],
+                mask=n_ok[:, None] & (kg < K // 16)[None, :], other=0)
+    blk = _scale_factor(s, tl.load(g_ptr).to(tl.float32) * 4194304.0)
+    blk = tl.reshape(tl.broadcast_to(blk[:, :, None], (BLOCK_N, GROUPS, 8)),
+                     (BLOCK_N, HALF))
+    lo = _decode(w & 15, blk).to(out_ptr.dtype.element_ty)
+    hi = _decode(w >> 4, blk).to(out_ptr.dtype.element_ty)
+    # Interleave: element 2i is the low nibble of byte i.
+    out = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + offs_n[:, None] * K + offs_k[None, :], out,
+             mask=n_ok[:, None] & (offs_k < K)[None, :])
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+#: The mode the decorators above ran in.
+_BUILT_INTERPRETED = _interpreting()
+
+
+def kernels() -> Nvfp4Kernels:
+    """The kernels for the current ``TRITON_INTERPRET`` setting: when it differs from the one
+    this module was imported under, the module is re-executed so the decorators run again."""
+    if _interpreting() != _BUILT_INTERPRETED:
+        module = importlib.reload(sys.modules[__name__])
+        return module.kernels()  # type: ignore[no-any-return]
+    return Nvfp4Kernels(nvfp4_matmul, splitk_reduce, nvfp4_dequant)
+
+
+def _scale_bits(scales: torch.Tensor) -> torch.Tensor:
+    # The kernels decode E4M3 from its bits (see the module doc).
+    return scales.view(torch.uint8) if scales.dtype == torch.float8_e4m3fn else scales
+
+
+def nvfp4_linear_triton(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                        global_scale: torch.Tensor, bias: torch.Tensor | None, *,
+                        block_m: int, block_n: int, block_k: int, split_k: int,
+                        num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+    """``x [M, K] @ dequant(packed, scales, global_scale)^T (+ bias)`` -> [M, N] in x's dtype.
+
+    ``x`` must be contiguous along K; ``block_k`` a multiple of 32 (two dots of K/2 >= 16),
+    ``block_m``/``block_n`` at least 16. ``split_k`` > 1 writes fp32 partials and reduces.
+    """
+    m, k = x.shape
+    n = packed.shape[0]
+    scales = _scale_bits(scales)
+    k_tiles = -(-k // block_k)
+    split_k = max(1, min(split_k, k_tiles))
+    per_split = -(-k_tiles // split_k)
+    split_k = -(-k_tiles // per_split)  # no empty splits
+    ks = kernels()
+    interp = _interpreting()
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    has_bias = bias is not None
+    bias_arg = bias if bias is not None else out
+    grid = (-(-n // block_n), -(-m // block_m), split_k)
+    opts: dict[str, Any] = {}
+    if x.is_cuda:
+        opts = {"num_warps": num_warps, "num_stages": num_stages}
+    if split_k == 1:
+        ks.matmul[grid](x, packed, scales, global_scale, bias_arg, out, m, n, k,
+                        x.stride(0), packed.stride(0), scales.stride(0), out.stride(0), 0,
+                        HAS_BIAS=has_bias, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                        SPLIT_K=1, TILES_PER_SPLIT=per_split, DOT_FP32=interp, **opts)
+        return out
+    part = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
+    ks.matmul[grid](x, packed, scales, global_scale, bias_arg, part, m, n, k,
+                    x.stride(0), packed.stride(0), scales.stride(0), n, m * n,
+                    HAS_BIAS=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                    SPLIT_K=split_k, TILES_PER_SPLIT=per_split, DOT_FP32=interp, **opts)
+    block = 1024
+    ks.reduce[(-(-(m * n) // block),)](part, bias_arg, out, m * n, n, SPLIT_K=split_k,
+                                       HAS_BIAS=has_bias, BLOCK=block)
+    return out
+
+
+def dequantize_nvfp4_triton(packed: torch.Tensor, scales: torch.Tensor,
+                            global_scale: torch.Tensor, dtype: torch.dtype,
+                            out: torch.Tensor | None = None, *, block_n: int = 32,
+                            block_k: int = 256) -> torch.Tensor:
+    """The dense [N, K] weight in ``dtype`` (into ``out`` when given, e.g. a reused
+    temporary): the reference's float32 values cast to ``dtype``, bit for bit."""
+    n, k = packed.shape[0], 2 * packed.shape[1]
+    scales = _scale_bits(scales)
+    if out is None:
+        out = torch.empty(n, k, dtype=dtype, device=packed.device)
+    grid = (-(-n // block_n), -(-k // block_k))
+    kernels().dequant[grid](packed, scales, global_scale, out, n, k,
+                            BLOCK_N=block_n, BLOCK_K=block_k)
+    return out
