@@ -26,6 +26,19 @@ __all__ = ["mla_combine_kernel", "mla_decode_kernel", "mla_write_kernel"]
 LOG2E = 1.4426950408889634
 
 
+# Reductions go through tl.reduce with these combiners, and no other triton.language.standard
+# helper is used: those are jitted when triton is imported, so under the interpreter they
+# only work if TRITON_INTERPRET was set before that import; these follow this module.
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
 @triton.jit
 def _pow2(e):
     """2^e (float32) for an int32 e in [-127, 127], exactly (2^-127 is subnormal)."""
@@ -116,14 +129,15 @@ def mla_decode_kernel(
     length = tl.load(tok_len + t)      # keys at positions < length are causal
     start = tl.load(tok_start + t)     # and >= start (sliding window)
     num_keys = num_topk if SPARSE else length - start
-    per_split = tl.cdiv(tl.cdiv(num_keys, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    per_split = (((num_keys + NUM_SPLITS - 1) // NUM_SPLITS + BLOCK_N - 1) // BLOCK_N
+                 * BLOCK_N)
     lo = split * per_split
     hi = tl.minimum(lo + per_split, num_keys)
 
     qk_scale = sm_scale * 1.4426950408889634
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, D_PAD], tl.float32)
+    l_i = tl.full([BLOCK_H], 0.0, tl.float32)
+    acc = tl.full([BLOCK_H, D_PAD], 0.0, tl.float32)
     for n0 in range(lo, hi, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         ok = offs < hi
@@ -143,12 +157,12 @@ def mla_decode_kernel(
                             ).to(DOT)
         s = tl.dot(q_nope, tl.trans(k_nope)) + tl.dot(q_rope, tl.trans(k_rope))
         s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_new = tl.maximum(m_i, tl.reduce(s, 1, _max))
         # A tile with no allowed key keeps m = -inf; subtract 0 then so exp2 gives 0.
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        l_i = l_i * alpha + tl.reduce(p, 1, _add)
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT), k_nope)
         m_i = m_new
 
@@ -180,17 +194,17 @@ def mla_combine_kernel(
     s_ok = splits < NUM_SPLITS
     lses = tl.load(plse_ptr + t * plse_stride_t + splits * plse_stride_s + h, mask=s_ok,
                    other=float("-inf"))
-    m = tl.max(lses, axis=0)
+    m = tl.reduce(lses, 0, _max)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lses - m_safe)
-    total = tl.sum(w, axis=0)
+    total = tl.reduce(w, 0, _add)
     w = w / tl.where(total > 0.0, total, 1.0)
     cols = tl.arange(0, D_PAD)
     cols_ok = cols < RANK
     parts = tl.load(part_ptr + t * part_stride_t + splits[:, None] * part_stride_s
                     + h * part_stride_h + cols[None, :],
                     mask=s_ok[:, None] & cols_ok[None, :], other=0.0)
-    out = tl.sum(parts * w[:, None], axis=0)
+    out = tl.reduce(parts * w[:, None], 0, _add)
     tl.store(out_ptr + t * out_stride_t + h * out_stride_h + cols, out.to(
         out_ptr.dtype.element_ty), mask=cols_ok)
     lse = tl.where(total > 0.0, m_safe + tl.log(tl.where(total > 0.0, total, 1.0)),
@@ -236,7 +250,8 @@ def _mx_exponent(amax):
 @triton.jit
 def _quantize_groups(cache_u8, cache_f32, lat_ptr, row, COL0: tl.constexpr,
                      COUNT: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr,
-                     ELEM_OFF: tl.constexpr, SCALE_OFF: tl.constexpr, E8M0: tl.constexpr):
+                     ELEM_OFF: tl.constexpr, SCALE_OFF: tl.constexpr, E8M0: tl.constexpr,
+                     DIV_RN: tl.constexpr):
     """Quantize latent columns ``COL0 .. COL0 + COUNT`` in groups of ``GROUP`` to E4M3 codes
     at ``ELEM_OFF`` and one scale per group at ``SCALE_OFF`` (fp32 amax / 448, or E8M0)."""
     g = tl.arange(0, G_PAD)
@@ -245,15 +260,21 @@ def _quantize_groups(cache_u8, cache_f32, lat_ptr, row, COL0: tl.constexpr,
     cols = g[:, None] * GROUP + c[None, :]
     mask = g_ok[:, None] & (c[None, :] < GROUP)
     x = tl.load(lat_ptr + COL0 + cols, mask=mask, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)
+    amax = tl.reduce(tl.abs(x), 1, _max)
     if E8M0:
         e = _mx_exponent(amax)
         y = x * _pow2(-e)[:, None]
         tl.store(cache_u8 + row + SCALE_OFF + g, (e + 127).to(tl.uint8), mask=g_ok)
     else:
-        scale = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0,
-                                                                         tl.float32)))
-        y = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
+        # Correctly rounded divisions as torch's: div_rn on the GPU (``/`` may be approximate
+        # there); the interpreter's numpy ``/`` already is, and has no div_rn.
+        if DIV_RN:
+            scale = tl.where(amax == 0.0, 1.0, tl.math.div_rn(
+                amax, tl.full(amax.shape, 448.0, tl.float32)))
+            y = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
+        else:
+            scale = tl.where(amax == 0.0, 1.0, amax / 448.0)
+            y = x / scale[:, None]
         tl.store(cache_f32 + (row + SCALE_OFF) // 4 + g, scale, mask=g_ok)
     tl.store(cache_u8 + row + ELEM_OFF + cols, _e4m3_bits(y), mask=mask)
 
@@ -275,7 +296,7 @@ def mla_write_kernel(
     RANK: tl.constexpr, ROPE: tl.constexpr, D_PAD: tl.constexpr, R_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr, BPT: tl.constexpr, KIND: tl.constexpr,
     NOPE_OFF: tl.constexpr, ROPE_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
-    GROUP: tl.constexpr, G_PAD: tl.constexpr,
+    GROUP: tl.constexpr, G_PAD: tl.constexpr, DIV_RN: tl.constexpr,
 ):
     """Encode latent ``program_id(0)`` into the record of its slot (negative slot: skip)."""
     t = tl.program_id(0)
@@ -288,8 +309,8 @@ def mla_write_kernel(
             _store_bf16(cache_i16, lat, row, RANK, ROPE, R_PAD, ROPE_OFF)
         elif KIND == 3:
             _quantize_groups(cache_u8, cache_f32, lat, row, 0, RANK + ROPE, GROUP, G_PAD,
-                             NOPE_OFF, SCALE_OFF, True)
+                             NOPE_OFF, SCALE_OFF, True, DIV_RN)
         else:
             _quantize_groups(cache_u8, cache_f32, lat, row, 0, RANK, GROUP, G_PAD, NOPE_OFF,
-                             SCALE_OFF, KIND == 2)
+                             SCALE_OFF, KIND == 2, DIV_RN)
             _store_bf16(cache_i16, lat, row, RANK, ROPE, R_PAD, ROPE_OFF)

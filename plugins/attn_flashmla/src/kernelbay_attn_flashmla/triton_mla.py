@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 import triton
@@ -15,12 +17,8 @@ import triton.language as tl
 from kernelbay.layers import AttentionMetadata
 from torch import Tensor
 
+from kernelbay_attn_flashmla import triton_kernels
 from kernelbay_attn_flashmla.records import MLARecord
-from kernelbay_attn_flashmla.triton_kernels import (
-    mla_combine_kernel,
-    mla_decode_kernel,
-    mla_write_kernel,
-)
 
 __all__ = ["KernelFields", "choose_splits", "kernel_fields", "mla_decode", "mla_write"]
 
@@ -70,6 +68,19 @@ def _pow2(n: int) -> int:
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# Whether triton.jit interprets is fixed when the decorator runs, so the kernel module is
+# re-imported when TRITON_INTERPRET changed since (tests switch it in a fixture).
+_MODE = {"interpret": _interpreting()}
+
+
+def _kernels() -> ModuleType:
+    """The kernel module, jitted for the current TRITON_INTERPRET setting."""
+    if _MODE["interpret"] != _interpreting():
+        importlib.reload(triton_kernels)
+        _MODE["interpret"] = _interpreting()
+    return triton_kernels
 
 
 def _pages(cache: Tensor, record: MLARecord, page_size: int) -> tuple[Tensor, int]:
@@ -162,7 +173,8 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
         plse = torch.empty(num_tokens, num_splits, heads, dtype=torch.float32,
                            device=query.device)
     f = kernel_fields(record)
-    mla_decode_kernel[(num_tokens, num_splits, head_blocks)](
+    kernels = _kernels()
+    kernels.mla_decode_kernel[(num_tokens, num_splits, head_blocks)](
         query, query.stride(0), query.stride(1),
         flat, flat.view(torch.bfloat16), flat.view(torch.float32),
         block_tables, block_tables.stride(0),
@@ -181,7 +193,7 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
         num_warps=8 if d_pad >= 256 else 4, num_stages=2,
     )
     if num_splits > 1:
-        mla_combine_kernel[(num_tokens, heads)](
+        kernels.mla_combine_kernel[(num_tokens, heads)](
             part, part.stride(0), part.stride(1), part.stride(2),
             plse, plse.stride(0), plse.stride(1),
             out, out.stride(0), out.stride(1),
@@ -209,12 +221,13 @@ def mla_write(cache: Tensor, record: MLARecord, page_size: int, latent: Tensor,
     latent = latent if latent.stride(-1) == 1 else latent.contiguous()
     f = kernel_fields(record)
     scaled = record.latent_dim if record.kind == "mxfp8" else record.kv_lora_rank
-    mla_write_kernel[(latent.shape[0],)](
+    _kernels().mla_write_kernel[(latent.shape[0],)](
         latent, latent.stride(0), slot_mapping.contiguous(),
         flat, flat.view(torch.int16), flat.view(torch.float32),
         RANK=record.kv_lora_rank, ROPE=record.rope_dim, D_PAD=_pow2(record.kv_lora_rank),
         R_PAD=_pow2(record.rope_dim), PAGE_SIZE=page_size, PAGE_BYTES=page_bytes,
         BPT=record.bytes_per_token, KIND=f.kind, NOPE_OFF=f.nope_off, ROPE_OFF=f.rope_off,
         SCALE_OFF=f.scale_off, GROUP=f.group, G_PAD=_pow2(scaled // f.group),
+        DIV_RN=latent.is_cuda and not _interpreting(),
         num_warps=4,
     )

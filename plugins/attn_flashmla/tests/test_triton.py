@@ -1,0 +1,250 @@
+"""mla-triton against the torch reference: cache writes bit for bit, decode within round-off.
+
+CPU tests run the kernels under the Triton interpreter (tiny shapes: 2 heads, 64+16
+latents); ``gpu`` tests run them compiled on CUDA at DeepSeek sizes (512+64 and the
+FORMATS.md dims of each kind, page 64, 16 and 128 heads).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import torch
+from kernelbay import AttentionRequest, parse_device
+from kernelbay.layers import AttentionMetadata
+from kernelbay_attn_flashmla.codec import encode_records
+from kernelbay_attn_flashmla.mla import mla_attention, token_view
+from kernelbay_attn_flashmla.records import RECORDS, MLARecord, record_for_dims
+from kernelbay_attn_flashmla.triton_backend import MLATritonAttention
+
+KINDS = sorted(RECORDS)
+pytest.importorskip("triton")
+
+
+@pytest.fixture
+def interpret(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Run the kernels under the Triton interpreter for one test."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    yield
+
+
+@dataclass
+class Case:
+    record: MLARecord
+    page: int
+    cache: torch.Tensor
+    meta: AttentionMetadata
+    query: torch.Tensor
+    lengths: list[int]
+
+
+def _case(record: MLARecord, lengths: list[int], new: list[int], heads: int, page: int,
+          seed: int, device: str, writer: str = "reference") -> Case:
+    """Random latents written into randomly ordered pages (spare pages left in between)."""
+    gen = torch.Generator().manual_seed(seed)
+    pages_per_seq = [math.ceil(n / page) for n in lengths]
+    total = sum(pages_per_seq) + 3
+    cache = torch.zeros(total, record.page_bytes(page), dtype=torch.uint8, device=device)
+    order = torch.randperm(total, generator=gen)
+    tables = torch.zeros(len(lengths), max(pages_per_seq) + 1, dtype=torch.int32)
+    slots, latents = [], []
+    used = 0
+    for b, n in enumerate(lengths):
+        tables[b, :pages_per_seq[b]] = order[used:used + pages_per_seq[b]]
+        used += pages_per_seq[b]
+        pos = torch.arange(n)
+        slots.append(tables[b, pos // page].long() * page + pos % page)
+        latent = torch.randn(n, record.latent_dim, generator=gen)
+        latent[:, record.kv_lora_rank:] *= 2
+        latents.append(latent)
+    latent = torch.cat(latents).to(device=device, dtype=torch.bfloat16)
+    slot = torch.cat(slots).to(device)
+    if writer == "reference":
+        view = token_view(cache, record, page)
+        view[slot // page, slot % page] = encode_records(record, latent)
+    else:
+        from kernelbay_attn_flashmla.triton_mla import mla_write
+
+        mla_write(cache, record, page, latent, slot)
+    starts = torch.tensor([0, *itertools_accumulate(new)], dtype=torch.int32)
+    query = torch.randn(sum(new), heads, record.latent_dim, generator=gen)
+    meta = AttentionMetadata(starts.to(device), torch.tensor(lengths, device=device),
+                             tables.to(device), torch.zeros(sum(new), device=device))
+    return Case(record, page, cache, meta, query.to(device=device, dtype=torch.bfloat16),
+                lengths)
+
+
+def itertools_accumulate(values: list[int]) -> list[int]:
+    """Running sums of ``values``."""
+    out, total = [], 0
+    for v in values:
+        total += v
+        out.append(total)
+    return out
+
+
+def _compare(case: Case, *, splits: int | None, atol: float, topk: torch.Tensor | None = None,
+             window: int | None = None, scale: float = 0.08) -> None:
+    from kernelbay_attn_flashmla.triton_mla import mla_decode
+
+    out, lse = mla_decode(case.query, case.cache, case.record, case.page, case.meta, scale,
+                          num_splits=splits, topk_indices=topk, sliding_window=window)
+    ref, ref_lse = mla_attention(case.query, case.cache, case.record, case.page, case.meta,
+                                 scale, topk_indices=topk, sliding_window=window)
+    assert out.dtype == case.query.dtype and out.shape == ref.shape
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=atol)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    torch.testing.assert_close(lse[finite], ref_lse[finite], atol=atol, rtol=atol)
+
+
+# --- interpreter (CPU) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_write_kernel_is_bit_exact(kind: str, interpret: None) -> None:
+    from kernelbay_attn_flashmla.triton_mla import mla_write
+
+    record = record_for_dims(kind, 64, 16)
+    page = 4
+    gen = torch.Generator().manual_seed(7)
+    latent = torch.randn(12, record.latent_dim, generator=gen) * 3
+    latent[1] = 0.0                                              # all-zero groups
+    latent[2] = torch.randn(record.latent_dim, generator=gen).sign() * 448.0
+    latent[3] *= 1e-30                                           # tiny amax
+    latent[4, ::3] = 2.0**-9                                     # E4M3 subnormal range
+    latent[5] *= 1e4
+    latent[6, 0] = -0.0
+    slots = torch.randperm(6 * page, generator=gen)[:12]
+    slots[11] = -1                                               # skipped
+    got = torch.zeros(6, record.page_bytes(page), dtype=torch.uint8)
+    mla_write(got, record, page, latent, slots)
+    want = torch.zeros_like(got)
+    keep = slots >= 0
+    view = token_view(want, record, page)
+    view[slots[keep] // page, slots[keep] % page] = encode_records(record, latent[keep])
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_decode_matches_reference_interpreted(kind: str, interpret: None) -> None:
+    record = record_for_dims(kind, 64, 16)
+    case = _case(record, [5, 70, 33, 1], [1, 1, 1, 1], 2, 16, seed=1, device="cpu",
+                 writer="triton")
+    for splits in (1, 3, 8):
+        _compare(case, splits=splits, atol=2e-2)
+
+
+def test_prefill_window_and_sparse_interpreted(interpret: None) -> None:
+    record = record_for_dims("mxfp8", 64, 16)
+    case = _case(record, [9, 40], [3, 5], 2, 8, seed=2, device="cpu")
+    _compare(case, splits=2, atol=2e-2)
+    _compare(case, splits=3, atol=2e-2, window=7)
+    gen = torch.Generator().manual_seed(3)
+    topk = torch.stack([torch.randperm(9, generator=gen)[:6] for _ in range(3)]
+                       + [torch.randperm(40, generator=gen)[:6] for _ in range(5)]).int()
+    topk[0, :] = -1                                             # a query with no key
+    topk[4, 2] = -1
+    _compare(case, splits=2, atol=2e-2, topk=topk)
+
+
+def test_backend_on_cpu_interpreter_matches_reference(interpret: None) -> None:
+    record = record_for_dims("fp8", 64, 16)
+    request = AttentionRequest("mla", 2, 1, 48, 32, 64, 16, kv_cache="fp8", page_size=16)
+    backend = MLATritonAttention(request)
+    case = _case(record, [20, 3], [1, 1], 2, 16, seed=4, device="cpu", writer="triton")
+    out = backend.forward(case.query, case.cache, case.meta, 0.1, num_splits=2)
+    ref = mla_attention(case.query, case.cache, record, 16, case.meta, 0.1)[0]
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+# --- capability --------------------------------------------------------------------------
+
+
+def _request(**kw: object) -> AttentionRequest:
+    base: dict[str, object] = dict(kv_cache="mxfp8", page_size=64)
+    base.update(kw)
+    return AttentionRequest("mla", 16, 1, 192, 128, 448, 64, **base)  # type: ignore[arg-type]
+
+
+def test_can_implement_names_each_rejection() -> None:
+    h200 = parse_device("sm_90")
+    assert MLATritonAttention.can_implement(_request(), h200)
+    for kind in KINDS:
+        rec = RECORDS[kind]
+        r = AttentionRequest("mla", 128, 1, 192, 128, rec.kv_lora_rank, rec.rope_dim,
+                             kv_cache=kind, page_size=64)
+        assert MLATritonAttention.can_implement(r, h200)
+    cases = {
+        "compute capability >= 9.0, device is cuda 8.0": (_request(), parse_device("sm_80")),
+        "device is cpu": (_request(), parse_device("cpu")),
+        "page_size a power of two (tiles index pages by shift), request has 24":
+            (_request(page_size=24), h200),
+        "query dtypes ['bfloat16', 'float16'], request has 'float32'":
+            (_request(dtype="float32"), h200),
+        "kv_lora_rank in [16, 1024], request has 2048":
+            (AttentionRequest("mla", 16, 1, 192, 128, 2048, 64, kv_cache="bf16"), h200),
+        "request asks 'fp4'": (_request(kv_cache="fp4"), h200),
+    }
+    for text, (request, device) in cases.items():
+        verdict = MLATritonAttention.can_implement(request, device)
+        assert not verdict.accepted and text in verdict.reason, (text, verdict.reason)
+
+
+def test_priority_above_reference() -> None:
+    from kernelbay_attn_flashmla.backend import MLAReferenceAttention
+
+    assert MLATritonAttention.priority > MLAReferenceAttention.priority
+
+
+# --- GPU ---------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("heads", [16, 128])
+def test_decode_matches_reference_on_gpu(kind: str, heads: int) -> None:
+    record = RECORDS[kind]
+    lengths = [1, 700, 4099, 64, 2500, 129]
+    case = _case(record, lengths, [1] * len(lengths), heads, 64, seed=11, device="cuda",
+                 writer="triton")
+    for splits in (None, 1, 7, 32):
+        _compare(case, splits=splits, atol=3e-2, scale=1 / math.sqrt(192))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
+def test_write_kernel_is_bit_exact_on_gpu(kind: str) -> None:
+    from kernelbay_attn_flashmla.triton_mla import mla_write
+
+    for record in (RECORDS[kind], record_for_dims(kind, 512, 64)):
+        page = 64
+        gen = torch.Generator().manual_seed(5)
+        latent = torch.randn(3000, record.latent_dim, generator=gen) * 4
+        latent[0] = 0.0
+        latent[1] *= 1e-20
+        latent[2] = 448.0
+        slots = torch.randperm(60 * page, generator=gen)[:3000]
+        got = torch.zeros(60, record.page_bytes(page), dtype=torch.uint8, device="cuda")
+        mla_write(got, record, page, latent.cuda().bfloat16(), slots.cuda())
+        want = torch.zeros_like(got)
+        view = token_view(want, record, page)
+        view[slots.cuda() // page, slots.cuda() % page] = encode_records(
+            record, latent.cuda().bfloat16())
+        assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+def test_prefill_window_and_sparse_on_gpu() -> None:
+    record = RECORDS["fp8"]
+    case = _case(record, [300, 2000], [17, 40], 16, 64, seed=12, device="cuda")
+    _compare(case, splits=4, atol=3e-2, scale=1 / math.sqrt(192))
+    _compare(case, splits=None, atol=3e-2, window=128, scale=1 / math.sqrt(192))
+    gen = torch.Generator().manual_seed(13)
+    topk = torch.stack([torch.randperm(300, generator=gen)[:256] for _ in range(17)]
+                       + [torch.randperm(2000, generator=gen)[:256] for _ in range(40)])
+    topk[3, 100:] = -1
+    _compare(case, splits=3, atol=3e-2, topk=topk.int().cuda(), scale=1 / math.sqrt(192))
