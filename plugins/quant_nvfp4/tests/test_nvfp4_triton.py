@@ -1,5 +1,6 @@
 """``nvfp4-triton`` against the reference (``kernelbay.formats.dequantize_nvfp4`` + matmul in
-float32): in Triton's interpreter on CPU (tiny ragged shapes), and on CUDA (``gpu``).
+float32): in Triton's interpreter on CPU (tiny ragged shapes, ``triton_interpret_cases.py`` in a child
+process), and on CUDA (``gpu``).
 
 Tolerance: the kernel rounds each dequantized weight to the activation dtype (as
 ``nvfp4-emulation`` does) and rounds its fp32 sum to the output dtype, while the reference
@@ -14,110 +15,34 @@ breaks this bound.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import subprocess
+import sys
 
 import pytest
 import torch
 from kernelbay.device import parse_device
-from kernelbay.formats import dequantize_nvfp4, quantize_nvfp4
+from kernelbay.formats import dequantize_nvfp4
 from kernelbay.requests import LinearRequest
 from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear
 from kernelbay_quant_nvfp4.schemes import nvfp4_scheme
-from kernelbay_quant_nvfp4.triton_configs import CANDIDATES, KernelConfig
+from kernelbay_quant_nvfp4.triton_configs import CANDIDATES
+from nvfp4_triton_helpers import check_close, edge_scales, make_layer, nvfp4_weights
 
 W4A16 = nvfp4_scheme("modelopt", w4a4=False)
 W4A4 = nvfp4_scheme("modelopt", w4a4=True)
-UNIT = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 
 
-@pytest.fixture
-def interpret(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Triton's interpreter for this test only (kernels() re-imports the kernel module when
-    the setting changes, so later tests get compiled kernels again)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    yield
-
-
-def _check(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
-           bias: torch.Tensor | None) -> None:
-    want = x.float() @ w.T + (0 if bias is None else bias.float())
-    bound = 4 * UNIT[x.dtype] * (x.float().abs() @ w.abs().T) + 1e-6
-    if bias is not None:
-        bound = bound + 4 * UNIT[x.dtype] * bias.float().abs()
-    err = (got.float() - want).abs()
-    assert got.dtype == x.dtype and got.shape == want.shape
-    assert bool((err <= bound).all()), f"max excess {(err - bound).max().item()}"
-
-
-def _layer(method: Nvfp4TritonLinear, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
-    layer = torch.nn.Module()
-    method.create_weights(layer, device=tensors["weight"].device)
-    for name, value in tensors.items():
-        getattr(layer, name).data.copy_(value)
-    method.process_weights_after_loading(layer)
-    return layer
-
-
-def _weights(n: int, k: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    w = torch.randn(n, k, generator=gen) * torch.logspace(-4, 0, k)  # some tiny blocks
-    w[0] = 0.0  # an all-zero row: block scales 1.0, codes 0
-    packed, scales, g = quantize_nvfp4(w)
-    return {"weight": packed, "weight_scale": scales, "weight_scale_2": g}
-
-
-def _edge_scales(tensors: dict[str, torch.Tensor]) -> None:
-    """Zero, subnormal and maximal E4M3 block scales in place (bits 0x00, 0x01, 0x07, 0x7E)."""
-    bits = tensors["weight_scale"].view(torch.uint8)
-    bits[1, 0] = 0x00
-    bits[1, -1] = 0x01
-    bits[-1, 0] = 0x07
-    bits[-1, -1] = 0x7E
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("n", "k"), [(40, 272), (17, 48)])
-@pytest.mark.parametrize("bias", [False, True])
-def test_interpreter_matches_reference(interpret: None, dtype: torch.dtype, n: int, k: int,
-                                       bias: bool) -> None:
-    gen = torch.Generator().manual_seed(n + k + bias)
-    tensors = _weights(n, k, gen)
-    _edge_scales(tensors)
-    if bias:
-        tensors["bias"] = torch.randn(n, generator=gen).to(dtype)
-    method = Nvfp4TritonLinear(LinearRequest(k, n, W4A16, str(dtype)[6:], bias))
-    layer = _layer(method, tensors)
-    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
-    for m in (1, 3, 17):
-        x = torch.randn(m, k, generator=gen).to(dtype)
-        _check(method.apply(layer, x), x, w, tensors.get("bias"))
-    x3 = torch.randn(2, 3, k, generator=gen).to(dtype)
-    got = method.apply(layer, x3)
-    assert got.shape == (2, 3, n)
-    _check(got.reshape(6, n), x3.reshape(6, k), w, tensors.get("bias"))
-    assert torch.equal(method.dequantized_weight(layer), w.to(dtype))
-
-
-@pytest.mark.parametrize("config", [KernelConfig("split3", "fused", 16, 16, 32, 3, 4, 1),
-                                    KernelConfig("nosplit", "fused", 32, 32, 64, 1, 4, 1),
-                                    KernelConfig("dequant", "dequant")], ids=str)
-def test_interpreter_every_path(interpret: None, config: KernelConfig) -> None:
-    """Split-K with a K not a multiple of the tile (272 = 8.5 tiles of 32), no split, and the
-    dequantize-then-F.linear path, all against the reference."""
-    from kernelbay_quant_nvfp4.linear_triton import run_config
-    from kernelbay_quant_nvfp4.triton_kernels import dequantize_nvfp4_triton
-
-    gen = torch.Generator().manual_seed(7)
-    tensors = _weights(24, 272, gen)
-    _edge_scales(tensors)
-    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
-    assert torch.equal(dequantize_nvfp4_triton(tensors["weight"], tensors["weight_scale"],
-                                               tensors["weight_scale_2"], torch.float32), w)
-    bias = torch.randn(24, generator=gen).to(torch.float16)
-    for m in (1, 17):
-        x = torch.randn(m, 272, generator=gen).to(torch.float16)
-        got = run_config(config, x, tensors["weight"], tensors["weight_scale"],
-                         tensors["weight_scale_2"].reshape(1), bias)
-        _check(got, x, w, bias)
+def test_interpreter_cases() -> None:
+    """Run ``triton_interpret_cases.py`` under Triton's interpreter in a child process (the
+    interpreter is chosen when ``triton.jit`` runs, and switching it inside one process
+    leaves triton's patched language half-applied)."""
+    here = os.path.dirname(__file__)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           os.path.join(here, "triton_interpret_cases.py")],
+                          env=env, cwd=here, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and " failed" not in proc.stdout
 
 
 def test_can_implement_reasons() -> None:
@@ -139,11 +64,11 @@ def test_can_implement_reasons() -> None:
 
 
 def test_nan_scale_rejected_naming_the_tensor() -> None:
-    tensors = _weights(16, 32, torch.Generator().manual_seed(0))
+    tensors = nvfp4_weights(16, 32, torch.Generator().manual_seed(0))
     tensors["weight_scale"].view(torch.uint8)[3, 1] = 0x7F  # E4M3 NaN
     method = Nvfp4TritonLinear(LinearRequest(32, 16, W4A16))
     with pytest.raises(ValueError, match="weight_scale has 1 NaN/Inf"):
-        _layer(method, tensors)
+        make_layer(method, tensors)
 
 
 @pytest.mark.gpu
@@ -154,16 +79,16 @@ def test_cuda_every_config_matches_reference(dtype: torch.dtype, n: int, k: int)
     from kernelbay_quant_nvfp4.linear_triton import run_config
 
     gen = torch.Generator().manual_seed(n ^ k)
-    tensors = {name: t.cuda() for name, t in _weights(n, k, gen).items()}
-    _edge_scales(tensors)
+    tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
+    edge_scales(tensors)
     w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
     glob = tensors["weight_scale_2"].reshape(1)
     for m in (1, 4, 16, 64, 257):
         x = torch.randn(m, k, generator=gen).to(dtype).cuda()
         for config in CANDIDATES:
             got = run_config(config, x, tensors["weight"], tensors["weight_scale"], glob, None)
-            _check(got, x, w, None)
+            check_close(got, x, w, None)
     method = Nvfp4TritonLinear(LinearRequest(k, n, W4A16, str(dtype)[6:]))
-    layer = _layer(method, tensors)
+    layer = make_layer(method, tensors)
     x = torch.randn(5, k, generator=gen).to(dtype).cuda()
-    _check(method.apply(layer, x), x, w, None)
+    check_close(method.apply(layer, x), x, w, None)

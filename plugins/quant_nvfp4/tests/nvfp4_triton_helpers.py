@@ -1,0 +1,46 @@
+"""Shared pieces of the ``nvfp4-triton`` tests: weights with edge-case block scales and the
+error bound against the reference (the bound is explained in ``test_nvfp4_triton``)."""
+
+from __future__ import annotations
+
+import torch
+from kernelbay.formats import quantize_nvfp4
+from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear
+
+UNIT = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
+
+
+def check_close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
+           bias: torch.Tensor | None) -> None:
+    want = x.float() @ w.T + (0 if bias is None else bias.float())
+    bound = 4 * UNIT[x.dtype] * (x.float().abs() @ w.abs().T) + 1e-6
+    if bias is not None:
+        bound = bound + 4 * UNIT[x.dtype] * bias.float().abs()
+    err = (got.float() - want).abs()
+    assert got.dtype == x.dtype and got.shape == want.shape
+    assert bool((err <= bound).all()), f"max excess {(err - bound).max().item()}"
+
+
+def make_layer(method: Nvfp4TritonLinear, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
+    layer = torch.nn.Module()
+    method.create_weights(layer, device=tensors["weight"].device)
+    for name, value in tensors.items():
+        getattr(layer, name).data.copy_(value)
+    method.process_weights_after_loading(layer)
+    return layer
+
+
+def nvfp4_weights(n: int, k: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    w = torch.randn(n, k, generator=gen) * torch.logspace(-4, 0, k)  # some tiny blocks
+    w[0] = 0.0  # an all-zero row: block scales 1.0, codes 0
+    packed, scales, g = quantize_nvfp4(w)
+    return {"weight": packed, "weight_scale": scales, "weight_scale_2": g}
+
+
+def edge_scales(tensors: dict[str, torch.Tensor]) -> None:
+    """Set zero, subnormal and maximal E4M3 block scales in place (bits 0x00, 0x01, 0x07, 0x7E)."""
+    bits = tensors["weight_scale"].view(torch.uint8)
+    bits[1, 0] = 0x00
+    bits[1, -1] = 0x01
+    bits[-1, 0] = 0x07
+    bits[-1, -1] = 0x7E
