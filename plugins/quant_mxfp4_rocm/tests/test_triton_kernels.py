@@ -1,0 +1,301 @@
+"""The Triton MX kernels against the one reference (``kernelbay.formats.mx``): the dynamic
+quantizer and the fused SwiGLU quantizer byte for byte, the MXFP4 GEMM against the
+reference dequantization + a float32 matmul within float32 summation error.
+
+Without a GPU these run under ``TRITON_INTERPRET=1`` (conftest) on tiny ragged shapes; the
+``gpu`` tests repeat them with realistic shapes on CUDA.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from kernelbay.formats import dequantize_mx, quantize_mx
+
+pytest.importorskip("triton")
+
+ELEMS = ("e2m1", "e4m3")
+RULES = ("floor", "even", "rceil")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def blocks(rows: int, n_blocks: int, seed: int, lo: int = -30, hi: int = 30) -> torch.Tensor:
+    """Gaussian blocks of 32 with per-block magnitudes 2^U(lo, hi)."""
+    g = torch.Generator().manual_seed(seed)
+    mag = torch.exp2(torch.randint(lo, hi, (rows, n_blocks, 1), generator=g).float())
+    return (torch.randn(rows, n_blocks, 32, generator=g) * mag).reshape(rows, n_blocks * 32)
+
+
+def edge_blocks() -> torch.Tensor:
+    """One row per edge case, 64 wide (two blocks)."""
+    rows = []
+    z = torch.zeros(64)
+    rows.append(z.clone())  # all zeros (scale byte 0 for every rule)
+    r = z.clone()
+    r[0], r[1], r[2] = -0.0, 2.0**-140, -(2.0**-130)  # fp32 subnormals only
+    rows.append(r)
+    r = torch.linspace(-7.0, 7.0, 64)  # amax 7: floor clips, even/rceil do not agree
+    rows.append(r)
+    r = torch.full((64,), 2.0**-12)
+    r[0], r[33] = 1.0, -448.0 * 2.0**20  # small members next to the block max (subnormals)
+    rows.append(r)
+    r = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 8)  # E2M1 ties
+    rows.append(r * torch.tensor([1.0, -1.0]).repeat(32))
+    r = torch.full((64,), 3.4028234663852886e38)  # ±float32 max
+    r[1::2] *= -1
+    rows.append(r)
+    r = torch.randn(64, generator=torch.Generator().manual_seed(3))
+    r[5], r[40] = float("inf"), -float("inf")  # Inf: X = 127, saturates
+    rows.append(r)
+    r = torch.tensor([6.0 * 2.0**e for e in range(-64, 64, 2)])  # ±max element * 2^e
+    rows.append(torch.cat([r[:32], -r[32:]]))
+    r = torch.tensor([1.9375 * 2.0**e for e in range(-40, 24)])  # 'even' carry points
+    rows.append(r)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("elem", ELEMS)
+@pytest.mark.parametrize("rule", RULES)
+def test_quantizer_matches_reference(elem: Any, rule: Any) -> None:
+    from kernelbay_quant_mxfp4_rocm import triton_mx
+
+    x = torch.cat([blocks(5, 2, seed=11), edge_blocks()])
+    for inp in (x, x.bfloat16(), x.reshape(7, 2, 64)[:, :, :32]):  # fp32, bf16, 3-D view
+        data, scales = triton_mx.quantize_mx(inp.to(DEVICE), elem, rule)
+        want_data, want_scales = quantize_mx(inp, elem, rule)
+        assert torch.equal(scales.cpu(), want_scales)
+        assert torch.equal(_bytes(data).cpu(), _bytes(want_data))
+
+
+@pytest.mark.parametrize("elem", ELEMS)
+def test_quantizer_nan_blocks(elem: Any) -> None:
+    from kernelbay_quant_mxfp4_rocm import triton_mx
+
+    x = blocks(3, 3, seed=12)
+    x[0, 4] = float("nan")
+    x[2, 70] = float("nan")
+    data, scales = triton_mx.quantize_mx(x.to(DEVICE), elem, "even")
+    want_data, want_scales = quantize_mx(x, elem, "even")
+    assert torch.equal(scales.cpu(), want_scales)
+    assert scales[0, 0].item() == 255 and scales[2, 2].item() == 255
+    nan_block = (want_scales == 255).repeat_interleave(32 if elem == "e4m3" else 16, dim=-1)
+    got, want = _bytes(data).cpu(), _bytes(want_data)
+    if elem == "e2m1":  # code 7 everywhere in the block, as the reference
+        assert torch.equal(got, want)
+    else:  # the NaN byte's sign is unspecified; the rest is equal
+        assert torch.equal(got[~nan_block], want[~nan_block])
+    deq = dequantize_mx(data.cpu(), scales.cpu(), elem)
+    assert torch.equal(deq.isnan(), dequantize_mx(want_data, want_scales, elem).isnan())
+
+
+def test_quantizer_errors_name_the_value() -> None:
+    from kernelbay_quant_mxfp4_rocm import triton_mx
+
+    with pytest.raises(ValueError, match=r"'ceil' is not one of \['floor', 'even', 'rceil'\]"):
+        triton_mx.quantize_mx(torch.zeros(1, 32), "e2m1", "ceil")
+    with pytest.raises(ValueError, match="'e5m2'"):
+        triton_mx.quantize_mx(torch.zeros(1, 32), "e5m2", "even")
+    with pytest.raises(ValueError, match=r"K a multiple of 32.*\(2, 40\)"):
+        triton_mx.quantize_mx(torch.zeros(2, 40), "e2m1", "even")
+    data, scales = triton_mx.quantize_mx(torch.zeros(0, 64), "e2m1", "even")
+    assert data.shape == (0, 32) and scales.shape == (0, 2)
+
+
+@pytest.mark.parametrize("elem", ELEMS)
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # exp(200): inf, silu -> -0
+def test_swiglu_quantizer_matches_reference(elem: Any, rule: Any) -> None:
+    from kernelbay_quant_mxfp4_rocm import triton_mx
+    from kernelbay_quant_mxfp4_rocm.swiglu import swiglu_quantize_mx_reference
+
+    g = torch.Generator().manual_seed(13)
+    gate_up = torch.randn(5, 2 * 96, generator=g) * 4  # halves read in place (strided rows)
+    gate_up[0, :96] = 0.0
+    gate_up[1, 96:] = 0.0
+    gate_up[2, 3] = -200.0  # silu underflows towards -0
+    gate_up[3, :32] = 2.0**-20  # tiny products: subnormal E4M3 elements
+    gate_up[3, 96] = 50.0
+    for dtype in (torch.float32, torch.bfloat16):
+        gu = gate_up.to(dtype)
+        gate, up = gu[:, :96], gu[:, 96:]
+        data, scales, h = triton_mx.swiglu_quantize_mx(gate.to(DEVICE), up.to(DEVICE), elem,
+                                                       rule, return_h=True)
+        want_data, want_scales = swiglu_quantize_mx_reference(gate, up, elem, rule)
+        assert torch.equal(scales.cpu(), want_scales)
+        assert torch.equal(_bytes(data).cpu(), _bytes(want_data))
+        # the quantizer half is exact whatever exp returns; h is silu(g) * u in float32
+        q_data, q_scales = quantize_mx(h.cpu(), elem, rule)
+        assert torch.equal(scales.cpu(), q_scales)
+        assert torch.equal(_bytes(data).cpu(), _bytes(q_data))
+        ref_h = F.silu(gate.float()) * up.float()
+        assert torch.allclose(h.cpu(), ref_h, rtol=2**-21, atol=0)
+
+
+def test_swiglu_nan_and_shape_errors() -> None:
+    from kernelbay_quant_mxfp4_rocm import triton_mx
+
+    gate = torch.randn(2, 64)
+    gate[1, 40] = float("nan")
+    _, scales = triton_mx.swiglu_quantize_mx(gate.to(DEVICE), torch.ones(2, 64).to(DEVICE))
+    assert scales.cpu().tolist()[1] == [scales[1, 0].item(), 255]
+    with pytest.raises(ValueError, match=r"gate has shape \(2, 64\) and up \(2, 32\)"):
+        triton_mx.swiglu_quantize_mx(gate, torch.ones(2, 32))
+
+
+def gemm_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """|y - ref| allowed: K * (2^-22 * (|x| @ |W|^T) + 2^-126), float32 summation error of K
+    exact products in any order (<= (K - 1) * 2^-24 relative to the absolute sum) with a
+    margin, plus one smallest normal per term where a matmul flushes subnormal products."""
+    k = x.shape[-1]
+    return k * (2.0**-22 * (x.abs().double() @ w.abs().double().T) + 2.0**-126)
+
+
+def random_weight(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    w = blocks(n, k // 32, seed=seed, lo=-8, hi=8)
+    return quantize_mx(w, "e2m1", "even")
+
+
+CONFIGS = [None, (16, 32, 64, 2), (16, 16, 32, 3), (32, 32, 64, 1), (16, 64, 128, 1)]
+
+
+@pytest.mark.parametrize("shape", [(1, 40, 96), (5, 33, 128), (16, 16, 64), (19, 48, 160)])
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_gemm_w4a16_matches_reference(shape: tuple[int, int, int], cfg: Any) -> None:
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import GemmConfig, mxfp4_gemm
+
+    m, n, k = shape
+    wp, ws = random_weight(n, k, seed=m + n)
+    w = dequantize_mx(wp, ws, "e2m1")
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(k)).bfloat16()
+    config = None if cfg is None else GemmConfig(*cfg)
+    y = mxfp4_gemm(x.to(DEVICE), wp.to(DEVICE), ws.to(DEVICE), out_dtype=torch.float32,
+                   config=config).cpu()
+    ref = x.float() @ w.T
+    assert ((y.double() - ref.double()).abs() <= gemm_bound(x.float(), w)).all()
+    y16 = mxfp4_gemm(x.to(DEVICE), wp.to(DEVICE), ws.to(DEVICE), config=config).cpu()
+    assert y16.dtype == torch.bfloat16 and torch.equal(y16, y.bfloat16())
+
+
+@pytest.mark.parametrize("elem", ELEMS)
+def test_gemm_mx_activations_match_reference(elem: Any) -> None:
+    from kernelbay_quant_mxfp4_rocm import triton_mx
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import GemmConfig, mxfp4_gemm
+
+    m, n, k = 7, 40, 128
+    wp, ws = random_weight(n, k, seed=21)
+    w = dequantize_mx(wp, ws, "e2m1")
+    x = blocks(m, k // 32, seed=22, lo=-10, hi=10)
+    x[0] = 0.0
+    xd, xs = triton_mx.quantize_mx(x.to(DEVICE), elem, "even")
+    xq = dequantize_mx(xd.cpu(), xs.cpu(), elem)
+    for config in (None, GemmConfig(16, 16, 32, 2)):
+        y = mxfp4_gemm(xd, wp.to(DEVICE), ws.to(DEVICE), x_scale=xs, out_dtype=torch.float32,
+                       config=config).cpu()
+        ref = xq @ w.T
+        assert ((y.double() - ref.double()).abs() <= gemm_bound(xq, w)).all()
+
+
+def test_gemm_scale_extremes_and_nan() -> None:
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import mxfp4_gemm, prepare_weight_scales
+
+    g = torch.Generator().manual_seed(23)
+    n, k = 24, 64
+    wp = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
+    ws = torch.randint(0, 241, (n, k // 32), generator=g, dtype=torch.uint8)
+    ws[0] = 0  # 2^-127: subnormal dequantized weights
+    ws[1] = 240
+    ws[2, 1] = 255  # NaN scale: NaN outputs in row 2
+    prepare_weight_scales(ws)
+    w = dequantize_mx(wp, ws, "e2m1")
+    x = torch.randn(3, k, generator=g).bfloat16()
+    y = mxfp4_gemm(x.to(DEVICE), wp.to(DEVICE), ws.to(DEVICE), out_dtype=torch.float32).cpu()
+    ref = x.float() @ w.T
+    assert y[:, 2].isnan().all() and not y[:, [0, 1, *range(3, n)]].isnan().any()
+    ok = ~ref.isnan()
+    assert ((y - ref).abs()[ok].double() <= gemm_bound(x.float(), w.nan_to_num())[ok]).all()
+    assert y[:, 0].abs().max() > 0  # 2^-127-scaled rows are not flushed to zero
+    ws[3, 0] = 241
+    with pytest.raises(ValueError, match=r"weight_scale: E8M0 byte 241 .* above 240"):
+        prepare_weight_scales(ws)
+
+
+def test_gemm_argument_errors() -> None:
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import mxfp4_gemm
+
+    wp, ws = random_weight(16, 64, seed=1)
+    with pytest.raises(ValueError, match=r"must be bfloat16.*float16"):
+        mxfp4_gemm(torch.zeros(2, 64, dtype=torch.float16), wp, ws)
+    with pytest.raises(ValueError, match=r"64 columns for K=64, got \(2, 96\)"):
+        mxfp4_gemm(torch.zeros(2, 96, dtype=torch.bfloat16), wp, ws)
+    with pytest.raises(ValueError, match=r"weight_scale must be uint8 \[16, 2\]"):
+        mxfp4_gemm(torch.zeros(2, 64, dtype=torch.bfloat16), wp, ws[:, :1])
+    assert mxfp4_gemm(torch.zeros(0, 64, dtype=torch.bfloat16), wp, ws).shape == (0, 16)
+
+
+# ---------------------------------------------------------------------------------------
+# realistic shapes on a GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("elem", ELEMS)
+@pytest.mark.parametrize("rule", RULES)
+def test_gpu_quantizer_realistic(elem: Any, rule: Any) -> None:
+    from kernelbay_quant_mxfp4_rocm import triton_mx
+
+    x = torch.cat([blocks(300, 224, seed=31, lo=-60, hi=60), edge_blocks().repeat(1, 112)])
+    for inp in (x, x.bfloat16()):
+        data, scales = triton_mx.quantize_mx(inp.cuda(), elem, rule)
+        want_data, want_scales = quantize_mx(inp, elem, rule)
+        assert torch.equal(scales.cpu(), want_scales)
+        assert torch.equal(_bytes(data).cpu(), _bytes(want_data))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("elem", ELEMS)
+def test_gpu_swiglu_realistic(elem: Any) -> None:
+    from kernelbay_quant_mxfp4_rocm import triton_mx
+    from kernelbay_quant_mxfp4_rocm.swiglu import swiglu_quantize_mx_reference
+
+    gate_up = torch.randn(64, 2 * 14336, generator=torch.Generator().manual_seed(32)) * 3
+    gate_up = gate_up.bfloat16().cuda()
+    gate, up = gate_up[:, :14336], gate_up[:, 14336:]
+    data, scales, h = triton_mx.swiglu_quantize_mx(gate, up, elem, "even", return_h=True)
+    # exact: the quantizer on the kernel's own float32 product
+    q_data, q_scales = quantize_mx(h.cpu(), elem, "even")
+    assert torch.equal(scales.cpu(), q_scales)
+    assert torch.equal(_bytes(data).cpu(), _bytes(q_data))
+    ref_h = (F.silu(gate.float()) * up.float()).cpu()
+    assert torch.allclose(h.cpu(), ref_h, rtol=2**-20, atol=0)
+    # against the reference end to end: equal unless exp differs by an ulp at a rounding
+    # boundary (on CUDA torch and Triton may use different exp implementations)
+    want_data, want_scales = swiglu_quantize_mx_reference(gate.cpu(), up.cpu(), elem, "even")
+    same = (_bytes(data).cpu() == _bytes(want_data)).float().mean().item()
+    same_scales = (scales.cpu() == want_scales).float().mean().item()
+    assert same >= 0.9999 and same_scales >= 0.9999, (same, same_scales)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 7, 16, 64, 256])
+def test_gpu_gemm_realistic(m: int) -> None:
+    from kernelbay_quant_mxfp4_rocm import triton_mx
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import mxfp4_gemm
+
+    n, k = 2048, 8192
+    wp, ws = random_weight(n, k, seed=33)
+    w = dequantize_mx(wp, ws, "e2m1").cuda()
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(34)).bfloat16().cuda()
+    wp, ws = wp.cuda(), ws.cuda()
+    y = mxfp4_gemm(x, wp, ws, out_dtype=torch.float32)
+    ref = torch.matmul(x.double(), w.double().T)
+    assert ((y.double() - ref).abs() <= gemm_bound(x.float(), w)).all()
+    xd, xs = triton_mx.quantize_mx(x, "e2m1", "even")
+    xq = dequantize_mx(xd, xs, "e2m1")
+    y4 = mxfp4_gemm(xd, wp, ws, x_scale=xs, out_dtype=torch.float32)
+    assert ((y4.double() - xq.double() @ w.double().T).abs() <= gemm_bound(xq, w)).all()
