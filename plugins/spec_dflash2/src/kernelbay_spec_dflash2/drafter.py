@@ -144,14 +144,16 @@ class DFlash2Drafter(nn.Module):
         return picked
 
 
-def save_drafter(model: DFlash2Drafter, folder: str) -> str:
-    """Write ``config.json`` and ``model.safetensors`` into ``folder``; returns ``folder``."""
+def save_drafter(model: DFlash2Drafter, folder: str, dtype: torch.dtype | None = None) -> str:
+    """Write ``config.json`` and ``model.safetensors`` (tensors in ``dtype``, default as they
+    are) into ``folder``; returns ``folder``."""
     from safetensors.torch import save_file
 
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, CONFIG_NAME), "w", encoding="utf-8") as f:
         f.write(model.config.to_json())
-    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    tensors = {k: v.detach().to(dtype or v.dtype).contiguous().cpu()
+               for k, v in model.state_dict().items()}
     save_file(tensors, os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
     return folder
 
