@@ -179,7 +179,8 @@ def test_can_implement_names_each_rejection() -> None:
                              kv_cache=kind, page_size=64)
         assert MLATritonAttention.can_implement(r, h200)
     cases = {
-        "compute capability >= 9.0, device is cuda 8.0": (_request(), parse_device("sm_80")),
+        "compute capability >= 9.0, device is cuda sm_80 (compute capability 8.0)":
+            (_request(), parse_device("sm_80")),
         "device is cpu": (_request(), parse_device("cpu")),
         "page_size a power of two (tiles index pages by shift), request has 24":
             (_request(page_size=24), h200),

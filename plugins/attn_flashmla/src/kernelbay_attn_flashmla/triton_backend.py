@@ -59,9 +59,11 @@ class MLATritonAttention(MLAReferenceAttention):
         return Verdict.all(
             Verdict.check(device.cc_at_least(9, 0),
                           f"needs a CUDA device of compute capability >= 9.0, device is "
-                          f"{device.platform} {device.cc_text}"),
+                          f"{device.platform} {device.arch} (compute capability "
+                          f"{device.cc_text})"),
             Verdict.check(importlib.util.find_spec("triton") is not None,
-                          "needs the triton package, which is not installed"),
+                          "needs the triton package, which is not installed "
+                          "(pip install triton)"),
             Verdict.check(r.dtype in KERNEL_DTYPES,
                           f"computes for query dtypes {list(KERNEL_DTYPES)}, request has "
                           f"{r.dtype!r}"),
