@@ -33,5 +33,6 @@ def kernelbay_linear_methods() -> Sequence[type[LinearMethod]]:
     from kernelbay_quant_nvfp4.emulation import Nvfp4EmulationLinear
     from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear
     from kernelbay_quant_nvfp4.moe import Nvfp4MoEEmulation
+    from kernelbay_quant_nvfp4.native_w4a4 import Nvfp4NativeW4A4Linear
 
-    return [Nvfp4EmulationLinear, Nvfp4MoEEmulation, Nvfp4TritonLinear]
+    return [Nvfp4EmulationLinear, Nvfp4MoEEmulation, Nvfp4TritonLinear, Nvfp4NativeW4A4Linear]
