@@ -138,6 +138,15 @@ def test_decode_matches_reference_interpreted(kind: str, interpret: None) -> Non
         _compare(case, splits=splits, atol=2e-2)
 
 
+def test_groups_across_the_nope_rope_boundary_interpreted(interpret: None) -> None:
+    # 56+8 MXFP8: blocks of 32 straddle the nope/rope boundary (the rope's scales are
+    # gathered per element), latent and rope widths not powers of two.
+    record = record_for_dims("mxfp8", 56, 8)
+    assert record.group_size == 32 and record.kv_lora_rank % 32
+    case = _case(record, [37, 3], [1, 1], 3, 4, seed=5, device="cpu", writer="triton")
+    _compare(case, splits=2, atol=2e-2)
+
+
 def test_prefill_window_and_sparse_interpreted(interpret: None) -> None:
     record = record_for_dims("mxfp8", 64, 16)
     case = _case(record, [9, 40], [3, 5], 2, 8, seed=2, device="cpu")

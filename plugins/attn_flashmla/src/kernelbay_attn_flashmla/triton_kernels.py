@@ -60,13 +60,14 @@ def _e4m3_to_f32(code, FAST_FP8: tl.constexpr):
 
 
 @triton.jit
-def _load_part(cache_u8, cache_bf16, cache_f32, row, rows_ok, cols, cols_ok, ELEM_OFF,
-               COL0, SCALE_OFF, GROUP: tl.constexpr, SCALE: tl.constexpr,
-               FAST_FP8: tl.constexpr):
-    """Float32 values ``[BLOCK_N, C]`` of columns ``cols`` of a record field.
+def _load_part(cache_u8, cache_bf16, cache_f32, row, rows_ok, cols, cols_ok,
+               ELEM_OFF: tl.constexpr, COL0: tl.constexpr, SCALE_OFF: tl.constexpr,
+               GROUP: tl.constexpr, SCALE: tl.constexpr, BLOCK_N: tl.constexpr,
+               C_PAD: tl.constexpr, COUNT: tl.constexpr, FAST_FP8: tl.constexpr):
+    """Float32 values ``[BLOCK_N, C_PAD]`` of columns ``cols`` of a record field.
 
-    ``row`` [BLOCK_N] byte offsets of the records; the field's elements start at byte
-    ``ELEM_OFF``. SCALE 0: bf16 elements; 1: E4M3 with fp32 group scales at ``SCALE_OFF``;
+    ``row`` [BLOCK_N] byte offsets of the records; the field's ``COUNT`` elements start at
+    byte ``ELEM_OFF``. SCALE 0: bf16 elements; 1: E4M3 with fp32 group scales at ``SCALE_OFF``;
     2: E4M3 with E8M0 group scales; ``COL0`` is the first column's index in the scaled
     values (the rope of an MXFP8 record follows its nope in the same scale blocks).
     """
@@ -76,15 +77,33 @@ def _load_part(cache_u8, cache_bf16, cache_f32, row, rows_ok, cols, cols_ok, ELE
         return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
     code = tl.load(cache_u8 + (row[:, None] + ELEM_OFF + cols[None, :]), mask=mask, other=0)
     values = _e4m3_to_f32(code, FAST_FP8)
-    group = (COL0 + cols) // GROUP
-    if SCALE == 1:
-        scale = tl.load(cache_f32 + ((row[:, None] + SCALE_OFF) // 4 + group[None, :]),
-                        mask=mask, other=0.0)
+    if (COL0 % GROUP == 0) and (C_PAD % GROUP == 0):
+        # Groups line up with the tile: one scale load per group, broadcast over it.
+        NG: tl.constexpr = C_PAD // GROUP
+        local = tl.arange(0, NG)
+        g = COL0 // GROUP + local
+        g_mask = rows_ok[:, None] & (local * GROUP < COUNT)[None, :]
+        scale = _group_scale(cache_u8, cache_f32, row, g, g_mask, SCALE_OFF, SCALE)
+        values = tl.reshape(tl.reshape(values, [BLOCK_N, NG, GROUP]) * scale[:, :, None],
+                            [BLOCK_N, C_PAD])
     else:
-        byte = tl.load(cache_u8 + (row[:, None] + SCALE_OFF + group[None, :]), mask=mask,
-                       other=127)
-        scale = _pow2(byte.to(tl.int32) - 127)
-    return values * scale
+        scale = _group_scale(cache_u8, cache_f32, row, (COL0 + cols) // GROUP, mask,
+                             SCALE_OFF, SCALE)
+        values = values * scale
+    return values
+
+
+@triton.jit
+def _group_scale(cache_u8, cache_f32, row, group, mask, SCALE_OFF: tl.constexpr,
+                 SCALE: tl.constexpr):
+    """Float32 scales of groups ``group`` (broadcast against ``row[:, None]``): fp32 (SCALE 1)
+    or E8M0 bytes (SCALE 2)."""
+    if SCALE == 1:
+        return tl.load(cache_f32 + ((row[:, None] + SCALE_OFF) // 4 + group[None, :]),
+                       mask=mask, other=0.0)
+    byte = tl.load(cache_u8 + (row[:, None] + SCALE_OFF + group[None, :]), mask=mask,
+                   other=127)
+    return _pow2(byte.to(tl.int32) - 127)
 
 
 @triton.jit
@@ -96,8 +115,8 @@ def mla_decode_kernel(
     topk_ptr, topk_stride, num_topk,
     out_ptr, out_stride_t, out_stride_s, out_stride_h,
     lse_ptr, lse_stride_t, lse_stride_s,
-    num_heads, sm_scale,
-    NUM_SPLITS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr,
+    num_heads, sm_scale, num_splits,
+    RANK: tl.constexpr, ROPE: tl.constexpr,
     D_PAD: tl.constexpr, R_PAD: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr, BPT: tl.constexpr,
     NOPE_OFF: tl.constexpr, ROPE_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
@@ -106,7 +125,7 @@ def mla_decode_kernel(
 ):
     """Partial attention of query token ``program_id(0)`` over KV split ``program_id(1)``
     for heads ``program_id(2) * BLOCK_H ...``: writes the normalised partial output
-    (float32, or the final output when NUM_SPLITS == 1) and its natural-log LSE. ``DOT`` is
+    (float32, or the final output when num_splits == 1) and its natural-log LSE. ``DOT`` is
     the dot operand type: bfloat16 on the GPU, float32 under the interpreter (whose numpy
     dot has no bfloat16)."""
     t = tl.program_id(0)
@@ -129,7 +148,7 @@ def mla_decode_kernel(
     length = tl.load(tok_len + t)      # keys at positions < length are causal
     start = tl.load(tok_start + t)     # and >= start (sliding window)
     num_keys = num_topk if SPARSE else length - start
-    per_split = (((num_keys + NUM_SPLITS - 1) // NUM_SPLITS + BLOCK_N - 1) // BLOCK_N
+    per_split = (((num_keys + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N
                  * BLOCK_N)
     lo = split * per_split
     hi = tl.minimum(lo + per_split, num_keys)
@@ -150,10 +169,12 @@ def mla_decode_kernel(
         page = tl.load(block_tables + seq * bt_stride + pos // PAGE_SIZE, mask=ok, other=0)
         row = page.to(tl.int64) * PAGE_BYTES + (pos % PAGE_SIZE).to(tl.int64) * BPT
         k_nope = _load_part(cache_u8, cache_bf16, cache_f32, row, ok, dcols, dcols_ok,
-                            NOPE_OFF, 0, SCALE_OFF, GROUP, NOPE_SCALE, FAST_FP8
+                            NOPE_OFF, 0, SCALE_OFF, GROUP, NOPE_SCALE, BLOCK_N, D_PAD, RANK,
+                            FAST_FP8
                             ).to(DOT)
         k_rope = _load_part(cache_u8, cache_bf16, cache_f32, row, ok, rcols, rcols_ok,
-                            ROPE_OFF, RANK, SCALE_OFF, GROUP, ROPE_SCALE, FAST_FP8
+                            ROPE_OFF, RANK, SCALE_OFF, GROUP, ROPE_SCALE, BLOCK_N, R_PAD, ROPE,
+                            FAST_FP8
                             ).to(DOT)
         s = tl.dot(q_nope, tl.trans(k_nope)) + tl.dot(q_rope, tl.trans(k_rope))
         s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
@@ -183,15 +204,15 @@ def mla_combine_kernel(
     plse_ptr, plse_stride_t, plse_stride_s,
     out_ptr, out_stride_t, out_stride_h,
     lse_ptr, lse_stride_t,
-    num_heads,
-    NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr, RANK: tl.constexpr, D_PAD: tl.constexpr,
+    num_heads, num_splits,
+    S_PAD: tl.constexpr, RANK: tl.constexpr, D_PAD: tl.constexpr,
 ):
     """Merge the split partials of token ``program_id(0)``, head ``program_id(1)``:
     lse = logsumexp_i lse_i, out = sum_i exp(lse_i - lse) * out_i (no key: 0 and -inf)."""
     t = tl.program_id(0)
     h = tl.program_id(1)
     splits = tl.arange(0, S_PAD)
-    s_ok = splits < NUM_SPLITS
+    s_ok = splits < num_splits
     lses = tl.load(plse_ptr + t * plse_stride_t + splits * plse_stride_s + h, mask=s_ok,
                    other=float("-inf"))
     m = tl.reduce(lses, 0, _max)
