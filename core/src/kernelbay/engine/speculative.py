@@ -16,8 +16,12 @@ and kept for the accepted positions only.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import types
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import final
+from typing import Any, final
 
 import torch
 
@@ -26,7 +30,7 @@ from kernelbay.engine.sampling import sample_tokens
 from kernelbay.layers import DraftBuffers, Proposer
 from kernelbay.layers.proposer import DraftContext
 
-__all__ = ["SpeculativeConfig", "SpeculativeDecoder"]
+__all__ = ["SpeculativeConfig", "SpeculativeDecoder", "TaggedCompile", "compile_tagged"]
 
 
 @final
@@ -161,3 +165,62 @@ class SpeculativeDecoder:
             start += num_new
             out.append(new)
         return out
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class TaggedCompile:
+    """A module's ``forward`` compiled under ``tag`` (see ``compile_tagged``).
+
+    ``code`` is the tagged copy of ``forward``'s code object that dynamo caches against;
+    ``cache_dir`` the folder of this tag's inductor and Triton artifacts.
+    """
+
+    def __init__(self, module: torch.nn.Module, tag: str, cache_dir: str,
+                 options: dict[str, Any]) -> None:
+        if not tag.isidentifier():
+            raise ValueError(f"compile tag must be an identifier (it names a code object), "
+                             f"got {tag!r}")
+        forward = type(module).forward
+        name = f"{forward.__name__}__{tag}"
+        self.code = forward.__code__.replace(co_name=name)
+        function = types.FunctionType(self.code, forward.__globals__, name,
+                                      forward.__defaults__, forward.__closure__)
+        self.tag = tag
+        self.cache_dir = cache_dir
+        self.module = module
+        self._compiled = torch.compile(types.MethodType(function, module), **options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Compilation happens lazily inside the call, so the cache folders are set around it.
+        with _environment(TORCHINDUCTOR_CACHE_DIR=self.cache_dir,
+                          TRITON_CACHE_DIR=os.path.join(self.cache_dir, "triton")):
+            return self._compiled(*args, **kwargs)
+
+
+def compile_tagged(module: torch.nn.Module, tag: str, cache_root: str | None = None,
+                   **options: Any) -> TaggedCompile:
+    """``torch.compile`` of ``module.forward`` whose compiled artifacts belong to ``tag``.
+
+    The target and a drafter (or two models of the same class) never share compiled code:
+    each tag compiles its own copy of the ``forward`` code object, so dynamo's per-code cache
+    entries, guards and recompilation limit are separate, and inductor/Triton write their
+    files under ``cache_root/<tag>`` (default: the kernelbay cache, ``compile/<tag>``).
+    ``options`` go to ``torch.compile`` (``backend``, ``mode``, ``dynamic`` ...).
+    """
+    from kernelbay.cache import cache_dir
+
+    root = cache_root if cache_root is not None else str(cache_dir("compile"))
+    return TaggedCompile(module, tag, os.path.join(root, tag), options)
