@@ -69,3 +69,37 @@ def test_interpreter_every_path(config: KernelConfig) -> None:
         got = run_config(config, x, tensors["weight"], tensors["weight_scale"],
                          tensors["weight_scale_2"].reshape(1), bias)
         check_close(got, x, w, bias)
+
+
+@pytest.mark.parametrize(("n", "k"), [(200, 300), (128, 256), (40, 16)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fp8_block_pads_inside_the_method(n: int, k: int, bias: bool) -> None:
+    """FP8_PB_WO with N, K not multiples of 128: the method pads after loading; callers see
+    [M, N] outputs and the [N, K] weight, equal to the core reference (torch-fp8-dequant's
+    math: kernelbay.formats.dequantize_fp8_per_block, then a matmul)."""
+    from kernelbay.formats import dequantize_fp8_per_block, quantize_fp8_per_block
+    from kernelbay.requests import QuantScheme
+    from kernelbay_quant_nvfp4.fp8_block import Fp8BlockTritonLinear
+
+    scheme = QuantScheme("fp8-block", "float8_e4m3fn", (128, 128), "float32", False, None,
+                         "modelopt")
+    gen = torch.Generator().manual_seed(n + k)
+    q, s = quantize_fp8_per_block(torch.randn(n, k, generator=gen) * 3)
+    s[0, -1] = 0.0  # a zero tile scale
+    method = Fp8BlockTritonLinear(LinearRequest(k, n, scheme, "bfloat16", bias))
+    specs = method.tensor_specs()
+    assert specs["weight"].shape == (n, k) and specs["weight_scale"].shape == tuple(s.shape)
+    layer = torch.nn.Module()
+    method.create_weights(layer)
+    layer.weight.data.copy_(q)
+    layer.weight_scale.data.copy_(s)
+    b = torch.randn(n, generator=gen).bfloat16() if bias else None
+    if bias:
+        layer.bias.data.copy_(b)
+    method.process_weights_after_loading(layer)
+    assert layer.weight.shape == (-(-n // 128) * 128, -(-k // 128) * 128)
+    w = dequantize_fp8_per_block(q, s)
+    for m in (1, 3, 17):
+        x = torch.randn(m, k, generator=gen).bfloat16()
+        check_close(method.apply(layer, x), x, w, b)
+    assert torch.equal(method.dequantized_weight(layer), w.bfloat16())
