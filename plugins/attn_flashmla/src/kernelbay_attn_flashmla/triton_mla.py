@@ -29,6 +29,8 @@ _MODES = {"bf16": (0, 0, 0), "fp8": (1, 1, 0), "fp8-e8m0": (2, 2, 0), "mxfp8": (
 MIN_SPLIT_KEYS = 256
 #: Most splits per query token (the combine reads one partial per split).
 MAX_SPLITS = 128
+#: Programs per SM the split count aims for (several in flight hide the gather latency).
+SPLIT_WAVES = 4
 
 
 @dataclass(frozen=True)
@@ -96,18 +98,34 @@ def _pages(cache: Tensor, record: MLARecord, page_size: int) -> tuple[Tensor, in
     return cache.view(-1), page_bytes
 
 
-def choose_splits(num_tokens: int, head_blocks: int, max_keys: int, num_sms: int) -> int:
-    """KV splits per query token: enough programs to fill ``num_sms`` SMs about twice when
-    the batch alone does not, each split keeping at least ``MIN_SPLIT_KEYS`` keys."""
+def choose_splits(num_tokens: int, head_blocks: int, max_keys: int, num_sms: int,
+                  waves: int = SPLIT_WAVES) -> int:
+    """KV splits per query token: enough programs for ``waves`` per SM when the batch alone
+    does not give them, each split keeping at least ``MIN_SPLIT_KEYS`` keys."""
     programs = max(1, num_tokens * head_blocks)
-    want = -(-2 * num_sms // programs)
+    want = -(-waves * num_sms // programs)
     by_keys = max(1, max_keys // MIN_SPLIT_KEYS)
     return max(1, min(want, by_keys, MAX_SPLITS))
 
 
+# The last metadata's token tables: every layer of a step gets the same metadata object.
+_LAST: dict[str, object] = {}
+
+
 def _token_tables(metadata: AttentionMetadata, num_tokens: int,
                   sliding_window: int | None) -> tuple[Tensor, Tensor, Tensor]:
-    """Per query token: its sequence, its causal key count (position + 1) and first key."""
+    """Per query token: its sequence, its causal key count (position + 1) and first key
+    (cached for the most recent metadata object)."""
+    key = (num_tokens, sliding_window)
+    if _LAST.get("metadata") is metadata and _LAST.get("key") == key:
+        return _LAST["tables"]  # type: ignore[return-value]
+    tables = _compute_tables(metadata, num_tokens, sliding_window)
+    _LAST.update(metadata=metadata, key=key, tables=tables)
+    return tables
+
+
+def _compute_tables(metadata: AttentionMetadata, num_tokens: int,
+                    sliding_window: int | None) -> tuple[Tensor, Tensor, Tensor]:
     qsl = metadata.query_start_loc.long()
     counts = qsl[1:] - qsl[:-1]
     batch = counts.shape[0]
@@ -124,12 +142,15 @@ def _token_tables(metadata: AttentionMetadata, num_tokens: int,
 def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                metadata: AttentionMetadata, scale: float, *, num_splits: int | None = None,
                topk_indices: Tensor | None = None, sliding_window: int | None = None,
-               num_sms: int | None = None) -> tuple[Tensor, Tensor]:
+               num_sms: int | None = None, block_n: int | None = None,
+               num_warps: int | None = None, num_stages: int = 2) -> tuple[Tensor, Tensor]:
     """Absorbed MLA attention over paged records on the GPU (or the Triton interpreter).
 
     Same inputs and results as ``mla.mla_attention``: ``(out [T, H, kv_lora_rank] in
     query.dtype, lse [T, H] float32)``. ``num_splits`` None picks ``choose_splits`` from
     the batch, the head blocks, the block table's capacity and ``num_sms`` (the device's).
+    ``block_n`` (keys per tile), ``num_warps`` and ``num_stages`` override the launch
+    configuration (for tuning; defaults depend on the latent width).
     """
     num_tokens, heads, dim = query.shape
     if dim != record.latent_dim:
@@ -140,7 +161,7 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     block_h = min(max(16, _pow2(heads)), 32)
     head_blocks = -(-heads // block_h)
     d_pad = _pow2(rank)
-    block_n = 32 if d_pad >= 256 else 64
+    block_n = block_n or (32 if d_pad >= 256 else 64)
     if num_splits is None:
         sms = num_sms if num_sms is not None else (
             torch.cuda.get_device_properties(query.device).multi_processor_count
@@ -190,7 +211,7 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
         ROPE_SCALE=f.rope_scale, SPARSE=topk_indices is not None,
         FAST_FP8=query.is_cuda and not _interpreting(),
         DOT=tl.float32 if _interpreting() else tl.bfloat16,
-        num_warps=8 if d_pad >= 256 else 4, num_stages=2,
+        num_warps=num_warps or (8 if d_pad >= 256 else 4), num_stages=num_stages,
     )
     if num_splits > 1:
         kernels.mla_combine_kernel[(num_tokens, heads)](

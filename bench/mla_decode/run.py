@@ -1,0 +1,197 @@
+"""MLA decode over paged KV records: the ``mla-triton`` kernel for every record kind.
+
+For batch x context x query heads x record kind it times one decode step (one query token
+per sequence, random page tables, page 64, splits chosen by the kernel) and reports time,
+KV bytes read per second (the records of every context token, once), TFLOP/s (the two
+products, 2 * H * (D + R) + 2 * H * D flops per key), and the bf16-record time over this
+kind's time (the baseline, measured in the same run). Each kind uses its FORMATS.md dims
+(bf16 and fp8 512+64, fp8-e8m0 and mxfp8 448+64).
+
+Before timing, each configuration's output is checked against the torch reference
+(``mla.mla_attention``) on its first ``CHECK_SEQS`` sequences; any mismatch makes the
+script exit non-zero after writing the results.
+
+    python bench/mla_decode/run.py --out bench/mla_decode/out      # about 2 minutes, H200
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+BATCHES = (1, 16, 64, 128)
+CONTEXTS = (1024, 8192, 32768)
+HEADS = (16, 128)
+KINDS = ("bf16", "fp8", "fp8-e8m0", "mxfp8")
+PAGE = 64
+CHECK_SEQS = 2
+ATOL = 3e-2
+WRITE_CHUNK = 1 << 18
+
+
+def _build_cache(kind: str, context: int, batch: int, gen: torch.Generator) -> dict:
+    """Pages for ``batch`` sequences of ``context`` tokens in random page order, written by
+    the Triton cache-write kernel from random latents."""
+    from kernelbay_attn_flashmla.records import RECORDS
+    from kernelbay_attn_flashmla.triton_mla import mla_write
+
+    record = RECORDS[kind]
+    per_seq = context // PAGE
+    pages = batch * per_seq
+    cache = torch.zeros(pages, record.page_bytes(PAGE), dtype=torch.uint8, device="cuda")
+    order = torch.randperm(pages, generator=gen).to("cuda")
+    tables = order.view(batch, per_seq).int()
+    tokens = batch * context
+    for begin in range(0, tokens, WRITE_CHUNK):
+        n = min(WRITE_CHUNK, tokens - begin)
+        idx = torch.arange(begin, begin + n, device="cuda")
+        seq, pos = idx // context, idx % context
+        slots = tables[seq, pos // PAGE].long() * PAGE + pos % PAGE
+        latent = torch.randn(n, record.latent_dim, device="cuda", dtype=torch.bfloat16)
+        mla_write(cache, record, PAGE, latent, slots)
+    return {"record": record, "cache": cache, "tables": tables}
+
+
+def _metadata(batch: int, context: int, tables: torch.Tensor):
+    from kernelbay.layers import AttentionMetadata
+
+    return AttentionMetadata(torch.arange(batch + 1, dtype=torch.int32, device="cuda"),
+                             torch.full((batch,), context, dtype=torch.int32, device="cuda"),
+                             tables[:batch], torch.zeros(batch, device="cuda"))
+
+
+def _check(record, cache, meta, query, out, scale: float) -> float:
+    """Largest |kernel - reference| over the first CHECK_SEQS sequences (inf if shapes or
+    finiteness differ)."""
+    from kernelbay.layers import AttentionMetadata
+    from kernelbay_attn_flashmla.mla import mla_attention
+
+    n = min(CHECK_SEQS, query.shape[0])
+    sub = AttentionMetadata(meta.query_start_loc[:n + 1], meta.seq_lens[:n],
+                            meta.block_tables[:n], meta.slot_mapping[:n])
+    ref, _ = mla_attention(query[:n], cache, record, PAGE, sub, scale)
+    got = out[:n].float()
+    if not bool(torch.isfinite(got).all()):
+        return math.inf
+    return float(((got - ref.float()).abs() / (1 + ref.float().abs())).max())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=str(Path(__file__).parent), help="output folder")
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
+    parser.add_argument("--heads", default=",".join(map(str, HEADS)))
+    parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--rep", type=int, default=40, help="do_bench rep time (ms)")
+    parser.add_argument("--waves", type=int, default=None,
+                        help="programs per SM the split count aims for (default: the kernel's)")
+    parser.add_argument("--block-n", type=int, default=None, help="keys per tile")
+    parser.add_argument("--warps", type=int, default=None, help="warps per program")
+    parser.add_argument("--stages", type=int, default=2, help="pipeline stages")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("mla_decode: needs a CUDA device", file=sys.stderr)
+        return 2
+    import triton.testing
+    from kernelbay_attn_flashmla.triton_mla import SPLIT_WAVES, choose_splits, mla_decode
+
+    batches = [int(b) for b in args.batches.split(",")]
+    contexts = [int(c) for c in args.contexts.split(",")]
+    heads_list = [int(h) for h in args.heads.split(",")]
+    kinds = args.kinds.split(",")
+    props = torch.cuda.get_device_properties(0)
+    sms = props.multi_processor_count
+    gen = torch.Generator().manual_seed(0)
+    rows: list[dict] = []
+    notes: list[str] = []
+    failures: list[str] = []
+    started = time.perf_counter()
+    for context in contexts:
+        for kind in kinds:
+            from kernelbay_attn_flashmla.records import RECORDS
+
+            record = RECORDS[kind]
+            need = max(batches) * context * record.bytes_per_token * 1.1 + (1 << 30)
+            free, _ = torch.cuda.mem_get_info()
+            if need > free:
+                notes.append(f"skipped {kind} at context {context}: its cache needs "
+                             f"{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
+                continue
+            built = _build_cache(kind, context, max(batches), gen)
+            cache, tables = built["cache"], built["tables"]
+            for heads in heads_list:
+                scale = 1 / math.sqrt(192)
+                for batch in batches:
+                    meta = _metadata(batch, context, tables)
+                    query = torch.randn(batch, heads, record.latent_dim, device="cuda",
+                                        dtype=torch.bfloat16)
+                    block_h = min(max(16, triton.next_power_of_2(heads)), 32)
+                    splits = choose_splits(batch, -(-heads // block_h), context, sms,
+                                           args.waves or SPLIT_WAVES)
+                    launch = dict(num_splits=splits, block_n=args.block_n,
+                                  num_warps=args.warps, num_stages=args.stages)
+                    out, _ = mla_decode(query, cache, record, PAGE, meta, scale, **launch)
+                    err = _check(record, cache, meta, query, out, scale)
+                    label = f"{kind} B={batch} ctx={context} H={heads}"
+                    if not err <= ATOL:
+                        failures.append(f"{label}: max relative error {err:.3g} > {ATOL}")
+                    ms = triton.testing.do_bench(
+                        functools.partial(mla_decode, query, cache, record, PAGE, meta, scale,
+                                          **launch),
+                        warmup=10, rep=args.rep)
+                    seconds = ms * 1e-3
+                    kv_bytes = batch * context * record.bytes_per_token
+                    flops = 2 * batch * heads * context * (record.latent_dim
+                                                           + record.kv_lora_rank)
+                    rows.append({"kind": kind, "batch": batch, "context": context,
+                                 "heads": heads, "dims": record.dims_text,
+                                 "bytes_per_token": record.bytes_per_token, "splits": splits,
+                                 "ms": ms, "kv_tb_s": kv_bytes / seconds / 1e12,
+                                 "tflops": flops / seconds / 1e12, "max_rel_err": err})
+                    print(f"{label}: {ms:.3f} ms, {rows[-1]['kv_tb_s']:.2f} TB/s, "
+                          f"{rows[-1]['tflops']:.1f} TFLOP/s, err {err:.2g}", flush=True)
+            del built, cache, tables
+            torch.cuda.empty_cache()
+    base = {(r["batch"], r["context"], r["heads"]): r["ms"] for r in rows if r["kind"] == "bf16"}
+    for r in rows:
+        b = base.get((r["batch"], r["context"], r["heads"]))
+        r["speedup_vs_bf16"] = (b / r["ms"]) if b else None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"device": props.name, "sms": sms, "torch": torch.__version__,
+            "waves": args.waves or SPLIT_WAVES, "block_n": args.block_n, "warps": args.warps,
+            "stages": args.stages,
+            "triton": triton.__version__, "page_size": PAGE, "seconds": time.perf_counter()
+            - started, "notes": notes, "failures": failures}
+    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    lines = [f"# MLA decode (mla-triton), {props.name}", "",
+             f"One decode step, page {PAGE}, random page tables; KV TB/s counts each context "
+             "record once; x bf16 = bf16-record time / this time (same run).", "",
+             "| kind | dims | B/token | batch | context | heads | splits | ms | KV TB/s | "
+             "TFLOP/s | x bf16 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in sorted(rows, key=lambda r: (r["heads"], r["context"], r["batch"],
+                                         KINDS.index(r["kind"]))):
+        ratio = f"{r['speedup_vs_bf16']:.2f}" if r["speedup_vs_bf16"] else "-"
+        lines.append(f"| {r['kind']} | {r['dims']} | {r['bytes_per_token']} | {r['batch']} | "
+                     f"{r['context']} | {r['heads']} | {r['splits']} | {r['ms']:.3f} | "
+                     f"{r['kv_tb_s']:.2f} | {r['tflops']:.1f} | {ratio} |")
+    lines += [""] + [f"- {n}" for n in notes] + [f"- FAILED {f}" for f in failures]
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / 'results.md'} in {meta['seconds']:.0f} s")
+    if failures:
+        print("mla_decode: wrong results:\n  " + "\n  ".join(failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
