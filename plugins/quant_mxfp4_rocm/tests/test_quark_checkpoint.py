@@ -106,22 +106,24 @@ def test_mismatches_fail_loudly(tmp_path: Path) -> None:
         QuarkFormat(folder.format_request()).linear_modules(folder.tensors)
 
 
-def test_plan_chooses_quark_and_mxfp4_emulation(tmp_path: Path, registry: Registry) -> None:
+def test_plan_chooses_quark_and_mxfp4_methods(tmp_path: Path, registry: Registry) -> None:
     config = quark_config(layer(W_MXFP4, A_MXFP4), layers={"*down_proj": layer(W_MXFP4)})
     path = write_quark(str(tmp_path / "q"), config, lambda m: m != "lm_head")
-    for device in ("cpu", "gfx950", "sm_90"):
+    # the Triton method on its ROCm home, the reference elsewhere (on CUDA unless forced)
+    for device, method in (("cpu", "mxfp4-emulation"), ("gfx950", "mxfp4-triton"),
+                           ("sm_90", "mxfp4-emulation")):
         plan = plan_checkpoint(path, registry=registry, device=parse_device(device))
         assert plan.format.chosen == "quark"
         chosen = {d.module: d.chosen for d in plan.linears}
         assert chosen.pop("lm_head") == "torch-unquantized"
-        assert set(chosen.values()) == {"mxfp4-emulation"}, chosen
+        assert set(chosen.values()) == {method}, chosen
     down = next(d for d in plan.linears if d.module == "model.layers.0.mlp.down_proj")
     assert down.request.scheme.activation is None  # type: ignore[union-attr]
     q = next(d for d in plan.linears if d.module == Q)
     assert q.request.scheme.activation == "mxfp4-dynamic"  # type: ignore[union-attr]
     assert q.request.in_features == 64  # type: ignore[union-attr]
     plan2 = plan_checkpoint(path, registry=registry, device=parse_device("gfx942"), tp_size=2)
-    assert {d.chosen for d in plan2.linears if d.module != "lm_head"} == {"mxfp4-emulation"}
+    assert {d.chosen for d in plan2.linears if d.module != "lm_head"} == {"mxfp4-triton"}
 
 
 

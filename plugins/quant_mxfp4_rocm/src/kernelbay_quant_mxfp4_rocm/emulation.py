@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from kernelbay.device import DeviceCapability
 
 __all__ = ["DEQUANTIZED_WEIGHT", "MX_ACTIVATIONS", "SCALE_RULES", "Mxfp4EmulationLinear",
-           "fake_quantize_mx"]
+           "dense_mx_checks", "fake_quantize_mx"]
 
 #: Name of the buffer holding the dequantized weight after loading.
 DEQUANTIZED_WEIGHT = "dequantized_weight"
@@ -55,6 +55,36 @@ def fake_quantize_mx(x: torch.Tensor, elem: str, rule: str) -> torch.Tensor:
     return dequantize_mx(data, scales, elem)  # type: ignore[arg-type]
 
 
+def dense_mx_checks(request: LinearRequest) -> Verdict:
+    """What every dense MXFP4 linear method of this plugin needs from the request: a dense
+    layer, MXFP4 weights in 1x32 E8M0 blocks, activations None or dynamic MX with a scale
+    rule of ``kernelbay.formats.mx``, float activations, K a multiple of 32."""
+    s = request.scheme
+    k = request.in_features
+    rule = s.option("scale_mode", "even")
+    return Verdict.all(
+        Verdict.handles(request.num_experts is None,
+                        f"handles dense layers only, request is a routed-expert MLP of "
+                        f"{request.num_experts} experts"),
+        Verdict.handles(s.name == "mxfp4",
+                        f"handles OCP MXFP4 weights only, layer is {s.describe()}"),
+        Verdict.check(s.group_shape == (1, _BLOCK) and s.scale_dtype == "e8m0",
+                      f"needs MX blocks of 1x{_BLOCK} with e8m0 scales, scheme has group "
+                      f"{s.group_shape} with {s.scale_dtype!r} scales"),
+        Verdict.check(s.activation is None or s.activation in MX_ACTIVATIONS,
+                      f"emulates activations None or {sorted(MX_ACTIVATIONS)}, scheme has "
+                      f"{s.activation!r}"),
+        Verdict.check(s.activation is None or rule in SCALE_RULES,
+                      f"needs an MX scale rule in {list(SCALE_RULES)} for its activations, "
+                      f"scheme has scale_mode {rule!r}"),
+        Verdict.check(request.activation_dtype in _FLOAT_DTYPES,
+                      f"needs activation dtype in {_FLOAT_DTYPES}, request has "
+                      f"{request.activation_dtype!r}"),
+        Verdict.check(k > 0 and k % _BLOCK == 0,
+                      f"K={k} is not a multiple of the MX block {_BLOCK}"),
+    )
+
+
 class Mxfp4EmulationLinear(LinearMethod):
     """Reference OCP MXFP4 linear on any device: weights dequantized once through
     ``kernelbay.formats.mx``; dynamic MX activations fake-quantized through the same reference
@@ -68,29 +98,8 @@ class Mxfp4EmulationLinear(LinearMethod):
     @classmethod
     def can_implement(cls, request: LinearRequest, device: DeviceCapability) -> Verdict:
         s = request.scheme
-        k = request.in_features
         rule = s.option("scale_mode", "even")
-        verdict = Verdict.all(
-            Verdict.handles(request.num_experts is None,
-                            f"handles dense layers only, request is a routed-expert MLP of "
-                            f"{request.num_experts} experts"),
-            Verdict.handles(s.name == "mxfp4",
-                          f"handles OCP MXFP4 weights only, layer is {s.describe()}"),
-            Verdict.check(s.group_shape == (1, _BLOCK) and s.scale_dtype == "e8m0",
-                          f"needs MX blocks of 1x{_BLOCK} with e8m0 scales, scheme has group "
-                          f"{s.group_shape} with {s.scale_dtype!r} scales"),
-            Verdict.check(s.activation is None or s.activation in MX_ACTIVATIONS,
-                          f"emulates activations None or {sorted(MX_ACTIVATIONS)}, scheme has "
-                          f"{s.activation!r}"),
-            Verdict.check(s.activation is None or rule in SCALE_RULES,
-                          f"needs an MX scale rule in {list(SCALE_RULES)} for its activations, "
-                          f"scheme has scale_mode {rule!r}"),
-            Verdict.check(request.activation_dtype in _FLOAT_DTYPES,
-                          f"needs activation dtype in {_FLOAT_DTYPES}, request has "
-                          f"{request.activation_dtype!r}"),
-            Verdict.check(k > 0 and k % _BLOCK == 0,
-                          f"K={k} is not a multiple of the MX block {_BLOCK}"),
-        )
+        verdict = dense_mx_checks(request)
         if not verdict.accepted:
             return verdict
         notes = [home_note(device)]

@@ -28,6 +28,7 @@ from kernelbay.verdict import Verdict
 
 from kernelbay_quant_mxfp4_rocm.devices import home_note
 from kernelbay_quant_mxfp4_rocm.emulation import MX_ACTIVATIONS, SCALE_RULES
+from kernelbay_quant_mxfp4_rocm.moe_backend import load_choice
 
 if TYPE_CHECKING:
     import torch
@@ -77,7 +78,7 @@ class Mxfp4MoEEmulation(MoEMethod):
         )
         if not verdict.accepted:
             return verdict
-        notes = [home_note(device)]
+        notes = [home_note(device), load_choice().describe()]
         if s.activation is not None:
             notes.append(f"activations fake-quantized {s.activation} (scale rule {rule})")
         return Verdict.accept(*notes)

@@ -1,0 +1,132 @@
+"""``mxfp4-triton`` (ROCm gfx942/gfx950) and ``mxfp4-triton-cuda`` (CUDA, only when forced):
+OCP MXFP4 linear layers on the Triton kernels of ``triton_gemm`` / ``triton_mx``.
+
+Math (the same as ``mxfp4-emulation``, which is the reference the tests compare with)::
+
+    weight-only:   y = mxfp4_gemm(x, weight, weight_scale) + b            float32 -> bf16
+    W4A4 / W4A8:   xq, xs = triton_mx.quantize_mx(x, elem, rule)          dynamic, per 32
+                   y = (mxfp4_gemm(xq, weight, weight_scale, x_scale=xs) + b)   float32
+                   -> x's dtype
+
+The GEMM dequantizes both operands in registers to bf16 (exact) and accumulates in float32,
+so the result is the emulation's up to float32 summation order.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from kernelbay.requests import LinearRequest
+from kernelbay.verdict import Verdict
+
+from kernelbay_quant_mxfp4_rocm.devices import native_note, rocm_home, triton_present
+from kernelbay_quant_mxfp4_rocm.emulation import (
+    Mxfp4EmulationLinear,
+    dense_mx_checks,
+)
+
+if TYPE_CHECKING:
+    import torch
+    from kernelbay.device import DeviceCapability
+
+__all__ = ["CUDA_FORCE_NOTE", "Mxfp4TritonCudaLinear", "Mxfp4TritonLinear"]
+
+#: The verdict note of the CUDA candidate.
+CUDA_FORCE_NOTE = ("ROCm-first kernel on CUDA: chosen only when forced "
+                   "(KERNELBAY_FORCE_LINEAR=mxfp4-triton-cuda), to verify the kernels")
+
+
+def _triton_checks(request: LinearRequest) -> Verdict:
+    return Verdict.all(
+        dense_mx_checks(request),
+        Verdict.check(request.activation_dtype == "bfloat16",
+                      f"needs bfloat16 activations (the kernels' MMA type), request has "
+                      f"{request.activation_dtype!r}"),
+        triton_present(),
+    )
+
+
+class Mxfp4TritonLinear(Mxfp4EmulationLinear):
+    """OCP MXFP4 linear on Triton for ROCm gfx942/gfx950: the packed weight is dequantized in
+    registers inside the GEMM (split-K GEMV for M <= 16, tiles beyond); dynamic MX
+    activations are quantized by a Triton kernel with the config's scale rule."""
+
+    name: ClassVar[str] = "mxfp4-triton"
+    api_version: ClassVar[str] = "1.0"
+    priority: ClassVar[int] = 50
+    summary: ClassVar[str] = "OCP MXFP4 (W4A16/W4A4/W4A8) Triton GEMM, weights dequantized in registers"
+
+    @classmethod
+    def can_implement(cls, request: LinearRequest, device: DeviceCapability) -> Verdict:
+        verdict = Verdict.all(_triton_checks(request), rocm_home(device))
+        if not verdict.accepted:
+            return verdict
+        return Verdict.accept(*verdict.notes, native_note(device), cls._activation_note(request))
+
+    @staticmethod
+    def _activation_note(request: LinearRequest) -> str:
+        s = request.scheme
+        if s.activation is None:
+            return ""
+        return (f"activations quantized {s.activation} by Triton "
+                f"(scale rule {s.option('scale_mode', 'even')})")
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        """Check the weight scales once (``triton_gemm.prepare_weight_scales``); the packed
+        weight stays as loaded."""
+        from kernelbay_quant_mxfp4_rocm.triton_gemm import prepare_weight_scales
+
+        prepare_weight_scales(layer.weight_scale.data, f"{self.name}: weight_scale")
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        from kernelbay_quant_mxfp4_rocm import triton_mx
+        from kernelbay_quant_mxfp4_rocm.triton_gemm import mxfp4_gemm
+
+        weight, scale = layer.weight.data, layer.weight_scale.data
+        bias = self.rank_bias(layer)
+        x2 = x.reshape(-1, x.shape[-1])
+        elem = self._activation_elem
+        if elem is None and bias is None:
+            y = mxfp4_gemm(x2, weight, scale)
+        elif elem is None:  # one rounding to bf16 after the bias, as F.linear
+            y = (mxfp4_gemm(x2, weight, scale, out_dtype=torch.float32) + bias.float()).to(x.dtype)
+        else:
+            rule = self.request.scheme.option("scale_mode", "even") or "even"
+            xq, xs = triton_mx.quantize_mx(x2, elem, rule)
+            y = mxfp4_gemm(xq, weight, scale, x_scale=xs, out_dtype=torch.float32)
+            if bias is not None:
+                y = y + bias.float()
+            y = y.to(x.dtype)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    def dequantized_weight(self, layer: torch.nn.Module) -> torch.Tensor:
+        """The weight dequantized by the reference, in the activation dtype (MLA)."""
+        import torch
+        from kernelbay.formats import dequantize_mx
+
+        w = dequantize_mx(layer.weight.data, layer.weight_scale.data, "e2m1")
+        return w.to(getattr(torch, self.request.activation_dtype))
+
+
+class Mxfp4TritonCudaLinear(Mxfp4TritonLinear):
+    """The ``mxfp4-triton`` kernels on CUDA, to verify and benchmark them on NVIDIA GPUs: the
+    lowest priority, so chosen only when ``KERNELBAY_FORCE_LINEAR=mxfp4-triton-cuda``."""
+
+    name: ClassVar[str] = "mxfp4-triton-cuda"
+    api_version: ClassVar[str] = "1.0"
+    priority: ClassVar[int] = 0
+    summary: ClassVar[str] = "mxfp4-triton on CUDA, only when forced (KERNELBAY_FORCE_LINEAR)"
+
+    @classmethod
+    def can_implement(cls, request: LinearRequest, device: DeviceCapability) -> Verdict:
+        verdict = Verdict.all(
+            _triton_checks(request),
+            Verdict.check(device.platform == "cuda",
+                          f"is the CUDA verification build of mxfp4-triton, device is "
+                          f"{device.platform} {device.arch}"),
+        )
+        if not verdict.accepted:
+            return verdict
+        return Verdict.accept(*verdict.notes, CUDA_FORCE_NOTE, cls._activation_note(request))
