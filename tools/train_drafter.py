@@ -7,11 +7,11 @@ and outputs (the dflash2 proposer's bundled ``demo`` drafter).
 
 1. Data: ``--prompts`` windows of ``--prompt-len`` bytes at random offsets of the training
    corpus (the demo model's: the CPython standard library minus the held-out modules, read as
-   tools/train_demo.py reads it), continued by the target for ``--gen`` tokens -- half
-   greedily, half sampled at temperature 0.8 -- so the drafter learns the text it will be
-   asked to draft. One target forward over every sequence then gives the hidden states at the
+   tools/train_demo.py reads it), continued by the target for ``--gen`` tokens -- two thirds
+   greedily, one third sampled at temperature 0.8 -- so the drafter learns the text it will
+   be asked to draft. One target forward over every sequence then gives the hidden states at the
    drafter's layers and the target's logits at every position.
-2. Training: random anchors in those sequences. The drafter sees the states of the
+2. Training: random anchors in the generated part of those sequences. The drafter sees the states of the
    ``context_window`` positions before the anchor and the anchor token, and drafts the next
    k tokens; the loss per slot is cross-entropy with the token the target produced plus the KL
    divergence from the target's distribution there (slot weights decay with depth), and the
@@ -124,7 +124,7 @@ def train(args: argparse.Namespace, device: torch.device) -> tuple[DFlash2Drafte
         offsets = torch.randint(0, len(data) - args.prompt_len, (n,), generator=gen).tolist()
         prompts = torch.stack([torch.cat([torch.tensor([BOS_ID]), data[o:o + args.prompt_len]])
                                for o in offsets]).to(device)
-        sampled = (torch.arange(start, start + n, device=device) % 2) == 1
+        sampled = (torch.arange(start, start + n, device=device) % 3) == 2
         seqs.append(continue_prompts(target, prompts, args.gen, sampled, dev_gen))
     tokens = torch.cat(seqs)                                           # [N, T]
     feats, target_logits = target_features(target, tokens, config.target_layer_ids,
@@ -145,12 +145,17 @@ def train(args: argparse.Namespace, device: torch.device) -> tuple[DFlash2Drafte
                             weight_decay=0.01)
     k, window = config.block_size, config.context_window
     length = tokens.shape[1]
-    lowest = min(args.prompt_len // 2, length - k - 2)
+    lowest = min(args.prompt_len + 1, length - k - 2)  # anchors in the generated text
     slot_weight = torch.tensor([0.85 ** t for t in range(k)], device=device)
     warmup = max(1, args.steps // 20)
     started = time.perf_counter()
     drafter.train()
+    steps = args.steps
     for step in range(args.steps):
+        if args.time_budget and time.perf_counter() - started > args.time_budget:
+            steps = step
+            print(f"time budget of {args.time_budget}s reached after {step} steps", flush=True)
+            break
         lr = args.lr * min(1.0, (step + 1) / warmup) * (
             0.1 + 0.45 * (1 + math.cos(math.pi * step / max(1, args.steps))))
         for group in opt.param_groups:
@@ -182,7 +187,7 @@ def train(args: argparse.Namespace, device: torch.device) -> tuple[DFlash2Drafte
                   f"{' '.join(f'{a:.2f}' for a in accuracy.tolist())}  "
                   f"{time.perf_counter() - started:.0f}s", flush=True)
     drafter.eval()
-    stats = {"drafter_parameters": params, "steps": args.steps, "batch": args.batch,
+    stats = {"drafter_parameters": params, "steps": steps, "batch": args.batch,
              "lr": args.lr, "seed": args.seed, "prompts": args.prompts,
              "prompt_len": args.prompt_len, "gen": args.gen,
              "data_seconds": round(gen_seconds, 1),
@@ -233,7 +238,7 @@ demo model (`kernelbay run --speculative dflash2 --num-speculative-tokens 8`).
 | target | the kernelbay demo model (byte-level DeepSeek-V3 architecture, 4 layers, hidden 256) |
 | drafter | {layers} sublayers, width {hidden}, {heads} heads, MLP {inter}; reads target layers {ids} over the latest {window} positions; block k = {k}, selector top-{c}, pair rank {rank} |
 | parameters | {params:,} (`model.safetensors` {size:,} bytes, bf16) |
-| data | {prompts} windows of {prompt_len} bytes of the demo model's training corpus ({files} files of the CPython standard library, held-out modules excluded), each continued by the target for {gen} tokens (half greedy, half at temperature 0.8); target hidden states and logits from one forward over each |
+| data | {prompts} windows of {prompt_len} bytes of the demo model's training corpus ({files} files of the CPython standard library, held-out modules excluded), each continued by the target for {gen} tokens (two thirds greedy, one third at temperature 0.8); target hidden states and logits from one forward over each |
 | training | {steps} steps of {batch} blocks; loss per slot = CE with the target's token + KL from the target's distribution, plus a CRF loss for the candidate selector; AdamW lr {lr}; seed {seed}; {device_name}, {train_seconds} s (+ {data_seconds} s making the data) |
 | **acceptance** | **tau = {tau_greedy} greedy, {tau_t} at temperature 0.8** (mean tokens per target forward incl. the bonus token, k = 8, {eval_prompts} held-out prompts x {eval_tokens} tokens, {eval_dtype}) |
 
@@ -256,6 +261,9 @@ def main() -> int:
     parser.add_argument("--gen-batch", type=int, default=1024)
     parser.add_argument("--eval-prompts", type=int, default=32)
     parser.add_argument("--eval-tokens", type=int, default=128)
+    parser.add_argument("--time-budget", type=float, default=None,
+                        help="stop training after this many seconds (a safety net; the "
+                        "steps run are recorded)")
     parser.add_argument("--corpus", help="standard-library folder (default: this "
                         "interpreter's)")
     args = parser.parse_args()

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import pytest
 import torch
-from kernelbay import NoBackendError, Policy, Registry
+from kernelbay import NoBackendError, Policy, ProposerRequest, Registry, Verdict, hookimpl
 from kernelbay.demo import demo_path, heldout_text
 from kernelbay.engine import LLM, SamplingParams, SpeculativeConfig
+from kernelbay.layers import DraftBuffers, DraftLogitsSpec, Proposer
+from kernelbay.layers.proposer import DraftContext, HiddenStateSpec
 
 CORE_ONLY = Registry(Policy(plugins=frozenset()))
 
@@ -43,9 +47,9 @@ def test_greedy_20_prompts_x_128_tokens_identical(plain: LLM, speculative: LLM) 
 
 
 def test_sampled_with_seeds_identical(plain: LLM, speculative: LLM) -> None:
-    prompts = _prompts(plain, 8)
-    params = [SamplingParams(max_tokens=96, temperature=0.8, seed=s, ignore_eos=True,
-                             top_p=0.95 if s % 2 else 1.0) for s in range(8)]
+    prompts = _prompts(plain, 20)
+    params = [SamplingParams(max_tokens=128, temperature=0.8, seed=s, ignore_eos=True,
+                             top_p=0.95 if s % 2 else 1.0) for s in range(20)]
     expected = [o.token_ids for o in plain.generate(prompts, params)]
     assert [o.token_ids for o in speculative.generate(prompts, params)] == expected
 
@@ -66,3 +70,90 @@ def test_stop_tokens_and_max_tokens_inside_accepted_drafts(plain: LLM,
 def test_unknown_method_is_a_selection_error() -> None:
     with pytest.raises(NoBackendError, match="no proposer accepts eagle"):
         LLM(demo_path(), registry=CORE_ONLY, speculative=SpeculativeConfig("eagle", 4))
+
+
+class _Recorder(Proposer):
+    """Declares hidden states, drafts the last token twice, and records every context."""
+
+    name = "test-recorder"
+    api_version = "1.0"
+    summary = "records its DraftContext"
+    seen: ClassVar[list[tuple[list[int], DraftContext]]] = []
+
+    @classmethod
+    def can_implement(cls, request: ProposerRequest, device: Any) -> Verdict:
+        return Verdict.handles(request.method == "record", "method 'record'")
+
+    def draft_logits_spec(self) -> DraftLogitsSpec:
+        return DraftLogitsSpec("topc", 1)
+
+    def hidden_state_spec(self) -> HiddenStateSpec:
+        return HiddenStateSpec((0, -1, 2), 6)
+
+    def propose(self, token_ids: Any, out: DraftBuffers,
+                context: DraftContext | None = None) -> None:
+        assert context is not None and context.hidden_states is not None
+        assert context.num_hidden is not None
+        self.seen.append((token_ids[0].tolist(),
+                          DraftContext(context.num_cached.clone(), context.temperature.clone(),
+                                       context.seed.clone(), context.hidden_states.clone(),
+                                       context.num_hidden.clone())))
+        for b, tokens in enumerate(token_ids):
+            out.tokens[b] = tokens[-1]
+            out.num_drafted[b] = 2
+
+
+class _RecorderPlugin:
+    KERNELBAY_PLUGIN_API = "1.0"
+
+    @hookimpl
+    def kernelbay_proposers(self) -> list[type[Proposer]]:
+        return [_Recorder]
+
+
+def test_declared_hidden_states_are_captured_for_accepted_positions(plain: LLM) -> None:
+    registry = Registry(Policy(plugins=frozenset()))
+    registry.register(_RecorderPlugin(), "recorder")
+    llm = LLM(demo_path(), dtype="float32", registry=registry, max_num_seqs=3,
+              speculative=SpeculativeConfig("record", 2))
+    assert llm.speculator.layers == (0, 4, 2)
+    _Recorder.seen.clear()
+    prompts = [plain.encode("    def __init__(self):\n        self.x = 1\n"),
+               plain.encode("import os\n")]
+    params = [SamplingParams(max_tokens=30, ignore_eos=True),
+              SamplingParams(max_tokens=20, temperature=0.5, seed=11, ignore_eos=True)]
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain.generate(prompts, params)]
+    first = _Recorder.seen[0][1]
+    assert first.num_hidden is not None and first.num_hidden.tolist() == [0, 0]
+    assert first.temperature.tolist() == [0.0, 0.5] and first.seed.tolist() == [0, 11]
+    for tokens, context in _Recorder.seen[1:]:
+        cached = int(context.num_cached[0])
+        assert cached == len(tokens) - 1
+        from kernelbay.engine.kv_cache import pages_for
+        from kernelbay.engine.runner import Sequence
+
+        seq = Sequence(-1, tokens[:cached], cached, SamplingParams())
+        seq.pages = plain.cache.allocator.allocate(pages_for(cached, plain.cache.page_size))
+        try:
+            plain.runner.forward([(seq, cached)], all_logits=True, capture=(0, 4, 2))
+        finally:
+            plain.cache.allocator.free(seq.pages)
+        full = plain.runner.captured
+        assert full is not None and context.hidden_states is not None
+        assert context.num_hidden is not None
+        have = int(context.num_hidden[0])
+        assert have == min(6, cached)
+        torch.testing.assert_close(context.hidden_states[0, 6 - have:], full[cached - have:],
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_hidden_state_spec_resolves_against_the_depth() -> None:
+    assert HiddenStateSpec((0, -1, 2), 4).resolve(4) == (0, 4, 2)
+    assert HiddenStateSpec((-5,), 1).resolve(4) == (0,)
+    with pytest.raises(ValueError, match=r"\[5\] out of range for a target of 4 layers"):
+        HiddenStateSpec((1, 5), 4).resolve(4)
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        HiddenStateSpec((1,), 0)
+    with pytest.raises(ValueError, match="at least one layer"):
+        HiddenStateSpec((), 3)
