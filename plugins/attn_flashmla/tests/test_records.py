@@ -146,3 +146,30 @@ def test_descriptor_rejects_gaps_overlaps_and_misalignment() -> None:
     with pytest.raises(KeyError, match="no field 'scales'"):
         RECORDS["bf16"].field("scales")
     assert "656 B/token" in RECORDS["fp8"].describe()
+
+
+def test_readme_draws_the_records_as_the_descriptors_do() -> None:
+    import pathlib
+
+    from kernelbay_attn_flashmla.records import layout_diagram
+
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    drawn = "\n\n".join(layout_diagram(r) for r in RECORDS.values())
+    assert f"```text\n{drawn}\n```" in readme
+
+
+def test_records_for_other_dims_derive_their_groups() -> None:
+    from kernelbay_attn_flashmla.records import record_for_dims
+
+    for kind in RECORDS:
+        default = RECORDS[kind]
+        assert record_for_dims(kind, default.kv_lora_rank, default.rope_dim) is default
+    demo = {k: record_for_dims(k, 64, 16) for k in RECORDS}
+    assert {k: r.group_size for k, r in demo.items()} == {
+        "bf16": None, "fp8": 64, "fp8-e8m0": 64, "mxfp8": 16}
+    for r in demo.values():
+        assert r.latent_dim == 80 and r.bytes_per_token % 8 == 0
+    with pytest.raises(ValueError, match=r"mxfp8 records at 60\+2: 62 scaled values"):
+        record_for_dims("mxfp8", 60, 2)
+    with pytest.raises(ValueError, match="no MLA record kind 'fp4'"):
+        record_for_dims("fp4", 64, 16)

@@ -38,6 +38,7 @@ __all__ = [
     "common_page_alignment",
     "fp8_e8m0_record",
     "fp8_record",
+    "layout_diagram",
     "mxfp8_record",
     "pool_layouts",
     "record_for_dims",
@@ -316,3 +317,13 @@ def record_for_dims(kind: str, kv_lora_rank: int, rope_dim: int) -> MLARecord:
 #: Smallest scale group ``record_for_dims`` derives (smaller groups cost more scale bytes
 #: than they save).
 MIN_GROUP = 8
+
+
+def layout_diagram(record: MLARecord) -> str:
+    """The record drawn byte by byte: a header, then one line per field with its byte range,
+    e.g. ``bytes    0- 447  nope        float8_e4m3fn x448 (1 B each)``."""
+    lines = [f"{record.kind} {record.dims_text}: {record.bytes_per_token} bytes per token"]
+    for f in record.fields:
+        lines.append(f"  bytes {f.offset:4d}-{f.end - 1:4d}  {f.name:<10}  {f.dtype} x{f.count} "
+                     f"({f.itemsize} B each)")
+    return "\n".join(lines)
