@@ -59,8 +59,9 @@ class MLATritonAttention(MLAReferenceAttention):
         return Verdict.all(
             Verdict.check(device.cc_at_least(9, 0),
                           f"needs a CUDA device of compute capability >= 9.0, device is "
-                          f"{device.platform} {device.arch} (compute capability "
-                          f"{device.cc_text})"),
+                          f"{device.platform} {device.arch}"
+                          + (f" (compute capability {device.cc_text})"
+                             if device.platform == "cuda" else "")),
             Verdict.check(importlib.util.find_spec("triton") is not None,
                           "needs the triton package, which is not installed "
                           "(pip install triton)"),
