@@ -103,3 +103,10 @@ def test_fp8_block_pads_inside_the_method(n: int, k: int, bias: bool) -> None:
         x = torch.randn(m, k, generator=gen).bfloat16()
         check_close(method.apply(layer, x), x, w, b)
     assert torch.equal(method.dequantized_weight(layer), w.bfloat16())
+
+
+def test_moe_triton_matches_emulation() -> None:
+    """nvfp4-moe-triton (per-expert Triton GEMMs driven by the routing) == the emulation."""
+    from moe_helpers import check_moe_triton
+
+    check_moe_triton("cpu", experts=3, hidden=48, inter=32, tokens=7)

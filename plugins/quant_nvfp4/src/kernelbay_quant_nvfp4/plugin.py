@@ -32,9 +32,10 @@ def kernelbay_linear_methods() -> Sequence[type[LinearMethod]]:
     FP8_PB_WO weight-only with internal padding."""
     from kernelbay_quant_nvfp4.emulation import Nvfp4EmulationLinear
     from kernelbay_quant_nvfp4.fp8_block import Fp8BlockTritonLinear
+    from kernelbay_quant_nvfp4.fused_moe import Nvfp4MoETriton
     from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear
     from kernelbay_quant_nvfp4.moe import Nvfp4MoEEmulation
     from kernelbay_quant_nvfp4.native_w4a4 import Nvfp4NativeW4A4Linear
 
     return [Nvfp4EmulationLinear, Nvfp4MoEEmulation, Nvfp4TritonLinear, Nvfp4NativeW4A4Linear,
-            Fp8BlockTritonLinear]
+            Fp8BlockTritonLinear, Nvfp4MoETriton]

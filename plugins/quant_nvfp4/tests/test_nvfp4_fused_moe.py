@@ -1,0 +1,107 @@
+"""Fused NVFP4 MoE: the folded scalars (g1_alphas, a2_gscale, g1_scale_c ...) against the
+unfused reference ``nvfp4-moe-emulation`` for a SiLU-gated MLP, a negative control for the
+invalid fold through SiLU, and ``nvfp4-moe-triton`` against the emulation (interpreter cases
+in ``triton_interpret_cases.py``; CUDA here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernelbay.device import parse_device
+from kernelbay.layers.moe import MOE_EXPERTS_ROLE, expert_tensor
+from kernelbay.requests import LinearRequest
+from kernelbay_quant_nvfp4.fused_moe import (
+    Nvfp4FusedExperts,
+    Nvfp4MoETriton,
+    fold_moe_scales,
+    fused_moe_reference,
+)
+from kernelbay_quant_nvfp4.moe import Nvfp4MoEEmulation
+from kernelbay_quant_nvfp4.schemes import nvfp4_scheme
+from moe_helpers import load_moe, quantized_experts, routing
+
+W4A4 = nvfp4_scheme("modelopt", w4a4=True)
+W4A16 = nvfp4_scheme("modelopt", w4a4=False)
+E, H, INTER, T, TOPK = 4, 64, 48, 11, 2
+
+
+def _setup(seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=gen)
+    # One gate/up input scale per expert (what a fused GEMM1 needs; ModelOpt exports them
+    # so), a down input scale per expert; arbitrary (not powers of two).
+    a13 = [float(x.abs().max()) / 2688 * (0.7 + 0.1 * e) for e in range(E)]
+    a2 = [0.05 / 2688 * (0.9 + 0.05 * e) for e in range(E)]
+    scales = {(e, p): (a2[e] if p == "down_proj" else a13[e])
+              for e in range(E) for p in ("gate_proj", "up_proj", "down_proj")}
+    return quantized_experts(E, H, INTER, seed, w4a4=True, input_scales=scales), x
+
+
+def _fused_inputs(tensors: dict[str, torch.Tensor]):  # type: ignore[no-untyped-def]
+    def t(e: int, p: str, name: str) -> torch.Tensor:
+        return tensors[expert_tensor(e, p, name)]
+
+    experts = Nvfp4FusedExperts(
+        torch.stack([torch.cat([t(e, "gate_proj", "weight"), t(e, "up_proj", "weight")])
+                     for e in range(E)]),
+        torch.stack([torch.cat([t(e, "gate_proj", "weight_scale"),
+                                t(e, "up_proj", "weight_scale")]) for e in range(E)]),
+        torch.stack([t(e, "down_proj", "weight") for e in range(E)]),
+        torch.stack([t(e, "down_proj", "weight_scale") for e in range(E)]))
+    scales = fold_moe_scales(
+        torch.stack([t(e, "gate_proj", "input_scale") for e in range(E)]),
+        torch.stack([torch.stack([t(e, "gate_proj", "weight_scale_2"),
+                                  t(e, "up_proj", "weight_scale_2")]) for e in range(E)]),
+        torch.stack([t(e, "down_proj", "input_scale") for e in range(E)]),
+        torch.stack([t(e, "down_proj", "weight_scale_2") for e in range(E)]))
+    return experts, scales
+
+
+def _unfused(tensors: dict[str, torch.Tensor], x: torch.Tensor, ids: torch.Tensor,
+             weights: torch.Tensor) -> torch.Tensor:
+    req = LinearRequest(H, INTER, W4A4, "float32", False, MOE_EXPERTS_ROLE, num_experts=E)
+    method = Nvfp4MoEEmulation(req)
+    return method.apply_moe(load_moe(method, tensors), x, ids, weights)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fused_equals_unfused_reference(seed: int) -> None:
+    tensors, x = _setup(seed)
+    ids, weights = routing(T, E, TOPK, seed)
+    experts, scales = _fused_inputs(tensors)
+    torch.testing.assert_close(scales.g1_scale_c, scales.g1_alphas * scales.a2_gscale[:, None])
+    got = fused_moe_reference(x, ids, weights, experts, scales)
+    want = _unfused(tensors, x, ids, weights)
+    # The same quantized operands and products; only the order in which the fp32 global
+    # factors multiply differs (a few ulps), which can move a value across an E2M1 or E4M3
+    # rounding boundary only in rare ties: allow 1e-4 of the output's scale.
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+
+
+def test_folding_through_silu_changes_the_result() -> None:
+    """Negative control: g1_scale_c applied to the gate before SiLU (SiLU(c t) != c SiLU(t))
+    moves the output far beyond the tolerance above."""
+    tensors, x = _setup(0)
+    ids, weights = routing(T, E, TOPK, 0)
+    experts, scales = _fused_inputs(tensors)
+    right = fused_moe_reference(x, ids, weights, experts, scales)
+    wrong = fused_moe_reference(x, ids, weights, experts, scales, fold_through_activation=True)
+    rel = float((wrong - right).abs().max() / right.abs().max())
+    assert rel > 0.1, rel
+
+
+def test_triton_moe_verdicts() -> None:
+    req = LinearRequest(H, INTER, W4A4, "bfloat16", False, MOE_EXPERTS_ROLE, num_experts=E)
+    ok = Nvfp4MoETriton.can_implement(req, parse_device("sm_90"))
+    assert ok.accepted and "input_scale is not used" in ok.describe()
+    cpu = Nvfp4MoETriton.can_implement(req, parse_device("cpu"))
+    assert not cpu.accepted and "ROCm GPU" in cpu.reason
+    dense = LinearRequest(H, INTER, W4A16, "bfloat16")
+    assert not Nvfp4MoETriton.can_implement(dense, parse_device("sm_90")).applicable
+
+
+@pytest.mark.gpu
+def test_cuda_triton_moe_matches_emulation() -> None:
+    from moe_helpers import check_moe_triton
+
+    check_moe_triton("cuda", experts=8, hidden=512, inter=256, tokens=40)
