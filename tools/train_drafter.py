@@ -209,10 +209,10 @@ def heldout_prompts(count: int) -> list[str]:
 
 def evaluate(folder: str, device: torch.device, prompts: int, tokens: int) -> dict:
     """tau at k = 8 on held-out prompts, greedy and at temperature 0.8, with kernelbay.LLM."""
-    from kernelbay import Policy, Registry
     from kernelbay.engine import LLM, SamplingParams, SpeculativeConfig
+    from kernelbay_spec_dflash2.registry import dflash2_registry
 
-    registry = Registry.discover(Policy(plugins=frozenset({"spec_dflash2"})))
+    registry = dflash2_registry()
     llm = LLM(demo_path(), device=device, registry=registry, max_num_seqs=max(prompts, 1),
               speculative=SpeculativeConfig("dflash2", 8, drafter=folder))
     ids = [llm.encode(p) for p in heldout_prompts(prompts)]

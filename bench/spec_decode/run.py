@@ -72,7 +72,6 @@ def main() -> int:
     parser.add_argument("--methods", default="dflash2,ngram")
     args = parser.parse_args()
 
-    from kernelbay import Policy, Registry
     from kernelbay.demo import demo_path
     from kernelbay.engine import LLM, SamplingParams, SpeculativeConfig
 
@@ -81,7 +80,10 @@ def main() -> int:
     batches = sorted(set(main_batches) | {int(b) for b in args.sweep.split(",") if b})
     methods = [m for m in args.methods.split(",") if m]
     most = max(batches)
-    registry = Registry.discover(Policy(plugins=frozenset({"spec_dflash2"})))
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "plugins", "spec_dflash2", "src"))
+    from kernelbay_spec_dflash2.registry import dflash2_registry
+
+    registry = dflash2_registry()  # the core's backends + dflash2, installed or not
     common = dict(device=device, dtype=args.dtype, registry=registry, max_num_seqs=most)
     plain = LLM(demo_path(), **common)  # type: ignore[arg-type]
     spec = {m: LLM(demo_path(), speculative=SpeculativeConfig(  # type: ignore[arg-type]
