@@ -19,6 +19,7 @@ from kernelbay.engine.build import ModelBuilder
 from kernelbay.engine.kv_cache import KVCacheConfig, PagedKVCache, pages_for
 from kernelbay.engine.loader import load_weights
 from kernelbay.engine.models import model_class
+from kernelbay.engine.modules import RMSNorm, VocabParallelEmbedding
 from kernelbay.engine.parallel import init_tensor_parallel
 from kernelbay.engine.runner import ModelRunner, Sequence
 from kernelbay.engine.sampling import SamplingParams, sample_tokens
@@ -140,6 +141,10 @@ class LLM:
                      ignore=lambda name: bool(cls.ignored_tensor(name, config)),
                      progress=progress)
         self.model.eval()
+        if self.policy.batch_invariant:  # fixed-order norms, row-by-row tied head
+            for module in self.model.modules():
+                if isinstance(module, (RMSNorm, VocabParallelEmbedding)):
+                    module.batch_invariant = True
         self._decisions = decisions + builder.decisions
         self.max_model_len = max_model_len or min(config.max_position_embeddings or 4096, 8192)
         self.max_num_seqs = max_num_seqs

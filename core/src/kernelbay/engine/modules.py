@@ -3,6 +3,7 @@ RMSNorm, vocabulary-parallel embedding and LM head, and the attention layer."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -13,7 +14,7 @@ from kernelbay.engine.parallel import TensorParallel
 from kernelbay.layers import AttentionBackend, AttentionMetadata, LinearMethod
 
 __all__ = ["AttentionLayer", "ForwardMeta", "Linear", "RMSNorm", "VocabParallelEmbedding",
-           "vocab_logits"]
+           "invariant_mean_square", "rowwise", "vocab_logits"]
 
 
 @dataclass
@@ -63,19 +64,52 @@ class Linear(nn.Module):
         return y.reshape(*shape[:-1], y.shape[-1])
 
 
+def rowwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``fn`` on each row of ``x`` [T, ...] alone, results concatenated: a matmul the engine
+    runs itself (router, MLA absorption) then sees one row whatever the batch is, so its
+    library cannot pick a different kernel (and summation order) for another row count.
+    Used in batch-invariant mode only: it costs one call per row."""
+    if x.shape[0] <= 1:
+        return fn(x)
+    return torch.cat([fn(x[i:i + 1]) for i in range(x.shape[0])])
+
+
+def invariant_mean_square(xf: torch.Tensor) -> torch.Tensor:
+    """``mean(xf^2)`` over the last dim [..., 1], summed as a fixed pairwise tree of
+    elementwise adds (padded to a power of two): every row is summed in the same order
+    whatever the number of rows, on any device, unlike a reduction kernel whose split of a
+    row across threads may follow the tensor's shape."""
+    width = xf.shape[-1]
+    sq = xf * xf
+    padded = 1 << max(0, (width - 1).bit_length())
+    if padded != width:
+        sq = F.pad(sq, (0, padded - width))
+    while sq.shape[-1] > 1:
+        half = sq.shape[-1] // 2
+        sq = sq[..., :half] + sq[..., half:]
+    return sq / width
+
+
 class RMSNorm(nn.Module):
-    """``weight * x / sqrt(mean(x^2) + eps)``, normalised in float32."""
+    """``weight * x / sqrt(mean(x^2) + eps)``, normalised in float32.
+
+    With ``batch_invariant`` (set by the engine in batch-invariant mode) the mean of squares
+    is ``invariant_mean_square``: bitwise the same for a row whatever the batch holds.
+    """
 
     def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device),
                                    requires_grad=False)
         self.eps = eps
+        self.batch_invariant = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        mean_square = (invariant_mean_square(xf) if self.batch_invariant
+                       else xf.pow(2).mean(-1, keepdim=True))
+        xf = xf * torch.rsqrt(mean_square + self.eps)
         return self.weight * xf.to(dtype)
 
 
@@ -93,6 +127,8 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         self.tp = tp
         self.vocab = vocab
+        #: Set by the engine in batch-invariant mode: a tied LM head then runs row by row.
+        self.batch_invariant = False
         self.start, self.end = tp.shard_range(vocab)
         rows = -(-vocab // tp.size)
         self.weight = _shard_rows(nn.Parameter(torch.zeros(rows, hidden, dtype=dtype,
@@ -114,7 +150,13 @@ def vocab_logits(x: torch.Tensor, head: Linear | None, embed: VocabParallelEmbed
                  ) -> torch.Tensor:
     """Logits of the full vocabulary: this rank's shard from the LM head (or the tied
     embedding when ``head`` is None), gathered across ranks, padding removed."""
-    logits: torch.Tensor = head(x) if head is not None else F.linear(x, embed.weight)
+    if head is not None:
+        logits: torch.Tensor = head(x)
+    elif embed.batch_invariant:
+        logits = rowwise(lambda row: F.linear(row, embed.weight), x.reshape(-1, x.shape[-1])
+                         ).reshape(*x.shape[:-1], -1)
+    else:
+        logits = F.linear(x, embed.weight)
     if embed.tp.size > 1:
         logits = embed.tp.collective.all_gather(logits.contiguous(), dim=-1)
     return logits[..., : embed.vocab]

@@ -10,6 +10,19 @@ output. The routed experts run through the selected ``MoEMethod``.
 Tensor parallel: heads split (q_proj / q_b_proj / kv_b_proj column, o_proj row;
 q_a_proj and kv_a_proj_with_mqa replicated), expert and dense-MLP intermediates split, one
 all-reduce per MoE block after routed + shared experts, vocabulary-parallel embedding/head.
+
+Latent MoE (opt-in, ``moe_latent_size`` in config.json): the routed experts work in a
+latent space; ``mlp.fc1_latent_proj`` [latent, hidden] projects down before them and
+``mlp.fc2_latent_proj`` [hidden, latent] back up after (both replicated); the router and the
+shared experts see the hidden state. When the back-projection is linear in its input (its
+method is unquantized, without activation quantization, and it has no bias) each rank sums
+its experts in the latent space, projects its partial sum up and adds the shared experts':
+one all-reduce per block. Otherwise the latent sum is all-reduced before the projection and
+the shared experts' sum separately: two.
+
+Batch-invariant mode (``Policy.batch_invariant``): the matmuls this file runs itself (the
+router's scores, the MLA absorption einsums) run row by row (``rowwise``), so no row's sum
+order can follow the batch size.
 """
 
 from __future__ import annotations
@@ -23,13 +36,13 @@ from torch import nn
 
 from kernelbay.engine.build import ModelBuilder
 from kernelbay.engine.models.base import CausalLM
-from kernelbay.engine.modules import ForwardMeta, Linear, VocabParallelEmbedding
+from kernelbay.engine.modules import ForwardMeta, Linear, VocabParallelEmbedding, rowwise
 from kernelbay.engine.rope import Rope, rope_from_config
 from kernelbay.errors import ConfigError
 from kernelbay.layers.moe import MoEMethod
 from kernelbay.requests import AttentionRequest
 
-__all__ = ["DeepseekV3ForCausalLM", "mla_softmax_scale"]
+__all__ = ["DeepseekV3ForCausalLM", "latent_reduces_once", "mla_softmax_scale"]
 
 #: q_a_layernorm and kv_a_layernorm use this epsilon whatever ``rms_norm_eps`` says.
 _LATENT_NORM_EPS = 1e-6
@@ -79,6 +92,7 @@ class DeepseekV3Attention(nn.Module):
                                    self.rope_dim, dtype=b.dtype_name, kv_cache=b.kv_cache,
                                    page_size=b.page_size)
         self.attn = b.attention(request, scale)
+        self.batch_invariant = b.policy.batch_invariant
         self._w_uk: torch.Tensor | None = None
         self._w_uv: torch.Tensor | None = None
 
@@ -105,11 +119,18 @@ class DeepseekV3Attention(nn.Module):
         q_pe = rope.apply(q_pe, cos, sin)
         k_pe = rope.apply(k_pe.unsqueeze(1), cos, sin).squeeze(1)
         w_uk, w_uv = self.absorbed()
-        q_latent = torch.einsum("thn,hnr->thr", q_nope, w_uk.to(q_nope.dtype))
+
+        def absorb_q(t: torch.Tensor) -> torch.Tensor:
+            return torch.einsum("thn,hnr->thr", t, w_uk.to(t.dtype))
+
+        def absorb_out(t: torch.Tensor) -> torch.Tensor:
+            return torch.einsum("thr,hvr->thv", t, w_uv.to(t.dtype))
+
+        q_latent = rowwise(absorb_q, q_nope) if self.batch_invariant else absorb_q(q_nope)
         query = torch.cat([q_latent, q_pe], dim=-1)             # [T, H, rank + rope]
         latent = torch.cat([c_kv, k_pe], dim=-1)                # [T, rank + rope]
         out = self.attn(query, latent, None, meta)              # [T, H, rank]
-        out = torch.einsum("thr,hvr->thv", out, w_uv.to(out.dtype))
+        out = rowwise(absorb_out, out) if self.batch_invariant else absorb_out(out)
         projected: torch.Tensor = self.o_proj(out.reshape(tokens, self.heads * self.v_dim))
         return projected
 
@@ -158,11 +179,14 @@ class DeepseekV3Router(nn.Module):
                                                device=b.device), requires_grad=False)
         self.e_score_correction_bias = nn.Parameter(
             torch.zeros(num_experts, dtype=torch.float32, device=b.device), requires_grad=False)
+        self.batch_invariant = b.policy.batch_invariant
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(topk_ids [T, k], topk_weights [T, k] float32)`` for ``x`` [T, hidden]."""
         tokens, experts = x.shape[0], self.weight.shape[0]
-        scores = F.linear(x.float(), self.weight).sigmoid()
+        xf = x.float()
+        scores = (rowwise(lambda row: F.linear(row, self.weight), xf) if self.batch_invariant
+                  else F.linear(xf, self.weight)).sigmoid()
         choice = scores + self.e_score_correction_bias
         group_scores = (choice.view(tokens, self.n_group, -1).topk(2, dim=-1)[0].sum(dim=-1))
         group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
@@ -178,30 +202,74 @@ class DeepseekV3Router(nn.Module):
         return topk_ids, weights * self.routed_scaling_factor
 
 
+def latent_reduces_once(projection: Linear) -> bool:
+    """True when ``projection`` (a latent MoE's back-projection) is linear in its input, so
+    that projecting each rank's partial latent sum and all-reducing once equals projecting
+    the all-reduced sum: decided from the layer's constructed method (its own scheme has no
+    quantization, weights or activations) and the layer having no bias (a replicated bias
+    would be added once per rank)."""
+    request = projection.method.request
+    return (not request.scheme.is_quantized and request.scheme.activation is None
+            and not request.bias)
+
+
 class DeepseekV3MoE(Linear):
     """The MoE block at ``model.layers.{i}.mlp``: a ``Linear`` running the selected
     ``MoEMethod`` (so the per-expert tensors ``experts.{e}.*`` load by name), with the
-    router ``gate`` and the ``shared_experts`` MLP as children."""
+    router ``gate``, the ``shared_experts`` MLP and, for a latent MoE, the
+    ``fc1_latent_proj`` / ``fc2_latent_proj`` projections as children.
+
+    ``reduce_once`` (latent MoE only) says whether the block all-reduces once (see
+    ``latent_reduces_once``); it can be cleared to force the two-reduce path.
+    """
 
     def __init__(self, b: ModelBuilder, prefix: str) -> None:
         c = b.config
         hidden = c.hidden_size or 0
         inter = c.moe_intermediate_size or 0
         num_experts = c.n_routed_experts or 0
-        super().__init__(b.moe_method(prefix, hidden, inter, num_experts), b.tp, b.device)
+        latent = int(b.config_value("moe_latent_size", 0) or 0)
+        super().__init__(b.moe_method(prefix, latent or hidden, inter, num_experts), b.tp,
+                         b.device)
         self.gate = DeepseekV3Router(b, hidden, num_experts)
         shared = c.n_shared_experts if c.n_shared_experts is not None else 1
         self.shared_experts = (DeepseekV3MLP(b, f"{prefix}.shared_experts", hidden,
                                              inter * shared) if shared else None)
+        self.fc1_latent_proj: Linear | None = None
+        self.fc2_latent_proj: Linear | None = None
+        self.reduce_once = False
+        if latent:
+            self.fc1_latent_proj = b.linear(f"{prefix}.fc1_latent_proj", hidden, latent)
+            self.fc2_latent_proj = b.linear(f"{prefix}.fc2_latent_proj", latent, hidden)
+            self.reduce_once = latent_reduces_once(self.fc2_latent_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         topk_ids, topk_weights = self.gate(x)
         method: MoEMethod = self.method  # type: ignore[assignment]
+        shared = self.shared_experts(x, reduce=False) if self.shared_experts else None
+        if self.fc1_latent_proj is not None and self.fc2_latent_proj is not None:
+            return self._latent(x, topk_ids, topk_weights, method, shared)
         out = method.apply_moe(self, x, topk_ids, topk_weights)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x, reduce=False)
+        if shared is not None:
+            out = out + shared
         if self.tp.size > 1:
             out = self.tp.collective.all_reduce(out)
+        return out
+
+    def _latent(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                method: MoEMethod, shared: torch.Tensor | None) -> torch.Tensor:
+        assert self.fc1_latent_proj is not None and self.fc2_latent_proj is not None
+        # This rank's experts, summed in the latent space (a partial sum under TP).
+        routed = method.apply_moe(self, self.fc1_latent_proj(x), topk_ids, topk_weights)
+        reduce = self.tp.size > 1
+        if self.reduce_once or not reduce:
+            out: torch.Tensor = self.fc2_latent_proj(routed)
+            if shared is not None:
+                out = out + shared
+            return self.tp.collective.all_reduce(out) if reduce else out
+        out = self.fc2_latent_proj(self.tp.collective.all_reduce(routed))
+        if shared is not None:
+            out = out + self.tp.collective.all_reduce(shared)
         return out
 
 

@@ -1,0 +1,116 @@
+"""Tiling of the batch-invariant matmul: a table keyed by (N, K, dtype), never by M, and
+the pipeline depth chosen from the device's shared-memory limit.
+
+Why the tiling must not depend on M: each output element is a sum over K; the order of that
+sum is fixed by BLOCK_K and by the kernel's fixed loop over K tiles (no split-K). If M picked
+the tile, a row computed in a batch of 1 and in a batch of 256 could be summed in different
+orders and differ in the last bit. BLOCK_M and BLOCK_N only decide which program computes a
+row, not how the row is summed.
+
+Reasoning for the table (H200: 132 SMs, 228 KB shared memory per SM): BLOCK_M = 64 serves
+decode-sized batches without wasting most of a 128-row tile and still reuses each weight tile
+64 times at large M; BLOCK_N = 64 keeps N = 4096 at 64 column tiles (one per SM pair at M <= 64)
+and BLOCK_N = 128 is used from N >= 8192, where there are enough column tiles to fill the
+SMs; BLOCK_K = 64 (32 for float32, whose tiles are twice the bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+__all__ = ["DEFAULT_SHARED_MEMORY", "MatmulConfig", "choose_stages", "device_shared_memory",
+           "matmul_config", "shared_memory_limit"]
+
+#: Assumed shared-memory limit per block when the device cannot be asked (the CUDA default).
+DEFAULT_SHARED_MEMORY = 48 * 1024
+#: Bytes kept free for the kernel's own scratch (barriers, layout conversions).
+_RESERVE = 2 * 1024
+_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class MatmulConfig:
+    """One tiling of ``y = x W^T``; ``num_stages`` is the software-pipeline depth."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+    group_m: int = 8
+
+    def stage_bytes(self, itemsize: int) -> int:
+        """Shared memory one pipeline stage holds: an x tile and a W tile."""
+        return (self.block_m + self.block_n) * self.block_k * itemsize
+
+
+#: Tuned entries by (N, K, dtype); shapes not listed use the rule in ``matmul_config``.
+TABLE: dict[tuple[int, int, str], MatmulConfig] = {
+    (4096, 4096, "bfloat16"): MatmulConfig(64, 64, 64, 4, 4),
+    (14336, 4096, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4),
+    (4096, 14336, "bfloat16"): MatmulConfig(64, 64, 64, 4, 4),
+}
+
+
+def _rule(n: int, dtype: str) -> MatmulConfig:
+    block_k = 32 if dtype == "float32" else 64
+    if n <= 16:
+        block_n = 16
+    elif n <= 32:
+        block_n = 32
+    elif n < 8192:
+        block_n = 64
+    else:
+        block_n = 128
+    return MatmulConfig(64, block_n, block_k, 4, 4)
+
+
+def choose_stages(config: MatmulConfig, itemsize: int, shared_memory: int,
+                  max_stages: int | None = None) -> MatmulConfig:
+    """``config`` with as many pipeline stages as ``shared_memory`` bytes hold (at most
+    ``max_stages``, default the config's own; at least 1). When not even one stage fits,
+    BLOCK_K is halved (down to 16) until it does: the reduction order changes with it, but
+    it is still a function of the device and of (N, K, dtype) alone, never of M."""
+    top = max_stages if max_stages is not None else config.num_stages
+    budget = shared_memory - _RESERVE
+    while config.stage_bytes(itemsize) > budget and config.block_k > 16:
+        config = replace(config, block_k=config.block_k // 2)
+    fit = budget // config.stage_bytes(itemsize)
+    return replace(config, num_stages=int(max(1, min(top, fit))))
+
+
+def matmul_config(n: int, k: int, dtype: str, shared_memory: int) -> MatmulConfig:
+    """The tiling for weight [N, K] of ``dtype`` on a device with ``shared_memory`` bytes
+    per block. Raises ``ValueError`` naming the dtype and the valid set."""
+    if dtype not in _ITEMSIZE:
+        raise ValueError(f"batch-invariant matmul: dtype {dtype!r} is not supported; valid: "
+                         f"{sorted(_ITEMSIZE)}")
+    base = TABLE.get((n, k, dtype)) or _rule(n, dtype)
+    return choose_stages(base, _ITEMSIZE[dtype], shared_memory)
+
+
+def device_shared_memory(device: object) -> int:
+    """``shared_memory_limit`` of a CUDA ``torch.device``; ``DEFAULT_SHARED_MEMORY`` for any
+    other (Triton's CPU interpreter has no limit to respect)."""
+    if getattr(device, "type", None) != "cuda":
+        return DEFAULT_SHARED_MEMORY
+    index = getattr(device, "index", None)
+    return shared_memory_limit(index if index is not None else 0)
+
+
+def shared_memory_limit(device_index: int = 0) -> int:
+    """Shared memory one block may use on CUDA device ``device_index`` (opt-in maximum):
+    from torch's device properties, else Triton's driver, else ``DEFAULT_SHARED_MEMORY``."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device_index)
+    value = getattr(props, "shared_memory_per_block_optin", None)
+    if value:
+        return int(value)
+    try:
+        import triton
+
+        info = triton.runtime.driver.active.utils.get_device_properties(device_index)
+        return int(info["max_shared_mem"])
+    except Exception:  # an older or different driver: the safe default
+        return DEFAULT_SHARED_MEMORY

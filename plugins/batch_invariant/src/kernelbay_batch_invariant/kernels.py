@@ -1,0 +1,172 @@
+"""Triton kernels of the batch-invariant mode: matmul and paged attention.
+
+Each kernel fixes the order of every sum by compile-time constants that depend on the
+problem's N / K / head sizes only; a row of the output is computed by one program (or by
+one column of programs) the same way whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelbay_batch_invariant.configs import MatmulConfig
+
+__all__ = ["invariant_matmul", "paged_attention", "token_positions"]
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+@triton.jit
+def _matmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K,
+                   stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GROUP_M: tl.constexpr, IEEE: tl.constexpr, USE_DOT: tl.constexpr):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    # Grouped launch order (L2 reuse of W tiles): it moves tiles between programs only.
+    in_group = GROUP_M * num_pid_n
+    first_m = (pid // in_group) * GROUP_M
+    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % group_size
+    pid_n = (pid % in_group) // group_size
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # One fixed walk over K in BLOCK_K tiles: the reduction order of every output element.
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + offs_k
+        a = tl.load(x_ptr + offs_m[:, None] * stride_xm + kk[None, :] * stride_xk,
+                    mask=(offs_m[:, None] < M) & (kk[None, :] < K), other=0.0)
+        b = tl.load(w_ptr + kk[:, None] * stride_wk + offs_n[None, :] * stride_wn,
+                    mask=(kk[:, None] < K) & (offs_n[None, :] < N), other=0.0)
+        if not USE_DOT:
+            # Triton's CPU interpreter runs tl.dot as a BLAS call whose result for a row can
+            # follow the row's place in the tile; an explicit product and sum cannot.
+            acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+        elif IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    y = acc.to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn, y,
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
+                     ) -> torch.Tensor:
+    """``x [M, K] @ weight[N, K]^T`` with ``config``'s tiling (chosen from N, K, dtype)."""
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"invariant_matmul: wants x [M, K] and weight [N, K], got "
+                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    if x.dtype != weight.dtype:
+        raise ValueError(f"invariant_matmul: x is {x.dtype}, weight is {weight.dtype}; they "
+                         "must match")
+    m, k = x.shape
+    n = weight.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n),)
+    _matmul_kernel[grid](x, weight, y, m, n, k, x.stride(0), x.stride(1), weight.stride(0),
+                         weight.stride(1), y.stride(0), y.stride(1),
+                         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                         BLOCK_K=config.block_k, GROUP_M=config.group_m,
+                         IEEE=x.dtype == torch.float32, USE_DOT=not _interpreting(),
+                         num_warps=config.num_warps,
+                         num_stages=config.num_stages)
+    return y
+
+
+@triton.jit
+def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, seq_ptr, visible_ptr,
+                      scale, window,
+                      sq_t, sq_h, sk_p, sk_s, sk_h, sv_p, sv_s, sv_h, so_t, so_h, st_b,
+                      GROUP: tl.constexpr, D_K: tl.constexpr, D_V: tl.constexpr,
+                      BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+                      PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    kvh = h // GROUP
+    b = tl.load(seq_ptr + t)
+    visible = tl.load(visible_ptr + t)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(visible - window, 0)
+    dk = tl.arange(0, BLOCK_DK)
+    dv = tl.arange(0, BLOCK_DV)
+    q = tl.load(q_ptr + t * sq_t + h * sq_h + dk, mask=dk < D_K, other=0.0).to(tl.float32)
+    m_i = -float("inf")
+    l_i = 0.0
+    acc = tl.zeros((BLOCK_DV,), dtype=tl.float32)
+    # Key chunks are aligned to absolute positions (fixed split size BLOCK_N): a token's
+    # chunks are the same whether it is decoded alone, in a batch or verified with drafts.
+    for start in range((lo // BLOCK_N) * BLOCK_N, visible, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        valid = (pos < visible) & (pos >= lo)
+        page = tl.load(tables_ptr + b * st_b + pos // PAGE, mask=valid, other=0).to(tl.int64)
+        slot = pos % PAGE
+        k = tl.load(k_ptr + page[:, None] * sk_p + slot[:, None] * sk_s + kvh * sk_h
+                    + dk[None, :], mask=valid[:, None] & (dk[None, :] < D_K),
+                    other=0.0).to(tl.float32)
+        s = tl.sum(k * q[None, :], axis=1) * scale
+        s = tl.where(valid, s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        p = tl.exp(s - m_new)
+        alpha = tl.exp(m_i - m_new)
+        v = tl.load(v_ptr + page[:, None] * sv_p + slot[:, None] * sv_s + kvh * sv_h
+                    + dv[None, :], mask=valid[:, None] & (dv[None, :] < D_V),
+                    other=0.0).to(tl.float32)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m_i = m_new
+    out = acc / l_i
+    tl.store(o_ptr + t * so_t + h * so_h + dv, out.to(o_ptr.dtype.element_ty), mask=dv < D_V)
+
+
+def token_positions(query_start_loc: torch.Tensor, seq_lens: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sequence index [T], visible keys [T])`` of every new token: token ``j`` of the
+    ``n`` new tokens of a sequence of length ``L`` sees ``L - n + j + 1`` keys."""
+    starts = query_start_loc.long()
+    total = int(starts[-1])
+    idx = torch.arange(total, device=starts.device)
+    seq = torch.searchsorted(starts[1:], idx, right=True)
+    visible = seq_lens.long()[seq] - (starts[seq + 1] - idx) + 1
+    return seq.to(torch.int32), visible.to(torch.int32)
+
+
+def paged_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                    block_tables: torch.Tensor, seq: torch.Tensor, visible: torch.Tensor,
+                    scale: float, value_dim: int, page_size: int,
+                    sliding_window: int | None = None, block_n: int = 64) -> torch.Tensor:
+    """Causal paged attention, one program per (new token, query head).
+
+    ``query`` [T, H, Dk]; ``keys`` / ``values`` [pages, page_size, kv_heads, D] views of the
+    cache (last dim contiguous; values may be a prefix of the keys' last dim, as MLA's);
+    ``seq`` / ``visible`` from ``token_positions``. Returns [T, H, value_dim].
+    """
+    tokens, heads, d_k = query.shape
+    kv_heads = keys.shape[2]
+    out = torch.empty((tokens, heads, value_dim), dtype=query.dtype, device=query.device)
+    if tokens == 0:
+        return out
+    query = query.contiguous()
+    grid = (tokens, heads)
+    _attention_kernel[grid](
+        query, keys, values, out, block_tables, seq, visible, float(scale),
+        int(sliding_window or 0),
+        query.stride(0), query.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
+        values.stride(0), values.stride(1), values.stride(2), out.stride(0), out.stride(1),
+        block_tables.stride(0),
+        GROUP=heads // kv_heads, D_K=d_k, D_V=value_dim,
+        BLOCK_DK=triton.next_power_of_2(d_k), BLOCK_DV=triton.next_power_of_2(value_dim),
+        BLOCK_N=block_n, PAGE=page_size, HAS_WINDOW=sliding_window is not None)
+    return out
