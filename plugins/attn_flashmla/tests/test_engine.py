@@ -50,3 +50,15 @@ def test_quantized_records_keep_bits_per_byte(kind: str, bf16_bits: float) -> No
     assert layout.dtype.itemsize == 1                                 # uint8 record pages
     bits = bits_per_byte(llm.logits, heldout_text()[:HELDOUT_BYTES])
     assert abs(bits - bf16_bits) <= 0.02 * bf16_bits, (kind, bits, bf16_bits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "fp8-e8m0", "mxfp8"])
+def test_demo_on_gpu_uses_the_triton_kernels(kind: str, bf16_bits: float) -> None:
+    llm = LLM(demo_path(), kv_cache=kind, device="cuda")
+    assert llm.plan.attention.selection is not None
+    assert llm.plan.attention.selection.backend.name == "mla-triton"
+    bits = bits_per_byte(llm.logits, heldout_text()[:HELDOUT_BYTES])
+    assert abs(bits - bf16_bits) <= 0.02 * bf16_bits, (kind, bits, bf16_bits)
+    outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=16))
+    assert all(len(o.token_ids) == 16 for o in outputs)

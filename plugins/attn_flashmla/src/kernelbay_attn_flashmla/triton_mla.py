@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from dataclasses import dataclass
@@ -98,6 +99,12 @@ def _pages(cache: Tensor, record: MLARecord, page_size: int) -> tuple[Tensor, in
     return cache.view(-1), page_bytes
 
 
+@functools.cache
+def _sm_count(index: int) -> int:
+    """Streaming multiprocessors of CUDA device ``index`` (asked once per device)."""
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
 def choose_splits(num_tokens: int, head_blocks: int, max_keys: int, num_sms: int,
                   waves: int = SPLIT_WAVES) -> int:
     """KV splits per query token: enough programs for ``waves`` per SM when the batch alone
@@ -164,8 +171,8 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     block_n = block_n or (32 if d_pad >= 256 else 64)
     if num_splits is None:
         sms = num_sms if num_sms is not None else (
-            torch.cuda.get_device_properties(query.device).multi_processor_count
-            if query.is_cuda else 1)
+            _sm_count(query.device.index if query.device.index is not None
+                      else torch.cuda.current_device()) if query.is_cuda else 1)
         max_keys = (topk_indices.shape[-1] if topk_indices is not None
                     else metadata.block_tables.shape[1] * page_size)
         num_splits = choose_splits(num_tokens, head_blocks, max_keys, sms)
