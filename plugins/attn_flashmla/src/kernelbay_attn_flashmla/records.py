@@ -311,7 +311,8 @@ def record_for_dims(kind: str, kv_lora_rank: int, rope_dim: int) -> MLARecord:
         raise ValueError(f"{kind} records at {kv_lora_rank}+{rope_dim}: {scaled} scaled values "
                          f"share no group of {MIN_GROUP} or more with the default group "
                          f"{default.group_size} (largest common divisor {group})")
-    return FACTORIES[kind](kv_lora_rank, rope_dim, group)  # type: ignore[operator]
+    grouped = {"fp8": fp8_record, "fp8-e8m0": fp8_e8m0_record, "mxfp8": mxfp8_record}
+    return grouped[kind](kv_lora_rank, rope_dim, group)
 
 
 #: Smallest scale group ``record_for_dims`` derives (smaller groups cost more scale bytes

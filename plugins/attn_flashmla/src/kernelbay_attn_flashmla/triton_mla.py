@@ -66,7 +66,7 @@ def kernel_fields(record: MLARecord) -> KernelFields:
 
 
 def _pow2(n: int) -> int:
-    return triton.next_power_of_2(max(1, n))
+    return int(triton.next_power_of_2(max(1, n)))
 
 
 def _interpreting() -> bool:
