@@ -28,8 +28,8 @@ TILE = 128
 @triton.jit
 def fp8_block_matmul(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, KP, stride_xm, stride_om,
                      stride_os, stride_sn, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                     TILES_PER_SPLIT: tl.constexpr, DOT_FP32: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     TILES_PER_SPLIT, PARTIAL: tl.constexpr, DOT_FP32: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -61,7 +61,7 @@ def fp8_block_matmul(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, KP, stride_xm
             acc += tl.dot(x, wd)
     n_ok = offs_n < N
     o_mask = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_K == 1:
+    if not PARTIAL:
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
@@ -99,13 +99,13 @@ def fp8_block_linear_triton(x: torch.Tensor, weight: torch.Tensor, scales: torch
     if split_k == 1:
         kernel[grid](x, w_bits, scales, bias_arg, out, m, n, k, kpad, x.stride(0),
                      out.stride(0), 0, scales.stride(0), HAS_BIAS=bias is not None,
-                     BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=1,
-                     TILES_PER_SPLIT=per_split, DOT_FP32=interp, **opts)
+                     BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                     TILES_PER_SPLIT=per_split, PARTIAL=False, DOT_FP32=interp, **opts)
         return out
     part = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
     kernel[grid](x, w_bits, scales, bias_arg, part, m, n, k, kpad, x.stride(0), n, m * n,
                  scales.stride(0), HAS_BIAS=False, BLOCK_M=block_m, BLOCK_N=block_n,
-                 BLOCK_K=block_k, SPLIT_K=split_k, TILES_PER_SPLIT=per_split,
+                 BLOCK_K=block_k, TILES_PER_SPLIT=per_split, PARTIAL=True,
                  DOT_FP32=interp, **opts)
     block = 1024
     kernels().reduce[(-(-(m * n) // block),)](part, bias_arg, out, m * n, n, SPLIT_K=split_k,

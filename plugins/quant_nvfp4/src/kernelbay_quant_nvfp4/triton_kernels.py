@@ -14,8 +14,9 @@ the product equals the reference's ``e2m1_value * (float(scale) * global)`` up t
 two exact power-of-two factors, so the dequantized weight is the reference's bit for bit
 before its cast to the activation dtype.
 
-The packed halves are never interleaved: the low nibbles multiply the even columns of ``x``
-and the high nibbles the odd ones, two ``tl.dot`` per K tile accumulating in fp32.
+The packed halves are never interleaved: ``x``'s tile is loaded contiguously and split in
+registers into even columns (they multiply the low nibbles) and odd ones (the high nibbles),
+two ``tl.dot`` per K tile accumulating in fp32.
 
 Small M (decode) is memory bound: split-K gives enough CTAs to fill the GPU (partial sums in
 an fp32 workspace, reduced by a second small kernel that adds the bias and casts). Large M
@@ -71,7 +72,7 @@ def _decode(codes, block_factor):
 def nvfp4_matmul(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
                  M, N, K, stride_xm, stride_wn, stride_sn, stride_om, stride_os,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
+                 BLOCK_K: tl.constexpr, TILES_PER_SPLIT, PARTIAL: tl.constexpr,
                  DOT_FP32: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -81,6 +82,7 @@ def nvfp4_matmul(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_h = tl.arange(0, HALF)
+    offs_kx = tl.arange(0, BLOCK_K)
     offs_g = tl.arange(0, GROUPS)
     m_ok = offs_m < M
     n_ok = offs_n < N
@@ -104,10 +106,12 @@ def nvfp4_matmul(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
                          (HALF, BLOCK_N))
         w_lo = _decode(w & 15, blk).to(x_ptr.dtype.element_ty)
         w_hi = _decode(w >> 4, blk).to(x_ptr.dtype.element_ty)
-        x_row = x_ptr + offs_m[:, None] * stride_xm + 2 * kh[None, :]
-        x_mask = m_ok[:, None] & h_ok[None, :]
-        x_even = tl.load(x_row, mask=x_mask, other=0.0)
-        x_odd = tl.load(x_row + 1, mask=x_mask, other=0.0)
+        # x as one contiguous [BLOCK_M, BLOCK_K] tile (vector loads), split in registers into
+        # the even columns (low nibbles) and odd ones (high nibbles).
+        kx = t * BLOCK_K + offs_kx
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + kx[None, :],
+                    mask=m_ok[:, None] & (kx < K)[None, :], other=0.0)
+        x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, HALF, 2)))
         if DOT_FP32:
             # Interpreter only: its tl.dot multiplies bfloat16 as raw uint16 bits, so the
             # (exactly representable) operands are widened; the products are the same.
@@ -117,7 +121,7 @@ def nvfp4_matmul(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
             acc += tl.dot(x_even, w_lo)
             acc += tl.dot(x_odd, w_hi)
     o_mask = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_K == 1:
+    if not PARTIAL:
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
@@ -127,7 +131,7 @@ def nvfp4_matmul(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
                  acc, mask=o_mask)
 
 @triton.jit
-def splitk_reduce(part_ptr, b_ptr, out_ptr, MN, N, SPLIT_K: tl.constexpr,
+def splitk_reduce(part_ptr, b_ptr, out_ptr, MN, N, SPLIT_K,
                   HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
@@ -215,13 +219,13 @@ def nvfp4_linear_triton(x: torch.Tensor, packed: torch.Tensor, scales: torch.Ten
         ks.matmul[grid](x, packed, scales, global_scale, bias_arg, out, m, n, k,
                         x.stride(0), packed.stride(0), scales.stride(0), out.stride(0), 0,
                         HAS_BIAS=has_bias, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                        SPLIT_K=1, TILES_PER_SPLIT=per_split, DOT_FP32=interp, **opts)
+                        TILES_PER_SPLIT=per_split, PARTIAL=False, DOT_FP32=interp, **opts)
         return out
     part = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
     ks.matmul[grid](x, packed, scales, global_scale, bias_arg, part, m, n, k,
                     x.stride(0), packed.stride(0), scales.stride(0), n, m * n,
                     HAS_BIAS=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                    SPLIT_K=split_k, TILES_PER_SPLIT=per_split, DOT_FP32=interp, **opts)
+                    TILES_PER_SPLIT=per_split, PARTIAL=True, DOT_FP32=interp, **opts)
     block = 1024
     ks.reduce[(-(-(m * n) // block),)](part, bias_arg, out, m * n, n, SPLIT_K=split_k,
                                        HAS_BIAS=has_bias, BLOCK=block)
