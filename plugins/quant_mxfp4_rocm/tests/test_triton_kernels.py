@@ -162,7 +162,8 @@ def random_weight(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
     return quantize_mx(w, "e2m1", "even")
 
 
-CONFIGS = [None, (16, 32, 64, 2), (16, 16, 32, 3), (32, 32, 64, 1), (16, 64, 128, 1)]
+CONFIGS = [None, (16, 32, 64, 2), (16, 16, 32, 3), (32, 32, 64, 1), (16, 64, 128, 1),
+           (16, 32, 64, 2, 4, 3, True), (16, 16, 32, 1, 4, 3, True)]
 
 
 @pytest.mark.parametrize("shape", [(1, 40, 96), (5, 33, 128), (16, 16, 64), (19, 48, 160)])

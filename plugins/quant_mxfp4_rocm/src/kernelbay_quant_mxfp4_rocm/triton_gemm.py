@@ -56,11 +56,14 @@ class GemmConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    #: Load the weight scales once per 32 columns and broadcast them in registers (fewer,
+    #: wider loads; a reshape the compiler lays out) instead of one gather per element.
+    scale_bcast: bool = False
 
     def describe(self) -> str:
-        """Compact text, e.g. ``m16n64k256s4w4p4``."""
+        """Compact text, e.g. ``m16n64k256s4w4p4`` (``b`` suffix: ``scale_bcast``)."""
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
-                f"w{self.num_warps}p{self.num_stages}")
+                f"w{self.num_warps}p{self.num_stages}{'b' if self.scale_bcast else ''}")
 
 
 @triton.jit
@@ -106,16 +109,16 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
                        stride_am, stride_asm, stride_wn, stride_wsn, stride_om, stride_os,
                        A_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-                       INTERPRET: tl.constexpr, OUT_BF16_BITS: tl.constexpr):
+                       INTERPRET: tl.constexpr, OUT_BF16_BITS: tl.constexpr,
+                       SCALE_BCAST: tl.constexpr):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     grid_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // grid_n
     pid_n = pid % grid_n
-    HALF: tl.constexpr = BLOCK_K // 2
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rh = tl.arange(0, HALF)
+    rh = tl.arange(0, BLOCK_K // 2)
     m_ok = rm < M
     n_ok = rn < N
     rm64 = rm.to(tl.int64)
@@ -135,8 +138,15 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
             w_mask = n_ok[None, :] & kh_ok[:, None]
         pw = tl.load(w_ptr + rn64[None, :] * stride_wn + kh[:, None], mask=w_mask,
                      other=0).to(tl.int32)
-        bw = tl.load(ws_ptr + rn64[None, :] * stride_wsn + (kh // 16)[:, None], mask=w_mask,
-                     other=0).to(tl.int32)
+        if SCALE_BCAST:
+            kb = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+            sb = tl.load(ws_ptr + rn64[None, :] * stride_wsn + kb[:, None],
+                         mask=n_ok[None, :] & (kb[:, None] < K // 32), other=0).to(tl.int32)
+            bw = tl.reshape(tl.broadcast_to(sb[:, None, :], (BLOCK_K // 32, 16, BLOCK_N)),
+                            (BLOCK_K // 2, BLOCK_N))
+        else:
+            bw = tl.load(ws_ptr + rn64[None, :] * stride_wsn + (kh // 16)[:, None],
+                         mask=w_mask, other=0).to(tl.int32)
         s14 = tl.where(bw == 255, 0x7FC00000, (bw + 14) << 23).to(tl.float32, bitcast=True)
         w_lo = _decode_w(pw & 15, s14)
         w_hi = _decode_w(pw >> 4, s14)
@@ -215,27 +225,25 @@ def default_config(m: int, n: int, k: int, sm_count: int = 132) -> GemmConfig:
 
 
 def candidate_configs(m: int, n: int, k: int) -> list[GemmConfig]:
-    """Configs a tuning run tries for one shape (each valid for it: BLOCK_K divides K)."""
+    """Configs a tuning run tries for one shape (each valid for it: BLOCK_K divides K and
+    every split gets at least two K tiles): about 36 for M <= 16, 12 beyond."""
     out: list[GemmConfig] = []
     if m <= 16:
         for bn in (32, 64, 128):
-            for bk in (128, 256, 512):
+            for bk in (256, 512):
+                for split in (1, 2, 4):
+                    if k % bk == 0 and k // (bk * split) >= 2:
+                        out.append(GemmConfig(16, bn, bk, split, 4, 4))
+                        out.append(GemmConfig(16, bn, bk, split, 4, 4, scale_bcast=True))
+        return out
+    for bm in (64, 128):
+        for bn in (64, 128):
+            for bk in (64, 128):
                 if k % bk:
                     continue
-                for split in (1, 2, 4, 8):
-                    if k // (bk * split) < 2:
-                        continue
-                    for warps, stages in ((4, 3), (4, 4), (8, 4)):
-                        out.append(GemmConfig(16, bn, bk, split, warps, stages))
-    else:
-        bms = (32, 64) if m <= 64 else (64, 128)
-        for bm in bms:
-            for bn in (64, 128):
-                for bk in (64, 128):
-                    if k % bk:
-                        continue
-                    for warps, stages in ((4, 3), (8, 3), (8, 4)):
-                        out.append(GemmConfig(bm, bn, bk, 1, warps, stages))
+                out.append(GemmConfig(bm, bn, bk, 1, 4, 3))
+                if bm == 128:
+                    out.append(GemmConfig(bm, bn, bk, 1, 8, 3))
     return out
 
 
@@ -302,7 +310,7 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         n, m * n if split > 1 else 0,
         A_KIND=kind, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         SPLIT_K=split, EVEN_K=k % (cfg.block_k * split) == 0,
-        INTERPRET=interpret, OUT_BF16_BITS=out_bits,
+        INTERPRET=interpret, OUT_BF16_BITS=out_bits, SCALE_BCAST=cfg.scale_bcast,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         block = 1024

@@ -1,0 +1,266 @@
+"""Benchmark: the Triton MXFP4-weight GEMM (kernelbay-quant-mxfp4-rocm) against torch bf16
+matmul on this GPU, both in the same run.
+
+For each (N, K) in {(8192, 8192), (28672, 8192), (8192, 28672)} (bench/nvfp4's shapes) and M
+in {1, 4, 16, 64, 256} it times, with CUDA graphs (``triton.testing.do_bench_cudagraph``,
+median), so that launch overhead is what a graph-captured decode step pays:
+
+* ``bf16``: ``F.linear(x, W)`` with W the dequantized weight in bf16 (the baseline);
+* ``mxfp4``: the ``mxfp4-triton`` linear method (on CUDA ``mxfp4-triton-cuda``, chosen by
+  forcing it, ``KERNELBAY_FORCE_LINEAR``'s policy entry) with its default config, W4A16;
+* ``w4a4``: the same GEMM fed by the dynamic MXFP4 activation quantizer (two kernels);
+* with ``--configs all``: every ``candidate_configs`` entry of the GEMM per shape, so one GPU
+  run shows which config to make the default (the best is reported per shape).
+
+Before timing, every kernel/config is checked once per shape against the reference
+(``kernelbay.formats.dequantize_mx`` + a float64 matmul): |y - ref| <= one bf16 rounding +
+K * 2^-22 * (|x| @ |W|^T). A mismatch stops the script with exit status 1.
+
+Reported: time per call (us), ratio bf16 / mxfp4 (> 1: faster), and GB/s of bytes moved
+(weights + scales + activations + output; bf16 weights are 2 bytes per element, MXFP4 0.53).
+
+    python bench/mxfp4/run.py --out DIR                 # default configs, about 1 minute
+    python bench/mxfp4/run.py --configs all --out DIR   # tuning sweep, a few minutes
+    TRITON_INTERPRET=1 python bench/mxfp4/run.py --smoke --configs all --out DIR  # no GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = ((8192, 8192), (28672, 8192), (8192, 28672))
+MS = (1, 4, 16, 64, 256)
+HERE = Path(__file__).resolve().parent
+
+
+DEVICE = {"name": "cuda"}
+
+
+def bench(fn: Any, rep: int) -> float:
+    """Median microseconds per call, CUDA-graph replayed (``--smoke``: one timed call)."""
+    import triton.testing
+
+    if DEVICE["name"] == "cpu":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+    fn()
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
+    return float(ms) * 1000.0
+
+
+def check(name: str, y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
+    """Compare with the reference; exit 1 on a mismatch. Returns the max error / bound."""
+    ref = x.double() @ w.double().T
+    k = x.shape[-1]
+    bound = k * 2.0**-22 * (x.abs().double() @ w.abs().double().T) + 2.0**-126 * k
+    if y.dtype == torch.bfloat16:
+        bound = bound + ref.abs() * 2.0**-8  # one rounding to bf16
+    err = (y.double() - ref).abs()
+    ratio = float((err / bound).max())
+    if not torch.isfinite(y).all() or ratio > 1.0:
+        print(f"WRONG RESULT: {name}: max |y - ref| / bound = {ratio:.3g}", file=sys.stderr)
+        sys.exit(1)
+    return ratio
+
+
+def forced_method(n: int, k: int) -> Any:
+    """The Triton linear method chosen by kernelbay's selection, forced on CUDA."""
+    from kernelbay.device import parse_device, probe_device
+    from kernelbay.kinds import BackendKind
+    from kernelbay.plugins import get_registry
+    from kernelbay.requests import LinearRequest, QuantScheme
+    from kernelbay.select import select
+
+    device = probe_device() if DEVICE["name"] == "cuda" else parse_device("sm_90")
+    registry = get_registry()
+    name = "mxfp4-triton" if device.platform == "rocm" else "mxfp4-triton-cuda"
+    policy = registry.policy.with_force(BackendKind.LINEAR, name)
+    scheme = QuantScheme("mxfp4", "e2m1", (1, 32), "e8m0", False, None, "quark",
+                         (("scale_mode", "even"),))
+    selection = select(BackendKind.LINEAR, LinearRequest(k, n, scheme, "bfloat16"), device,
+                       policy, registry=registry)
+    return selection.backend(selection.request), selection
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(HERE), help="folder for results.json/.md")
+    parser.add_argument("--configs", choices=("default", "all"), default="default")
+    parser.add_argument("--ms", default=",".join(map(str, MS)), help="comma-separated M")
+    parser.add_argument("--shapes", default="all", help="'all' or N1xK1,N2xK2")
+    parser.add_argument("--rep", type=int, default=40, help="ms of replays per timing")
+    parser.add_argument("--budget", type=float, default=480.0,
+                        help="seconds after which the config sweep stops (noted in results)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="check the script without a GPU: TRITON_INTERPRET=1, tiny shape")
+    args = parser.parse_args()
+    if args.smoke:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            print("--smoke needs TRITON_INTERPRET=1 in the environment", file=sys.stderr)
+            return 2
+        DEVICE["name"] = "cpu"
+        args.shapes, args.ms = "96x128", "1,17"
+    elif not torch.cuda.is_available():
+        print("bench/mxfp4 needs a GPU (CUDA or ROCm)", file=sys.stderr)
+        return 2
+    shapes = SHAPES if args.shapes == "all" else tuple(
+        tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))
+    ms = tuple(int(m) for m in args.ms.split(","))
+    start = time.time()
+    rows: list[dict[str, Any]] = []
+    state = {"sweep_cut": False, "method": ""}
+    for n, k in shapes:
+        rows.extend(run_shape(n, k, ms, args, start, state))
+        if DEVICE["name"] == "cuda":
+            torch.cuda.empty_cache()
+    sweep_cut, chosen_name = state["sweep_cut"], state["method"]
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name() if DEVICE["name"] == "cuda" else "cpu (smoke)",
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "method": chosen_name,
+        "timing": "triton.testing.do_bench_cudagraph, median",
+        "configs": args.configs,
+        "sweep_cut_by_budget": sweep_cut,
+        "seconds": round(time.time() - start, 1),
+        "rows": rows,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (out / "results.md").write_text(markdown(result), encoding="utf-8")
+    print(f"wrote {out / 'results.json'} and {out / 'results.md'}")
+    return 0
+
+
+def run_shape(n: int, k: int, ms: tuple[int, ...], args: argparse.Namespace, start: float,
+              state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Check and time every M of one (N, K)."""
+    from kernelbay.formats import dequantize_mx, quantize_mx
+    from kernelbay_quant_mxfp4_rocm import triton_mx
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import default_config, mxfp4_gemm
+
+    torch.manual_seed(n + k)
+    dev = DEVICE["name"]
+    packed, scales = quantize_mx(torch.randn(n, k, device=dev) * 0.02, "e2m1", "even")
+    w_deq = dequantize_mx(packed, scales, "e2m1")  # float32, exact
+    w_bf16 = w_deq.bfloat16()  # exact too (two significant bits)
+    method, selection = forced_method(n, k)
+    state["method"] = selection.backend.name
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(packed, requires_grad=False)
+    layer.weight_scale = torch.nn.Parameter(scales, requires_grad=False)
+    method.process_weights_after_loading(layer)
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, device=dev).bfloat16()
+        row: dict[str, Any] = {"N": n, "K": k, "M": m}
+        row["check_mxfp4"] = check(f"{state['method']} N={n} K={k} M={m}",
+                                   method.apply(layer, x), x, w_deq)
+        xq, xs = triton_mx.quantize_mx(x, "e2m1", "even")
+        y4 = mxfp4_gemm(xq, packed, scales, x_scale=xs, out_dtype=torch.float32)
+        row["check_w4a4"] = check(f"w4a4 N={n} K={k} M={m}", y4,
+                                  dequantize_mx(xq, xs, "e2m1"), w_deq)
+        row["bf16_us"] = bench(lambda x=x: F.linear(x, w_bf16), args.rep)
+        row["mxfp4_us"] = bench(lambda x=x: method.apply(layer, x), args.rep)
+        row["w4a4_us"] = bench(_w4a4(x, packed, scales), args.rep)
+        row["default_config"] = default_config(m, n, k).describe()
+        if args.configs == "all":
+            sweep(row, x, packed, scales, w_deq, args, start, state)
+        weight_bytes = n * k // 2 + n * k // 32
+        io_bytes = 2 * m * k + 2 * m * n
+        row["ratio"] = row["bf16_us"] / row["mxfp4_us"]
+        row["mxfp4_GBps"] = (weight_bytes + io_bytes) / row["mxfp4_us"] / 1e3
+        row["bf16_GBps"] = (2 * n * k + io_bytes) / row["bf16_us"] / 1e3
+        rows.append(row)
+        best = (f", best {row['best_config']} {row['best_us']:.1f} us"
+                if "best_us" in row else "")
+        print(f"N={n} K={k} M={m}: bf16 {row['bf16_us']:.1f} us, mxfp4 {row['mxfp4_us']:.1f} "
+              f"us ({row['ratio']:.2f}x), w4a4 {row['w4a4_us']:.1f} us{best}", flush=True)
+    return rows
+
+
+def sweep(row: dict[str, Any], x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+          w_deq: torch.Tensor, args: argparse.Namespace, start: float,
+          state: dict[str, Any]) -> None:
+    """Check and time every candidate config of the GEMM for this shape (until --budget)."""
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import (
+        candidate_configs,
+        config_dict,
+        mxfp4_gemm,
+    )
+
+    m, k = x.shape
+    n = packed.shape[0]
+    tried: list[dict[str, Any]] = []
+    for cfg in candidate_configs(m, n, k):
+        if time.time() - start > args.budget:
+            state["sweep_cut"] = True
+            break
+        try:
+            y = mxfp4_gemm(x, packed, scales, config=cfg)
+        except Exception as exc:  # a config the compiler refuses (resources): record it
+            tried.append({**config_dict(cfg), "name": cfg.describe(), "error": str(exc)[:200]})
+            continue
+        check(f"config {cfg.describe()} N={n} K={k} M={m}", y, x, w_deq)
+        us = bench(lambda cfg=cfg: mxfp4_gemm(x, packed, scales, config=cfg), args.rep)
+        tried.append({**config_dict(cfg), "name": cfg.describe(), "us": us})
+    row["configs"] = tried
+    timed = [t for t in tried if "us" in t]
+    if timed:
+        best = min(timed, key=lambda t: t["us"])
+        row["best_config"], row["best_us"] = best["name"], best["us"]
+
+
+def _w4a4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> Any:
+    from kernelbay_quant_mxfp4_rocm import triton_mx
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import mxfp4_gemm
+
+    def run() -> torch.Tensor:
+        xq, xs = triton_mx.quantize_mx(x, "e2m1", "even")
+        return mxfp4_gemm(xq, packed, scales, x_scale=xs)
+
+    return run
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The results table."""
+    sweep = result["configs"] == "all"
+    lines = [
+        f"# MXFP4 GEMM ({result['method']}) vs torch bf16 matmul",
+        "",
+        f"{result['gpu']}, torch {result['torch']}, triton {result['triton']}, "
+        f"{result['date']}; {result['timing']}. ratio = bf16 time / mxfp4 time (> 1: faster).",
+        "",
+        "| N | K | M | bf16 us | mxfp4 us | ratio | mxfp4 GB/s | bf16 GB/s | W4A4 us | config |"
+        + (" best config | best us |" if sweep else ""),
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+        + (" --- | ---: |" if sweep else ""),
+    ]
+    for r in result["rows"]:
+        line = (f"| {r['N']} | {r['K']} | {r['M']} | {r['bf16_us']:.1f} | {r['mxfp4_us']:.1f} "
+                f"| {r['ratio']:.2f} | {r['mxfp4_GBps']:.0f} | {r['bf16_GBps']:.0f} "
+                f"| {r['w4a4_us']:.1f} | {r['default_config']} |")
+        if sweep:
+            line += f" {r.get('best_config', '-')} | {r.get('best_us', float('nan')):.1f} |"
+        lines.append(line)
+    if result.get("sweep_cut_by_budget"):
+        lines += ["", "The config sweep stopped at --budget seconds; later shapes are partial."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
