@@ -103,46 +103,17 @@ def crf_loss(drafter: DFlash2Drafter, logits: torch.Tensor, anchor: torch.Tensor
     ids, unigram, first, between, log_z = drafter.selector.log_partition(logits, anchor)
     hit = ids == gold[..., None]                                       # [B, k, c]
     inside = hit.any(-1).all(-1)
-    if not bool(inside.any()):
-        return logits.new_zeros(())
     choice = hit.float().argmax(-1)
     score = path_scores(unigram, first, between, choice)
-    return ((log_z - score) * inside).sum() / inside.sum()
+    return ((log_z - score) * inside).sum() / inside.sum().clamp(min=1)
 
 
-def train(args: argparse.Namespace, device: torch.device) -> tuple[DFlash2Drafter, dict]:
-    config = DFlash2Config(**DRAFTER)  # type: ignore[arg-type]
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    target = load_target(device, dtype)
-    data = load_corpus(args.corpus)
-    gen = torch.Generator().manual_seed(args.seed)
-    dev_gen = torch.Generator(device=device).manual_seed(args.seed)
-    started = time.perf_counter()
-    seqs = []
-    for start in range(0, args.prompts, args.gen_batch):
-        n = min(args.gen_batch, args.prompts - start)
-        offsets = torch.randint(0, len(data) - args.prompt_len, (n,), generator=gen).tolist()
-        prompts = torch.stack([torch.cat([torch.tensor([BOS_ID]), data[o:o + args.prompt_len]])
-                               for o in offsets]).to(device)
-        sampled = (torch.arange(start, start + n, device=device) % 3) == 2
-        seqs.append(continue_prompts(target, prompts, args.gen, sampled, dev_gen))
-    tokens = torch.cat(seqs)                                           # [N, T]
-    feats, target_logits = target_features(target, tokens, config.target_layer_ids,
-                                           args.gen_batch)
-    del target
-    gen_seconds = time.perf_counter() - started
-    print(f"data: {tokens.shape[0]} sequences x {tokens.shape[1]} tokens "
-          f"({gen_seconds:.0f}s)", flush=True)
-
-    torch.manual_seed(args.seed)
-    drafter = DFlash2Drafter(config).to(device)
-    with torch.no_grad():  # the pair term starts neutral: Viterbi = per-slot argmax
-        drafter.selector.pair_u.weight.mul_(0.01)
-        drafter.selector.pair_v.weight.mul_(0.01)
-    params = sum(p.numel() for p in drafter.parameters())
-    print(f"drafter: {params / 1e6:.3f} M parameters", flush=True)
-    opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, betas=(0.9, 0.95),
-                            weight_decay=0.01)
+def fit(drafter: DFlash2Drafter, opt: torch.optim.Optimizer, tokens: torch.Tensor,
+        feats: torch.Tensor, target_logits: torch.Tensor, args: argparse.Namespace,
+        gen: torch.Generator) -> int:
+    """The training loop (see the module docstring); returns the number of steps run."""
+    device = tokens.device
+    config = drafter.config
     k, window = config.block_size, config.context_window
     length = tokens.shape[1]
     lowest = min(args.prompt_len + 1, length - k - 2)  # anchors in the generated text
@@ -186,6 +157,48 @@ def train(args: argparse.Namespace, device: torch.device) -> tuple[DFlash2Drafte
             print(f"step {step:5d}  loss {loss.item():.4f}  slot acc "
                   f"{' '.join(f'{a:.2f}' for a in accuracy.tolist())}  "
                   f"{time.perf_counter() - started:.0f}s", flush=True)
+    return steps
+
+
+def train(args: argparse.Namespace, device: torch.device) -> tuple[DFlash2Drafter, dict]:
+    config = DFlash2Config(**DRAFTER)  # type: ignore[arg-type]
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    target = load_target(device, dtype)
+    data = load_corpus(args.corpus)
+    gen = torch.Generator().manual_seed(args.seed)
+    dev_gen = torch.Generator(device=device).manual_seed(args.seed)
+    started = time.perf_counter()
+    seqs = []
+    for start in range(0, args.prompts, args.gen_batch):
+        n = min(args.gen_batch, args.prompts - start)
+        offsets = torch.randint(0, len(data) - args.prompt_len, (n,), generator=gen).tolist()
+        prompts = torch.stack([torch.cat([torch.tensor([BOS_ID]), data[o:o + args.prompt_len]])
+                               for o in offsets]).to(device)
+        sampled = (torch.arange(start, start + n, device=device) % 3) == 2
+        seqs.append(continue_prompts(target, prompts, args.gen, sampled, dev_gen))
+    tokens = torch.cat(seqs)                                           # [N, T]
+    feats, target_logits = target_features(target, tokens, config.target_layer_ids,
+                                           args.gen_batch)
+    del target
+    gen_seconds = time.perf_counter() - started
+    print(f"data: {tokens.shape[0]} sequences x {tokens.shape[1]} tokens "
+          f"({gen_seconds:.0f}s)", flush=True)
+
+    torch.manual_seed(args.seed)
+    drafter = DFlash2Drafter(config).to(device)
+    with torch.no_grad():  # the pair term starts neutral: Viterbi = per-slot argmax
+        drafter.selector.pair_u.weight.mul_(0.01)
+        drafter.selector.pair_v.weight.mul_(0.01)
+    params = sum(p.numel() for p in drafter.parameters())
+    print(f"drafter: {params / 1e6:.3f} M parameters", flush=True)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, betas=(0.9, 0.95),
+                            weight_decay=0.01)
+    # The math attention kernel: its backward is deterministic (the fused ones' are not).
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    started = time.perf_counter()
+    with sdpa_kernel([SDPBackend.MATH]):
+        steps = fit(drafter, opt, tokens, feats, target_logits, args, gen)
     drafter.eval()
     stats = {"drafter_parameters": params, "steps": steps, "batch": args.batch,
              "lr": args.lr, "seed": args.seed, "prompts": args.prompts,
@@ -251,14 +264,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder to write the drafter into")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--batch", type=int, default=512, help="blocks per step")
+    parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--batch", type=int, default=1024, help="blocks per step")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--prompts", type=int, default=6144, help="sequences of training data")
+    parser.add_argument("--prompts", type=int, default=8192, help="sequences of training data")
     parser.add_argument("--prompt-len", type=int, default=96)
-    parser.add_argument("--gen", type=int, default=160, help="target tokens per sequence")
-    parser.add_argument("--gen-batch", type=int, default=1024)
+    parser.add_argument("--gen", type=int, default=192, help="target tokens per sequence")
+    parser.add_argument("--gen-batch", type=int, default=2048)
     parser.add_argument("--eval-prompts", type=int, default=32)
     parser.add_argument("--eval-tokens", type=int, default=128)
     parser.add_argument("--time-budget", type=float, default=None,
