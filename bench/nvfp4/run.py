@@ -1,0 +1,233 @@
+"""Benchmark: weight-only NVFP4 linear (kernelbay-quant-nvfp4's ``nvfp4-triton``) against
+torch bf16 ``F.linear`` on the same GPU, in the same run.
+
+For each (N, K) in {(8192, 8192), (28672, 8192), (8192, 28672)} and M in {1, 4, 16, 64, 256}:
+
+* ``bf16``: ``F.linear(x, W_bf16)`` (cuBLAS), the baseline of every ratio;
+* ``nvfp4``: ``Nvfp4TritonLinear.apply`` with its default config table (what a model runs);
+* with ``--configs all`` also every entry of ``triton_configs.CANDIDATES`` through
+  ``linear_triton.run_config``, reporting the best (so one GPU run can retune the table).
+
+Before timing, every kernel config is checked once per shape against the reference
+(``kernelbay.formats.dequantize_nvfp4`` + a float32 matmul) with the bound of the tests
+(``|y - y_ref| <= 4 u (|x| @ |W|^T)``, u = 2^-8 for bf16 output rounding + weight rounding);
+a wrong result makes the script exit 1 (after writing what it measured).
+
+Timing: ``triton.testing.do_bench_cudagraph`` (a CUDA graph of many calls, so Python launch
+overhead is not measured) by default, or ``--timer events`` (``triton.testing.do_bench``).
+Each method rotates over enough copies of its weight to exceed twice the L2 (50 MB on an
+H200), so weights stream from HBM as in a real model. Bandwidth = (weight bytes + activation
+bytes) / time; NVFP4 weight bytes are N*K/2 + N*K/16 (codes + E4M3 scales).
+
+    python bench/nvfp4/run.py --out bench/results/nvfp4-h200          # about 1 minute
+    python bench/nvfp4/run.py --configs all --out /tmp/nvfp4-tune      # about 2-3 minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SHAPES = ((8192, 8192), (28672, 8192), (8192, 28672))
+MS = (1, 4, 16, 64, 256)
+L2_BYTES = 50 << 20
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(HERE), help="folder for results.json / results.md")
+    p.add_argument("--configs", choices=("default", "all"), default="default",
+                   help="'all': also time every candidate kernel config per shape")
+    p.add_argument("--timer", choices=("graph", "events"), default="graph")
+    p.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    p.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES),
+                   help="N x K list, e.g. 8192x8192,28672x8192")
+    p.add_argument("--ms", default=",".join(map(str, MS)), help="M list, e.g. 1,4,16")
+    p.add_argument("--rep-ms", type=float, default=40.0, help="timing budget per measurement")
+    # Checking this script's logic without a GPU: tiny shapes in Triton's interpreter
+    # (TRITON_INTERPRET=1); the times mean nothing.
+    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def copies_for(bytes_each: int) -> int:
+    """Weight copies to rotate over so a method's working set exceeds 2 x L2."""
+    return max(1, -(-2 * L2_BYTES // bytes_each))
+
+
+def rotating(fns: list[Callable[[], Any]]) -> Callable[[], Any]:
+    """One callable that runs the next of ``fns`` each call (a different weight copy)."""
+    state = [0]
+
+    def call() -> Any:
+        fn = fns[state[0] % len(fns)]
+        state[0] += 1
+        return fn()
+
+    return call
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    dev = args.device
+    if dev == "cuda" and not torch.cuda.is_available():
+        print("bench/nvfp4 needs a CUDA GPU (it times Triton kernels against cuBLAS); "
+              "torch.cuda.is_available() is False here. The CPU tests cover correctness: "
+              "python -m pytest plugins/quant_nvfp4/tests", file=sys.stderr)
+        return 2
+    import torch.nn.functional as F
+    import triton
+    import triton.testing
+    from kernelbay.formats import dequantize_nvfp4, quantize_nvfp4
+    from kernelbay.requests import LinearRequest
+    from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear, run_config
+    from kernelbay_quant_nvfp4.schemes import nvfp4_scheme
+    from kernelbay_quant_nvfp4.triton_configs import CANDIDATES, config_for, fit_block_m
+
+    dtype = getattr(torch, args.dtype)
+    unit = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    ms = [int(v) for v in args.ms.split(",")]
+    scheme = nvfp4_scheme("modelopt", w4a4=False)
+    name, sms = ("cpu (Triton interpreter)", 0)
+    if dev == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        name, sms = props.name, props.multi_processor_count
+
+    def bench(fn: Callable[[], Any]) -> float:
+        if dev != "cuda":
+            import time
+
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e6
+        if args.timer == "graph":
+            with torch.cuda.stream(torch.cuda.Stream()):
+                return float(triton.testing.do_bench_cudagraph(fn, rep=args.rep_ms)) * 1e3
+        return float(triton.testing.do_bench(fn, warmup=10, rep=args.rep_ms)) * 1e3
+
+    rows: list[dict[str, Any]] = []
+    failures: list[str] = []
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for n, k in shapes:
+        w = torch.randn(n, k, generator=gen, device=dev, dtype=torch.float32) * 0.02
+        packed, scales, g = quantize_nvfp4(w)
+        w_ref = dequantize_nvfp4(packed, scales, g)  # fp32, the reference weight
+        w_bf16 = w.to(dtype)
+        del w
+        nv_bytes = n * k // 2 + n * k // 16 + 4
+        bf_bytes = n * k * 2
+        nv_copies = [(packed.clone(), scales.clone(), g.clone())
+                     for _ in range(copies_for(nv_bytes))]
+        bf_copies = [w_bf16.clone() for _ in range(copies_for(bf_bytes))]
+        layers = []
+        method = Nvfp4TritonLinear(LinearRequest(k, n, scheme, args.dtype))
+        for p, s, gg in nv_copies:
+            layer = torch.nn.Module()
+            method.create_weights(layer, device=dev)
+            layer.weight.data.copy_(p)
+            layer.weight_scale.data.copy_(s)
+            layer.weight_scale_2.data.copy_(gg)
+            method.process_weights_after_loading(layer)
+            layers.append(layer)
+        for m in ms:
+            x = torch.randn(m, k, generator=gen, device=dev).to(dtype)
+            bound = 4 * unit * (x.float().abs() @ w_ref.abs().T) + 1e-5
+            want = x.float() @ w_ref.T
+            act_bytes = m * k * x.element_size()
+
+            def verify(name: str, y: torch.Tensor, n: int = n, k: int = k, m: int = m,
+                       want: torch.Tensor = want, bound: torch.Tensor = bound) -> bool:
+                excess = float(((y.float() - want).abs() - bound).max())
+                if y.shape != want.shape or excess > 0 or not bool(torch.isfinite(y).all()):
+                    failures.append(f"{name} at N={n} K={k} M={m}: exceeds the bound by "
+                                    f"{excess:.3g}")
+                    return False
+                return True
+
+            default = config_for(m, Nvfp4TritonLinear.configs)
+            ok = verify(f"nvfp4-triton ({default.name})", method.apply(layers[0], x))
+            bf_t = bench(rotating([lambda wb=wb, x=x: F.linear(x, wb) for wb in bf_copies]))
+            nv_t = bench(rotating([lambda ly=ly, x=x, md=method: md.apply(ly, x)
+                                   for ly in layers])) if ok else float("nan")
+            row: dict[str, Any] = {
+                "n": n, "k": k, "m": m, "config": fit_block_m(default, m).name
+                if default.path == "fused" else default.name,
+                "bf16_us": bf_t, "nvfp4_us": nv_t, "ratio": bf_t / nv_t,
+                "bf16_gbps": (bf_bytes + act_bytes) / bf_t / 1e3,
+                "nvfp4_gbps": (nv_bytes + act_bytes) / nv_t / 1e3, "correct": ok,
+            }
+            if args.configs == "all":
+                tried: dict[str, float] = {}
+                for config in CANDIDATES:
+                    p0, s0, g0 = layers[0].weight, layers[0].weight_scale, layers[0].weight_scale_2
+                    if not verify(config.name, run_config(config, x, p0, s0, g0, None)):
+                        continue
+                    calls = [lambda ly=ly, c=config, x=x: run_config(
+                        c, x, ly.weight, ly.weight_scale, ly.weight_scale_2, None)
+                        for ly in layers]
+                    tried[config.name] = bench(rotating(calls))
+                best = min(tried, key=tried.__getitem__) if tried else ""
+                row.update({"configs_us": tried, "best_config": best,
+                            "best_us": tried.get(best, float("nan")),
+                            "best_ratio": bf_t / tried[best] if best else float("nan")})
+            rows.append(row)
+            print(f"N={n} K={k} M={m}: bf16 {bf_t:.1f} us, nvfp4 {nv_t:.1f} us "
+                  f"({bf_t / nv_t:.2f}x, {row['nvfp4_gbps']:.0f} GB/s)"
+                  + (f", best {row['best_config']} {row['best_us']:.1f} us"
+                     if args.configs == "all" else ""), flush=True)
+        del layers, nv_copies, bf_copies
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+
+    result = {
+        "benchmark": "nvfp4 weight-only linear vs torch bf16 F.linear",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": name, "sms": sms,
+        "torch": torch.__version__, "triton": triton.__version__, "dtype": args.dtype,
+        "timer": args.timer, "configs": args.configs, "rows": rows, "failures": failures,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (out / "results.md").write_text(markdown(result), encoding="utf-8")
+    if failures:
+        print("WRONG RESULTS:\n  " + "\n  ".join(failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The results table (ratio > 1: NVFP4 faster than bf16)."""
+    best = result["configs"] == "all"
+    lines = [f"# NVFP4 weight-only linear vs bf16 ({result['device']})", "",
+             f"{result['date']}, torch {result['torch']}, triton {result['triton']}, "
+             f"{result['dtype']} activations, timer {result['timer']}. Bandwidth = (weight + "
+             "activation bytes) / time.", "",
+             "| N | K | M | bf16 us | nvfp4 us | ratio | bf16 GB/s | nvfp4 GB/s | config |"
+             + (" best config | best us | best ratio |" if best else ""),
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+             + (" --- | ---: | ---: |" if best else "")]
+    for r in result["rows"]:
+        line = (f"| {r['n']} | {r['k']} | {r['m']} | {r['bf16_us']:.1f} | {r['nvfp4_us']:.1f} "
+                f"| {r['ratio']:.2f} | {r['bf16_gbps']:.0f} | {r['nvfp4_gbps']:.0f} "
+                f"| {r['config']} |")
+        if best:
+            line += f" {r['best_config']} | {r['best_us']:.1f} | {r['best_ratio']:.2f} |"
+        lines.append(line)
+    if result["failures"]:
+        lines += ["", "Wrong results:", *[f"- {f}" for f in result["failures"]]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
