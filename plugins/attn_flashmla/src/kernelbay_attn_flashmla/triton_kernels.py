@@ -106,7 +106,11 @@ def _group_scale(cache_u8, cache_f32, row, group, mask, SCALE_OFF: tl.constexpr,
     return _pow2(byte.to(tl.int32) - 127)
 
 
-@triton.jit
+# Sizes and strides that vary between calls are not specialized on: one compile per record
+# kind and launch shape, whatever the batch, split count or table width.
+@triton.jit(do_not_specialize=["q_stride_t", "q_stride_h", "bt_stride", "topk_stride",
+                               "num_topk", "out_stride_t", "out_stride_s", "out_stride_h",
+                               "lse_stride_t", "lse_stride_s", "num_heads", "num_splits"])
 def mla_decode_kernel(
     q_ptr, q_stride_t, q_stride_h,
     cache_u8, cache_bf16, cache_f32,
@@ -198,7 +202,9 @@ def mla_decode_kernel(
     tl.store(lse_ptr + t * lse_stride_t + split * lse_stride_s + heads, lse, mask=heads_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["part_stride_t", "part_stride_s", "part_stride_h",
+                               "plse_stride_t", "plse_stride_s", "out_stride_t",
+                               "out_stride_h", "lse_stride_t", "num_heads", "num_splits"])
 def mla_combine_kernel(
     part_ptr, part_stride_t, part_stride_s, part_stride_h,
     plse_ptr, plse_stride_t, plse_stride_s,
@@ -219,13 +225,17 @@ def mla_combine_kernel(
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lses - m_safe)
     total = tl.reduce(w, 0, _add)
-    w = w / tl.where(total > 0.0, total, 1.0)
+    inv_total = 1.0 / tl.where(total > 0.0, total, 1.0)
     cols = tl.arange(0, D_PAD)
     cols_ok = cols < RANK
-    parts = tl.load(part_ptr + t * part_stride_t + splits[:, None] * part_stride_s
-                    + h * part_stride_h + cols[None, :],
-                    mask=s_ok[:, None] & cols_ok[None, :], other=0.0)
-    out = tl.reduce(parts * w[:, None], 0, _add)
+    # One split's partial row at a time: [splits, D] at once would not fit in registers.
+    out = tl.full([D_PAD], 0.0, tl.float32)
+    for i in range(0, num_splits):
+        lse_i = tl.load(plse_ptr + t * plse_stride_t + i * plse_stride_s + h)
+        w_i = tl.exp(lse_i - m_safe) * inv_total
+        part = tl.load(part_ptr + t * part_stride_t + i * part_stride_s + h * part_stride_h
+                       + cols, mask=cols_ok, other=0.0)
+        out += w_i * part
     tl.store(out_ptr + t * out_stride_t + h * out_stride_h + cols, out.to(
         out_ptr.dtype.element_ty), mask=cols_ok)
     lse = tl.where(total > 0.0, m_safe + tl.log(tl.where(total > 0.0, total, 1.0)),
@@ -310,7 +320,7 @@ def _store_bf16(cache_i16, lat_ptr, row, COL0: tl.constexpr, COUNT: tl.constexpr
     tl.store(cache_i16 + (row + ELEM_OFF) // 2 + c, _bf16_bits(x), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["lat_stride"])
 def mla_write_kernel(
     lat_ptr, lat_stride, slots,
     cache_u8, cache_i16, cache_f32,
