@@ -90,3 +90,10 @@ def test_verdicts() -> None:
     mla = AttentionRequest("mla", 16, 1, 192, 128, 512, 64)
     assert BatchInvariantMLAAttention.can_implement(mla, parse_device("sm_90")).accepted
     assert not BatchInvariantPagedAttention.can_implement(mla, parse_device("sm_90")).applicable
+
+
+def test_split_size_depends_on_the_head_dim_only() -> None:
+    from kernelbay_batch_invariant.attention import split_size
+
+    assert [split_size(d) for d in (8, 64, 128, 129, 192, 576, 4096)] == [64, 64, 64, 32, 32,
+                                                                          16, 16]

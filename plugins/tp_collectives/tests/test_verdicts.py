@@ -42,6 +42,13 @@ def test_two_shot_rejections_name_the_numbers(request_: CollectiveRequest, spec:
     assert needle in verdict.reason
 
 
+def test_two_shot_sums_bf16_and_fp32_only() -> None:
+    request = CollectiveRequest("all_reduce", 2, "float16", "nccl")
+    verdict = SymmMemTwoShotAllReduce.can_implement(request, parse_device("sm_90x2"))
+    assert not verdict.accepted
+    assert "sums dtypes ('bfloat16', 'float32'), request has 'float16'" in verdict.reason
+
+
 def test_two_shot_needs_peer_access() -> None:
     from dataclasses import replace
 

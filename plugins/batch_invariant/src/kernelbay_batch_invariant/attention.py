@@ -16,10 +16,19 @@ if TYPE_CHECKING:
     from kernelbay.layers.attention import AttentionMetadata
     from kernelbay.requests import AttentionRequest
 
-__all__ = ["BLOCK_N", "BatchInvariantMLAAttention", "BatchInvariantPagedAttention"]
+__all__ = ["BLOCK_N", "BatchInvariantMLAAttention", "BatchInvariantPagedAttention",
+           "split_size"]
 
-#: Keys per chunk of the online softmax: the fixed split size.
+#: Keys per chunk of the online softmax (the fixed split size) for heads up to 128 wide;
+#: wider heads (MLA's 576) use smaller chunks so a chunk's keys fit in registers. The size
+#: is a function of the head dim alone.
 BLOCK_N = 64
+
+
+def split_size(head_dim: int) -> int:
+    """Keys per chunk for a key width of ``head_dim``: 64 up to 128, then fewer (>= 16)."""
+    width = 1 << max(0, (head_dim - 1).bit_length())
+    return max(16, min(BLOCK_N, 8192 // width))
 _MAX_HEAD_DIM = 1024
 
 
@@ -55,7 +64,7 @@ class BatchInvariantPagedAttention(TorchPagedAttention):
         seq, visible = token_positions(metadata.query_start_loc, metadata.seq_lens)
         return paged_attention(query, cache[:, 0], cache[:, 1], metadata.block_tables, seq,
                                visible, scale, r.head_dim, r.page_size, r.sliding_window,
-                               BLOCK_N)
+                               split_size(r.head_dim))
 
 
 class BatchInvariantMLAAttention(TorchMLAAttention):
@@ -83,4 +92,4 @@ class BatchInvariantMLAAttention(TorchMLAAttention):
         seq, visible = token_positions(metadata.query_start_loc, metadata.seq_lens)
         return paged_attention(query, latent, latent, metadata.block_tables, seq, visible,
                                scale, r.kv_lora_rank or 0, r.page_size, r.sliding_window,
-                               BLOCK_N)
+                               split_size(self.latent_dim))

@@ -111,5 +111,9 @@ class FusedGemmAllReduce(Collective):
             return self.all_reduce(torch.nn.functional.linear(x, weight))
         out = buffer.view(m * n, x.dtype).view(m, n)
         torch.mm(x, weight.t(), out=out)
-        torch.ops.symm_mem.multimem_all_reduce_(out, "sum", buffer.group_name)
+        try:
+            torch.ops.symm_mem.multimem_all_reduce_(out, "sum", buffer.group_name)
+        except Exception as exc:  # the kernel refused (dtype, alignment): fall back for good
+            self._fall_back(str(exc))
+            return self.all_reduce(out.clone())
         return out.clone()

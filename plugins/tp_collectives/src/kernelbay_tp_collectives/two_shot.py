@@ -23,6 +23,8 @@ __all__ = ["DEFAULT_MAX_BYTES", "SymmMemTwoShotAllReduce"]
 #: Largest all-reduce that goes through the symmetric buffer; larger ones go to NCCL.
 DEFAULT_MAX_BYTES = 64 * 2**20
 _OPS = ("all_reduce", "gemm_all_reduce")
+#: Element types PyTorch's two-shot kernel is compiled for.
+DTYPES = ("bfloat16", "float32")
 # Slices handed to the two-shot kernel are padded to this many bytes per rank (vector loads).
 _ALIGN_BYTES = 16
 
@@ -55,6 +57,8 @@ class SymmMemTwoShotAllReduce(Collective):
             Verdict.handles(request.op in _OPS,
                             f"implements {_OPS}, request asks {request.op!r}"),
             *peer_checks(request, device),
+            Verdict.check(request.dtype in DTYPES,
+                          f"sums dtypes {DTYPES}, request has {request.dtype!r}"),
         )
 
     def _staging(self, x: torch.Tensor) -> SymmetricBuffer | None:
@@ -66,12 +70,14 @@ class SymmMemTwoShotAllReduce(Collective):
 
                 self._buffer = SymmetricBuffer(self.max_bytes, x.device, self.group)
             except Exception as exc:  # any set-up failure: NCCL still gives the sum
-                self._broken = True
-                warnings.warn(f"{self.name}: symmetric memory could not be set up ({exc}); "
-                              "using torch.distributed all_reduce instead", RuntimeWarning,
-                              stacklevel=3)
+                self._disable(exc)
                 return None
         return self._buffer
+
+    def _disable(self, exc: Exception) -> None:
+        self._broken = True
+        warnings.warn(f"{self.name}: symmetric memory all-reduce unavailable ({exc}); using "
+                      "torch.distributed all_reduce instead", RuntimeWarning, stacklevel=4)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         import torch
@@ -83,8 +89,9 @@ class SymmMemTwoShotAllReduce(Collective):
         nbytes = x.numel() * x.element_size()
         quantum = _ALIGN_BYTES * world
         padded = -(-nbytes // quantum) * quantum
-        buffer = (self._staging(x) if x.is_cuda and nbytes % 4 == 0 and padded <= self.max_bytes
-                  else None)
+        eligible = (x.is_cuda and nbytes % 4 == 0 and padded <= self.max_bytes
+                    and str(x.dtype).removeprefix("torch.") in DTYPES)
+        buffer = self._staging(x) if eligible else None
         if buffer is None:
             dist.all_reduce(x, group=self.group)
             return x
@@ -93,6 +100,11 @@ class SymmMemTwoShotAllReduce(Collective):
         staged[:n].copy_(x.reshape(-1))
         if n_pad > n:
             staged[n:].zero_()
-        torch.ops.symm_mem.two_shot_all_reduce_(staged, "sum", buffer.group_name)
+        try:
+            torch.ops.symm_mem.two_shot_all_reduce_(staged, "sum", buffer.group_name)
+        except Exception as exc:  # e.g. a world size the kernel was not built for
+            self._disable(exc)
+            dist.all_reduce(x, group=self.group)
+            return x
         x.copy_(staged[:n].view(x.shape))
         return x
