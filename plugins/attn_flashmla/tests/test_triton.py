@@ -216,8 +216,9 @@ def test_priority_above_reference() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("heads", [16, 128])
-def test_decode_matches_reference_on_gpu(kind: str, heads: int) -> None:
-    record = RECORDS[kind]
+@pytest.mark.parametrize("dims", ["formats", "512+64"])
+def test_decode_matches_reference_on_gpu(kind: str, heads: int, dims: str) -> None:
+    record = RECORDS[kind] if dims == "formats" else record_for_dims(kind, 512, 64)
     lengths = [1, 700, 4099, 64, 2500, 129]
     case = _case(record, lengths, [1] * len(lengths), heads, 64, seed=11, device="cuda",
                  writer="triton")
