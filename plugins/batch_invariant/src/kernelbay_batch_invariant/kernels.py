@@ -103,8 +103,9 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, seq_ptr, visible_p
     dk = tl.arange(0, BLOCK_DK)
     dv = tl.arange(0, BLOCK_DV)
     q = tl.load(q_ptr + t * sq_t + h * sq_h + dk, mask=dk < D_K, other=0.0).to(tl.float32)
-    m_i = -float("inf")
-    l_i = 0.0
+    # Running max and sum as fp32 scalar tensors (a Python float would change type in the loop).
+    m_i = tl.max(tl.full((BLOCK_N,), float("-inf"), tl.float32), axis=0)
+    l_i = tl.sum(tl.zeros((BLOCK_N,), dtype=tl.float32), axis=0)
     acc = tl.zeros((BLOCK_DV,), dtype=tl.float32)
     # Key chunks are aligned to absolute positions (fixed split size BLOCK_N): a token's
     # chunks are the same whether it is decoded alone, in a batch or verified with drafts.
