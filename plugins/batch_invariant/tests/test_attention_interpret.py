@@ -15,6 +15,10 @@ from kernelbay_batch_invariant.attention import (
     BatchInvariantPagedAttention,
 )
 
+# Tensors live on the CPU and the kernels run in the interpreter; test_gpu.py covers CUDA.
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
+                                reason="interpreter tests (CPU tensors); test_gpu.py runs on CUDA")
+
 PAGE = 4
 
 

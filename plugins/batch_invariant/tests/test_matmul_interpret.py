@@ -7,6 +7,10 @@ import pytest
 import torch
 from kernelbay_batch_invariant.configs import matmul_config
 
+# Tensors live on the CPU and the kernels run in the interpreter; test_gpu.py covers CUDA.
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
+                                reason="interpreter tests (CPU tensors); test_gpu.py runs on CUDA")
+
 HOPPER = 232448
 
 

@@ -3,10 +3,15 @@ a token's output whatever else the batch routes."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from kernelbay import LayerRole, LinearRequest, parse_device
 from kernelbay.layers.moe import TorchMoE
 from kernelbay_batch_invariant.moe import BatchInvariantMoE
+
+# Tensors live on the CPU and the kernels run in the interpreter; test_gpu.py covers CUDA.
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
+                                reason="interpreter tests (CPU tensors); test_gpu.py runs on CUDA")
 
 
 def _layer(method: TorchMoE, seed: int) -> torch.nn.Module:
