@@ -73,3 +73,22 @@ def test_quantized_row_layer_is_not_fusable() -> None:
     layer = Linear(_Quantized(request), TensorParallel(0, 2, None, _Recorder(), _Recorder()),
                    torch.device("cpu"))
     assert not layer.fusable
+
+
+def test_plan_records_the_gemm_all_reduce_decision() -> None:
+    from kernelbay import Policy, Registry, parse_device
+    from kernelbay.cli.explain import render_plan, summary_lines
+    from kernelbay.demo import demo_path
+    from kernelbay.plan import plan_checkpoint
+
+    plan = plan_checkpoint(demo_path(), device=parse_device("cpu"), tp_size=2,
+                           registry=Registry(Policy(plugins=frozenset())))
+    assert plan.ok and plan.gemm_collective is not None
+    assert plan.gemm_collective.chosen == "torch-distributed"
+    assert plan.as_dict()["gemm_collective"]["request"] == (  # type: ignore[index]
+        "gemm_all_reduce over 2 ranks (gloo, bfloat16)")
+    assert "gemm + all-reduce: torch-distributed" in render_plan(plan)
+    assert "  gemm + all-reduce: torch-distributed" in summary_lines(plan)
+    single = plan_checkpoint(demo_path(), device=parse_device("cpu"),
+                             registry=Registry(Policy(plugins=frozenset())))
+    assert single.gemm_collective is None and single.collective is None
