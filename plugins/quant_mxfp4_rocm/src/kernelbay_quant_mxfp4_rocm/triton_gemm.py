@@ -174,7 +174,10 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
             acc = tl.dot(x_ev, w_lo, acc)
             acc = tl.dot(x_od, w_hi, acc)
     o_ptr = out_ptr + pid_k.to(tl.int64) * stride_os + rm64[:, None] * stride_om + rn64[None, :]
-    out = _bf16_bits_rne(acc) if OUT_BF16_BITS else acc.to(out_ptr.dtype.element_ty)
+    if OUT_BF16_BITS:  # noqa: SIM108 (a constexpr branch, not a runtime select)
+        out = _bf16_bits_rne(acc)
+    else:
+        out = acc.to(out_ptr.dtype.element_ty)
     tl.store(o_ptr, out, mask=m_ok[:, None] & n_ok[None, :])
 
 
@@ -186,7 +189,10 @@ def _split_k_reduce_kernel(p_ptr, out_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in range(SPLIT_K):  # fixed order: deterministic
         acc += tl.load(p_ptr + s * MN + offs, mask=ok, other=0.0)
-    out = _bf16_bits_rne(acc) if OUT_BF16_BITS else acc.to(out_ptr.dtype.element_ty)
+    if OUT_BF16_BITS:  # noqa: SIM108 (a constexpr branch, not a runtime select)
+        out = _bf16_bits_rne(acc)
+    else:
+        out = acc.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + offs, out, mask=ok)
 
 

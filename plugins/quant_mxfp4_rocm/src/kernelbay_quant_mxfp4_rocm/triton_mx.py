@@ -93,7 +93,7 @@ def _encode_e4m3(y):
     e = a >> 23
     m = (a & 0x7FFFFF) | 0x800000
     # quantum: 2^(E-130) for E4M3 normals (E >= 121), 2^-9 below; m * 2^(E-150) = value
-    s = tl.minimum(tl.maximum(20, 141 - e), 31)
+    s = tl.minimum(tl.maximum(141 - e, 20), 31)
     q = m >> s
     rem = m & ((1 << s) - 1)
     half = 1 << (s - 1)
