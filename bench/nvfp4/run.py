@@ -154,8 +154,20 @@ def main(argv: list[str] | None = None) -> int:
                     return False
                 return True
 
+            def attempt(name: str, fn: Callable[[], torch.Tensor], n: int = n, k: int = k,
+                        m: int = m) -> bool:
+                # A config that fails to compile or run is reported, not fatal to the run.
+                try:
+                    y = fn()
+                except Exception as exc:  # any failure is a result here
+                    failures.append(f"{name} at N={n} K={k} M={m}: {type(exc).__name__}: "
+                                    f"{str(exc)[:300]}")
+                    return False
+                return verify(name, y)
+
             default = config_for(m, Nvfp4TritonLinear.configs)
-            ok = verify(f"nvfp4-triton ({default.name})", method.apply(layers[0], x))
+            ok = attempt(f"nvfp4-triton ({default.name})",
+                         lambda md=method, ly=layers[0], x=x: md.apply(ly, x))
             bf_t = bench(rotating([lambda wb=wb, x=x: F.linear(x, wb) for wb in bf_copies]))
             nv_t = bench(rotating([lambda ly=ly, x=x, md=method: md.apply(ly, x)
                                    for ly in layers])) if ok else float("nan")
@@ -170,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                 tried: dict[str, float] = {}
                 for config in CANDIDATES:
                     p0, s0, g0 = layers[0].weight, layers[0].weight_scale, layers[0].weight_scale_2
-                    if not verify(config.name, run_config(config, x, p0, s0, g0, None)):
+                    if not attempt(config.name, lambda c=config, p0=p0, s0=s0, g0=g0, x=x:
+                                   run_config(c, x, p0, s0, g0, None)):
                         continue
                     calls = [lambda ly=ly, c=config, x=x: run_config(
                         c, x, ly.weight, ly.weight_scale, ly.weight_scale_2, None)
@@ -185,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({bf_t / nv_t:.2f}x, {row['nvfp4_gbps']:.0f} GB/s)"
                   + (f", best {row['best_config']} {row['best_us']:.1f} us"
                      if args.configs == "all" else ""), flush=True)
-        del layers, nv_copies, bf_copies
+        layers, nv_copies, bf_copies = [], [], []  # free this shape's weights
         if dev == "cuda":
             torch.cuda.empty_cache()
 

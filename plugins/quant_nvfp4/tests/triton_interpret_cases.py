@@ -110,3 +110,27 @@ def test_moe_triton_matches_emulation() -> None:
     from moe_helpers import check_moe_triton
 
     check_moe_triton("cpu", experts=3, hidden=48, inter=32, tokens=7)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config", [KernelConfig("dot16-split", "fused", 16, 16, 32, 3, dot16=True),
+                                    KernelConfig("dot16", "fused", 32, 32, 64, 1, dot16=True)],
+                         ids=str)
+def test_dot16_variant(config: KernelConfig, dtype: torch.dtype) -> None:
+    """The fp16-dot variant: exact fp16 weights and power-of-two-scaled fp16 activations,
+    including rows of very different magnitudes, a zero row and extreme block scales."""
+    from kernelbay_quant_nvfp4.linear_triton import run_config
+
+    gen = torch.Generator().manual_seed(9)
+    tensors = nvfp4_weights(24, 272, gen)
+    edge_scales(tensors)
+    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
+    for m in (1, 5, 17):
+        # Rows from 1e-6 to 1e4 (bf16) or 1e1 (fp16, whose output would overflow beyond).
+        top = 4 if dtype == torch.bfloat16 else 1
+        x = torch.randn(m, 272, generator=gen) * torch.logspace(-6, top, m)[:, None]
+        x[m // 2] = 0.0
+        x = x.to(dtype)
+        got = run_config(config, x, tensors["weight"], tensors["weight_scale"],
+                         tensors["weight_scale_2"].reshape(1), None)
+        check_close(got, x, w, None)

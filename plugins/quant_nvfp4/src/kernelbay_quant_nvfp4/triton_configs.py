@@ -3,6 +3,10 @@
 Reasoning for the H200 defaults (132 SMs, 4.8 TB/s, 50 MB L2); ``bench/nvfp4/run.py
 --configs all`` times every entry of ``CANDIDATES`` per shape so one GPU run can retune:
 
+* Where the weight is decoded per element, the integer and conversion operations bound the
+  kernel before HBM does (a 4-bit weight gives each byte two elements to decode), so the
+  ``dot16`` variant (exact fp16 weights, one packed fp16 multiply per two elements, no fp32
+  round trip) is the default up to M = 64; both variants are in ``CANDIDATES``.
 * M <= 16 (decode) is memory bound: the weight is 0.5625 B/element against bf16's 2. One CTA
   covers BLOCK_N = 64 output rows and walks K in 256-column tiles: each row of a tile is
   128 packed bytes, i.e. eight 16-byte loads per row across the warp, and 16 block scales
@@ -38,13 +42,16 @@ class KernelConfig:
     split_k: int = 0
     num_warps: int = 4
     num_stages: int = 4
+    #: The fp16-dot variant of the kernel (exact fp16 weights, fewer operations per element;
+    #: ``triton_kernels`` module doc).
+    dot16: bool = False
 
 
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
 DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
-    (16, KernelConfig("gemv-16x64x256", "fused", 16, 64, 256, 0, 4, 4)),
-    (32, KernelConfig("tile-32x64x256", "fused", 32, 64, 256, 0, 4, 4)),
-    (64, KernelConfig("tile-64x64x128", "fused", 64, 64, 128, 0, 4, 4)),
+    (16, KernelConfig("gemv16-16x64x256", "fused", 16, 64, 256, 0, 4, 4, True)),
+    (32, KernelConfig("tile16-32x64x256", "fused", 32, 64, 256, 0, 4, 4, True)),
+    (64, KernelConfig("tile16-64x64x128", "fused", 64, 64, 128, 0, 4, 4, True)),
     (128, KernelConfig("tile-64x128x128", "fused", 64, 128, 128, 0, 4, 3)),
     (1 << 62, KernelConfig("tile-128x128x128", "fused", 128, 128, 128, 1, 8, 3)),
 )
@@ -63,6 +70,14 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     KernelConfig("tile-128x128x128", "fused", 128, 128, 128, 1, 8, 3),
     KernelConfig("tile-128x128x64", "fused", 128, 128, 64, 1, 8, 4),
     KernelConfig("tile-128x256x64", "fused", 128, 256, 64, 1, 8, 3),
+    KernelConfig("gemv16-16x32x256", "fused", 16, 32, 256, 0, 4, 4, True),
+    KernelConfig("gemv16-16x64x256", "fused", 16, 64, 256, 0, 4, 4, True),
+    KernelConfig("gemv16-16x64x512", "fused", 16, 64, 512, 0, 4, 3, True),
+    KernelConfig("gemv16-16x128x256", "fused", 16, 128, 256, 0, 8, 3, True),
+    KernelConfig("tile16-32x64x256", "fused", 32, 64, 256, 0, 4, 4, True),
+    KernelConfig("tile16-64x64x128", "fused", 64, 64, 128, 0, 4, 4, True),
+    KernelConfig("tile16-64x128x128", "fused", 64, 128, 128, 0, 4, 3, True),
+    KernelConfig("tile16-128x128x128", "fused", 128, 128, 128, 1, 8, 3, True),
     KernelConfig("dequant-cublas", "dequant"),
 )
 

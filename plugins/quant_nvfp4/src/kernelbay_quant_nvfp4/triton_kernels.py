@@ -18,6 +18,16 @@ The packed halves are never interleaved: ``x``'s tile is loaded contiguously and
 registers into even columns (they multiply the low nibbles) and odd ones (the high nibbles),
 two ``tl.dot`` per K tile accumulating in fp32.
 
+``DOT16`` variant (fewer ALU operations per weight element, which bound the decode kernel
+once the weight is 4 bits): the weight goes to fp16 without fp32: ``code16 * fp16(s * 2^7)``
+equals ``e2m1 * s * 2^-7`` exactly (at most 6 significant bits, between 2^-17 and 21, all
+fp16-representable), one packed fp16 multiply per two elements; ``weight_scale_2 * 2^7`` is
+applied to the fp32 accumulator at the end. The activation tile is scaled per row by a power
+of two that puts its largest magnitude in [2^14, 2^15) and converted to fp16, exact for bf16
+and fp16 inputs (only entries below 2^-29 of the row's largest lose bits); the partial dot
+is scaled back by the inverse power of two. So the products are those of the exact
+dequantized weight (the bf16 path rounds each weight to bf16 first).
+
 Small M (decode) is memory bound: split-K gives enough CTAs to fill the GPU (partial sums in
 an fp32 workspace, reduced by a second small kernel that adds the bias and casts). Large M
 uses the same kernel with larger tiles, or the dequantizer then ``F.linear`` (cuBLAS).
@@ -73,7 +83,7 @@ def nvfp4_matmul(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
                  M, N, K, stride_xm, stride_wn, stride_sn, stride_om, stride_os,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, TILES_PER_SPLIT, PARTIAL: tl.constexpr,
-                 DOT_FP32: tl.constexpr):
+                 DOT_FP32: tl.constexpr, DOT16: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -100,26 +110,52 @@ def nvfp4_matmul(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
                     mask=h_ok[:, None] & n_ok[None, :], other=0)
         s = tl.load(s_ptr + offs_n[None, :] * stride_sn + kg[:, None],
                     mask=(kg < kg_total)[:, None] & n_ok[None, :], other=0)
-        blk = _scale_factor(s, factor)  # [GROUPS, BLOCK_N]
-        # One factor per 8 packed bytes (16 elements): broadcast along K.
-        blk = tl.reshape(tl.broadcast_to(blk[:, None, :], (GROUPS, 8, BLOCK_N)),
-                         (HALF, BLOCK_N))
-        w_lo = _decode(w & 15, blk).to(x_ptr.dtype.element_ty)
-        w_hi = _decode(w >> 4, blk).to(x_ptr.dtype.element_ty)
         # x as one contiguous [BLOCK_M, BLOCK_K] tile (vector loads), split in registers into
         # the even columns (low nibbles) and odd ones (high nibbles).
         kx = t * BLOCK_K + offs_kx
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + kx[None, :],
                     mask=m_ok[:, None] & (kx < K)[None, :], other=0.0)
-        x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, HALF, 2)))
-        if DOT_FP32:
-            # Interpreter only: its tl.dot multiplies bfloat16 as raw uint16 bits, so the
-            # (exactly representable) operands are widened; the products are the same.
-            acc += tl.dot(x_even.to(tl.float32), w_lo.to(tl.float32))
-            acc += tl.dot(x_odd.to(tl.float32), w_hi.to(tl.float32))
+        if DOT16:
+            # fp16 dot, exact operands (module doc, "DOT16"): weights code16 * fp16(s * 2^7),
+            # x scaled per row of the tile by a power of two into fp16's top octave.
+            sb = s.to(tl.int16)
+            s16 = (((sb & 0x80) << 8) | ((sb & 0x7F) << 7)).to(tl.float16, bitcast=True)
+            s16 = s16 * 32768.0  # s * 2^-8 * 2^15 = s * 2^7 <= 57344, exact
+            s16 = tl.reshape(tl.broadcast_to(s16[:, None, :], (GROUPS, 8, BLOCK_N)),
+                             (HALF, BLOCK_N))
+            lo = (w & 15).to(tl.int16)
+            hi = (w >> 4).to(tl.int16)
+            w_lo = (((lo & 8) << 12) | ((lo & 7) << 9)).to(tl.float16, bitcast=True) * s16
+            w_hi = (((hi & 8) << 12) | ((hi & 7) << 9)).to(tl.float16, bitcast=True) * s16
+            xf = x.to(tl.float32)
+            rmax = tl.max(tl.abs(xf), axis=1)
+            expo = (rmax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+            shift = tl.minimum(tl.maximum(141 - expo, -126), 126)  # rmax * 2^shift ~ 2^14
+            up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+            down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+            xs = (xf * up[:, None]).to(tl.float16)
+            xs_even, xs_odd = tl.split(tl.reshape(xs, (BLOCK_M, HALF, 2)))
+            part = tl.dot(xs_even, w_lo)
+            part = tl.dot(xs_odd, w_hi, part)
+            acc += part * down[:, None]
         else:
-            acc += tl.dot(x_even, w_lo)
-            acc += tl.dot(x_odd, w_hi)
+            blk = _scale_factor(s, factor)  # [GROUPS, BLOCK_N]
+            # One factor per 8 packed bytes (16 elements): broadcast along K.
+            blk = tl.reshape(tl.broadcast_to(blk[:, None, :], (GROUPS, 8, BLOCK_N)),
+                             (HALF, BLOCK_N))
+            w_lo = _decode(w & 15, blk).to(x_ptr.dtype.element_ty)
+            w_hi = _decode(w >> 4, blk).to(x_ptr.dtype.element_ty)
+            x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, HALF, 2)))
+            if DOT_FP32:
+                # Interpreter only: its tl.dot multiplies bfloat16 as raw uint16 bits, so the
+                # (exactly representable) operands are widened; the products are the same.
+                acc += tl.dot(x_even.to(tl.float32), w_lo.to(tl.float32))
+                acc += tl.dot(x_odd.to(tl.float32), w_hi.to(tl.float32))
+            else:
+                acc += tl.dot(x_even, w_lo)
+                acc += tl.dot(x_odd, w_hi)
+    if DOT16:
+        acc = acc * (tl.load(g_ptr).to(tl.float32) * 128.0)  # global * 2^7
     o_mask = m_ok[:, None] & n_ok[None, :]
     if not PARTIAL:
         if HAS_BIAS:
@@ -193,7 +229,8 @@ def _scale_bits(scales: torch.Tensor) -> torch.Tensor:
 def nvfp4_linear_triton(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                         global_scale: torch.Tensor, bias: torch.Tensor | None, *,
                         block_m: int, block_n: int, block_k: int, split_k: int,
-                        num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+                        num_warps: int = 4, num_stages: int = 3,
+                        dot16: bool = False) -> torch.Tensor:
     """``x [M, K] @ dequant(packed, scales, global_scale)^T (+ bias)`` -> [M, N] in x's dtype.
 
     ``x`` must be contiguous along K; ``block_k`` a multiple of 32 (two dots of K/2 >= 16),
@@ -219,13 +256,15 @@ def nvfp4_linear_triton(x: torch.Tensor, packed: torch.Tensor, scales: torch.Ten
         ks.matmul[grid](x, packed, scales, global_scale, bias_arg, out, m, n, k,
                         x.stride(0), packed.stride(0), scales.stride(0), out.stride(0), 0,
                         HAS_BIAS=has_bias, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                        TILES_PER_SPLIT=per_split, PARTIAL=False, DOT_FP32=interp, **opts)
+                        TILES_PER_SPLIT=per_split, PARTIAL=False, DOT_FP32=interp, DOT16=dot16,
+                        **opts)
         return out
     part = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
     ks.matmul[grid](x, packed, scales, global_scale, bias_arg, part, m, n, k,
                     x.stride(0), packed.stride(0), scales.stride(0), n, m * n,
                     HAS_BIAS=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                    TILES_PER_SPLIT=per_split, PARTIAL=True, DOT_FP32=interp, **opts)
+                    TILES_PER_SPLIT=per_split, PARTIAL=True, DOT_FP32=interp, DOT16=dot16,
+                    **opts)
     block = 1024
     ks.reduce[(-(-(m * n) // block),)](part, bias_arg, out, m * n, n, SPLIT_K=split_k,
                                        HAS_BIAS=has_bias, BLOCK=block)
