@@ -38,6 +38,15 @@ def test_rows_bitwise_identical_for_m_1_to_256(n: int, k: int, dtype: torch.dtyp
         assert torch.equal(tail, full[256 - m:]), f"rows differ (offset) at M={m}"
 
 
+def test_shared_memory_probe_and_stage_choice_on_this_device() -> None:
+    from kernelbay_batch_invariant.configs import device_shared_memory, matmul_config
+
+    limit = device_shared_memory(torch.device("cuda"))
+    assert limit >= 48 * 1024
+    config = matmul_config(1, 4096, "float32", limit)
+    assert config.num_stages * config.stage_bytes(4) <= limit
+
+
 def test_paged_attention_invariant_on_gpu() -> None:
     from kernelbay_batch_invariant.kernels import paged_attention, token_positions
 

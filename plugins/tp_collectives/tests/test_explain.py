@@ -51,3 +51,22 @@ def test_switched_off_multicast_wins_over_the_description(
 def test_cpu_plans_keep_the_reference() -> None:
     text = _plan("cpu")
     assert "collective: torch-distributed  [all_reduce over 2 ranks (gloo" in text
+
+
+@pytest.mark.parametrize("spec, chosen, reason", [
+    ("sm_90x2", "tp-symm-mem-two-shot", "reports multicast=False"),
+    ("sm_90x2+multicast", "tp-fused-gemm-all-reduce", None),
+])
+def test_explain_command(spec: str, chosen: str, reason: str | None,
+                         monkeypatch: pytest.MonkeyPatch,
+                         capsys: pytest.CaptureFixture[str]) -> None:
+    from kernelbay.cli import main
+
+    monkeypatch.setenv("KERNELBAY_PLUGINS", "tp_collectives")
+    assert main(["explain", DEMO, "--device", spec, "--tp", "2"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("gemm + all-reduce:"))
+    assert line.startswith(f"gemm + all-reduce: {chosen}")
+    if reason is not None:
+        assert f"tp-fused-gemm-all-reduce: needs multicast (NVLS) between the devices, " \
+               f"device 'sm_90' {reason}" in out
