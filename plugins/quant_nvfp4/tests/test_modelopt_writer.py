@@ -119,3 +119,25 @@ def test_exclude_summary_is_modelopts_rule() -> None:
                                      ["model.layers.0.mlp.gate_proj"]) == {
         "model.layers.0.mlp.gate"}
     assert summarize_exclude_modules(["a.b", "a.b.c"], ["a.bc"]) == {"a.b", "a.b.*"}
+
+
+@pytest.mark.gpu
+def test_runs_on_cuda_with_the_triton_kernels(quantized: str, registry: Registry) -> None:
+    """On a CUDA GPU (compute capability 8.0-9.x) the quantized demo runs nvfp4-triton and
+    nvfp4-moe-triton (weight-only), scores within the bound and generates."""
+    from kernelbay.demo.evaluate import bits_per_byte
+    from kernelbay.engine import LLM, SamplingParams
+
+    llm = LLM(quantized, registry=registry, device="cuda", max_num_seqs=2)
+    chosen = {d.module: d.chosen for d in llm.plan.linears}
+    assert chosen.pop("lm_head") == "torch-unquantized"
+    experts = {c for m, c in chosen.items() if m.endswith(".experts")}
+    dense = {c for m, c in chosen.items() if not m.endswith(".experts")}
+    assert experts == {"nvfp4-moe-triton"} and dense == {"nvfp4-triton"}, chosen
+    text = heldout_text()[:SLICE]
+    base = LLM(demo_path(), registry=registry, device="cuda", max_num_seqs=2)
+    bf16 = bits_per_byte(base.logits, text)
+    nvfp4 = bits_per_byte(llm.logits, text)
+    assert bf16 < nvfp4 < bf16 * BPB_BOUND, (bf16, nvfp4)
+    out = llm.generate(["def main(", "import "], SamplingParams(max_tokens=12, temperature=0))
+    assert [len(o.token_ids) for o in out] == [12, 12]
