@@ -141,3 +141,20 @@ def test_runs_on_cuda_with_the_triton_kernels(quantized: str, registry: Registry
     assert bf16 < nvfp4 < bf16 * BPB_BOUND, (bf16, nvfp4)
     out = llm.generate(["def main(", "import "], SamplingParams(max_tokens=12, temperature=0))
     assert [len(o.token_ids) for o in out] == [12, 12]
+
+
+def test_plans_the_demo_by_device(quantized: str, registry: Registry) -> None:
+    """The quantized demo (MLA, MoE) planned for GPUs it is not running on: Hopper gets the
+    Triton kernels, compute capability 10.x the native W4A4 GEMM for dense layers (routed
+    experts stay on the Triton MoE)."""
+    from kernelbay.device import parse_device
+    from kernelbay.plan import plan_checkpoint
+
+    want = {"sm_90": ("nvfp4-triton", "nvfp4-moe-triton"),
+            "sm_100": ("nvfp4-w4a4-native", "nvfp4-moe-triton")}
+    for spec, (dense_method, moe_method) in want.items():
+        plan = plan_checkpoint(quantized, registry=registry, device=parse_device(spec))
+        chosen = {d.module: d.chosen for d in plan.linears if d.module != "lm_head"}
+        experts = {c for m, c in chosen.items() if m.endswith(".experts")}
+        dense = {c for m, c in chosen.items() if not m.endswith(".experts")}
+        assert experts == {moe_method} and dense == {dense_method}, (spec, chosen)
