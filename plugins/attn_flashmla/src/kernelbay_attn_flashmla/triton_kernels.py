@@ -64,46 +64,63 @@ def _load_part(cache_u8, cache_bf16, cache_f32, row, rows_ok, cols, cols_ok,
                ELEM_OFF: tl.constexpr, COL0: tl.constexpr, SCALE_OFF: tl.constexpr,
                GROUP: tl.constexpr, SCALE: tl.constexpr, BLOCK_N: tl.constexpr,
                C_PAD: tl.constexpr, COUNT: tl.constexpr, FAST_FP8: tl.constexpr):
-    """Float32 values ``[BLOCK_N, C_PAD]`` of columns ``cols`` of a record field.
+    """Values ``[BLOCK_N, C_PAD]`` of columns ``cols`` of a record field (bfloat16 or
+    float32; the caller casts them to the dot type).
 
     ``row`` [BLOCK_N] byte offsets of the records; the field's ``COUNT`` elements start at
-    byte ``ELEM_OFF``. SCALE 0: bf16 elements; 1: E4M3 with fp32 group scales at ``SCALE_OFF``;
-    2: E4M3 with E8M0 group scales; ``COL0`` is the first column's index in the scaled
-    values (the rope of an MXFP8 record follows its nope in the same scale blocks).
+    byte ``ELEM_OFF``. SCALE 0: bf16 elements; 1: E4M3 with fp32 group scales at
+    ``SCALE_OFF``; 2: E4M3 with E8M0 group scales; ``COL0`` is the first column's index in
+    the scaled values (the rope of an MXFP8 record follows its nope in the same blocks).
     """
     mask = rows_ok[:, None] & cols_ok[None, :]
     if SCALE == 0:
-        ptr = cache_bf16 + ((row[:, None] + ELEM_OFF) // 2 + cols[None, :])
-        return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
-    code = tl.load(cache_u8 + (row[:, None] + ELEM_OFF + cols[None, :]), mask=mask, other=0)
-    values = _e4m3_to_f32(code, FAST_FP8)
-    if (COL0 % GROUP == 0) and (C_PAD % GROUP == 0):
-        # Groups line up with the tile: one scale load per group, broadcast over it.
-        NG: tl.constexpr = C_PAD // GROUP
-        local = tl.arange(0, NG)
-        g = COL0 // GROUP + local
-        g_mask = rows_ok[:, None] & (local * GROUP < COUNT)[None, :]
-        scale = _group_scale(cache_u8, cache_f32, row, g, g_mask, SCALE_OFF, SCALE)
-        values = tl.reshape(tl.reshape(values, [BLOCK_N, NG, GROUP]) * scale[:, :, None],
-                            [BLOCK_N, C_PAD])
+        values = tl.load(cache_bf16 + ((row[:, None] + ELEM_OFF) // 2 + cols[None, :]),
+                         mask=mask, other=0.0)
     else:
-        scale = _group_scale(cache_u8, cache_f32, row, (COL0 + cols) // GROUP, mask,
-                             SCALE_OFF, SCALE)
-        values = values * scale
+        code = tl.load(cache_u8 + (row[:, None] + ELEM_OFF + cols[None, :]), mask=mask,
+                       other=0)
+        if FAST_FP8 and SCALE == 2:
+            # E4M3 values and power-of-two scales are exact in bfloat16 and so is their
+            # product: dequantizing in bfloat16 rounds as float32 would, in half the
+            # registers.
+            values = code.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+        else:
+            values = _e4m3_to_f32(code, FAST_FP8)
+        if (COL0 % GROUP == 0) and (C_PAD % GROUP == 0):
+            # Groups line up with the tile: one scale load per group, broadcast over it.
+            NG: tl.constexpr = C_PAD // GROUP
+            local = tl.arange(0, NG)
+            g_mask = rows_ok[:, None] & (local * GROUP < COUNT)[None, :]
+            scale = _group_scale(cache_u8, cache_f32, row, COL0 // GROUP + local, g_mask,
+                                 SCALE_OFF, SCALE, FAST_FP8)
+            values = tl.reshape(tl.reshape(values, [BLOCK_N, NG, GROUP]) * scale[:, :, None],
+                                [BLOCK_N, C_PAD])
+        else:
+            scale = _group_scale(cache_u8, cache_f32, row, (COL0 + cols) // GROUP, mask,
+                                 SCALE_OFF, SCALE, FAST_FP8)
+            values = values * scale
     return values
 
 
 @triton.jit
 def _group_scale(cache_u8, cache_f32, row, group, mask, SCALE_OFF: tl.constexpr,
-                 SCALE: tl.constexpr):
-    """Float32 scales of groups ``group`` (broadcast against ``row[:, None]``): fp32 (SCALE 1)
-    or E8M0 bytes (SCALE 2)."""
+                 SCALE: tl.constexpr, FAST_FP8: tl.constexpr):
+    """Scales of groups ``group`` (broadcast against ``row[:, None]``): fp32 (SCALE 1), or
+    E8M0 bytes (SCALE 2) as bfloat16 on the GPU and float32 under the interpreter."""
     if SCALE == 1:
-        return tl.load(cache_f32 + ((row[:, None] + SCALE_OFF) // 4 + group[None, :]),
-                       mask=mask, other=0.0)
-    byte = tl.load(cache_u8 + (row[:, None] + SCALE_OFF + group[None, :]), mask=mask,
-                   other=127)
-    return _pow2(byte.to(tl.int32) - 127)
+        scale = tl.load(cache_f32 + ((row[:, None] + SCALE_OFF) // 4 + group[None, :]),
+                        mask=mask, other=0.0)
+    else:
+        byte = tl.load(cache_u8 + (row[:, None] + SCALE_OFF + group[None, :]), mask=mask,
+                       other=127)
+        if FAST_FP8:
+            # The byte is bfloat16's exponent field; byte 0 (2^-127) is the subnormal with
+            # mantissa bit 6.
+            bits = tl.where(byte == 0, 0x0040, byte.to(tl.int32) << 7).to(tl.int16)
+            scale = bits.to(tl.bfloat16, bitcast=True)
+        else:
+            scale = _pow2(byte.to(tl.int32) - 127)
+    return scale
 
 
 # Sizes and strides that vary between calls are not specialized on: one compile per record
