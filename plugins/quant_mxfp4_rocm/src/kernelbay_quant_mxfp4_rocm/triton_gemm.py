@@ -74,6 +74,12 @@ def _decode_w(p, s14):
 
 
 @triton.jit
+def _weight_multiplier(b):
+    """E8M0 weight bytes (int32, at most 240 or 255) -> 2^(14 + X) as float32; 255: NaN."""
+    return tl.where(b == 255, 0x7FC00000, (b + 14) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _scale_pow2(b):
     """E8M0 bytes (int32) -> 2^(b - 127) as float32 (b = 0: the subnormal 2^-127; 255: NaN)."""
     v = tl.where(b == 0, 0x00400000, b << 23).to(tl.float32, bitcast=True)
@@ -138,16 +144,17 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
             w_mask = n_ok[None, :] & kh_ok[:, None]
         pw = tl.load(w_ptr + rn64[None, :] * stride_wn + kh[:, None], mask=w_mask,
                      other=0).to(tl.int32)
-        if SCALE_BCAST:
+        if SCALE_BCAST:  # one 2^(14 + X) per 32 columns, broadcast to the 16 bytes
             kb = k0 // 32 + tl.arange(0, BLOCK_K // 32)
             sb = tl.load(ws_ptr + rn64[None, :] * stride_wsn + kb[:, None],
                          mask=n_ok[None, :] & (kb[:, None] < K // 32), other=0).to(tl.int32)
-            bw = tl.reshape(tl.broadcast_to(sb[:, None, :], (BLOCK_K // 32, 16, BLOCK_N)),
-                            (BLOCK_K // 2, BLOCK_N))
+            sf = _weight_multiplier(sb)
+            s14 = tl.reshape(tl.broadcast_to(sf[:, None, :], (BLOCK_K // 32, 16, BLOCK_N)),
+                             (BLOCK_K // 2, BLOCK_N))
         else:
             bw = tl.load(ws_ptr + rn64[None, :] * stride_wsn + (kh // 16)[:, None],
                          mask=w_mask, other=0).to(tl.int32)
-        s14 = tl.where(bw == 255, 0x7FC00000, (bw + 14) << 23).to(tl.float32, bitcast=True)
+            s14 = _weight_multiplier(bw)
         w_lo = _decode_w(pw & 15, s14)
         w_hi = _decode_w(pw >> 4, s14)
         if A_KIND == 0:
