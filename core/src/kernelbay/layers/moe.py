@@ -199,7 +199,8 @@ class TorchMoE(MoEMethod):
     name: ClassVar[str] = "torch-moe"
     api_version: ClassVar[str] = PLUGIN_API_VERSION
     priority: ClassVar[int] = 0
-    batch_invariant: ClassVar[bool] = True
+    # a variable number of routed rows goes through one matmul, whose kernel may change with it
+    batch_invariant: ClassVar[bool] = False
     summary: ClassVar[str] = "unquantized routed experts (SwiGLU), loop over experts, any device"
 
     @classmethod
@@ -254,7 +255,7 @@ class TorchFp8MoE(TorchMoE):
     name: ClassVar[str] = "torch-fp8-moe"
     api_version: ClassVar[str] = PLUGIN_API_VERSION
     priority: ClassVar[int] = 0
-    batch_invariant: ClassVar[bool] = True
+    batch_invariant: ClassVar[bool] = False
     summary: ClassVar[str] = ("FP8 per-tensor / per-block routed experts, dequantize once, "
                               "then torch-moe's math, any device")
 

@@ -47,7 +47,8 @@ class TorchMLAAttention(AttentionBackend):
     name: ClassVar[str] = "torch-mla"
     api_version: ClassVar[str] = PLUGIN_API_VERSION
     priority: ClassVar[int] = 0
-    batch_invariant: ClassVar[bool] = True
+    # all of a step's query rows share one matmul, whose kernel may change with their number
+    batch_invariant: ClassVar[bool] = False
     summary: ClassVar[str] = "MLA (absorbed) paged attention, model-dtype latents, plain torch"
 
     @classmethod
