@@ -134,3 +134,24 @@ def test_dot16_variant(config: KernelConfig, dtype: torch.dtype) -> None:
         got = run_config(config, x, tensors["weight"], tensors["weight_scale"],
                          tensors["weight_scale_2"].reshape(1), None)
         check_close(got, x, w, None)
+
+
+@pytest.mark.parametrize("config", [
+    KernelConfig("w8-split", "fused", 16, 16, 128, 2, dot16=True, decode8=True),
+    KernelConfig("w8", "fused", 32, 32, 256, 1, dot16=True, decode8=True)], ids=str)
+@pytest.mark.parametrize("bias", [False, True])
+def test_decode8_variant(config: KernelConfig, bias: bool) -> None:
+    """The int32-word kernel (its portable decode; the PTX one runs on CUDA only), with K not
+    a multiple of its tile (272 = 2.1 tiles of 128), ragged N and M, edge block scales."""
+    from kernelbay_quant_nvfp4.linear_triton import run_config
+
+    gen = torch.Generator().manual_seed(10 + bias)
+    tensors = nvfp4_weights(40, 272, gen)
+    edge_scales(tensors)
+    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
+    b = torch.randn(40, generator=gen).bfloat16() if bias else None
+    for m in (1, 3, 17):
+        x = (torch.randn(m, 272, generator=gen) * torch.logspace(-3, 2, m)[:, None]).bfloat16()
+        got = run_config(config, x, tensors["weight"], tensors["weight_scale"],
+                         tensors["weight_scale_2"].reshape(1), b)
+        check_close(got, x, w, b)

@@ -6,7 +6,11 @@ Reasoning for the H200 defaults (132 SMs, 4.8 TB/s, 50 MB L2); ``bench/nvfp4/run
 * Where the weight is decoded per element, the integer and conversion operations bound the
   kernel before HBM does (a 4-bit weight gives each byte two elements to decode), so the
   ``dot16`` variant (exact fp16 weights, one packed fp16 multiply per two elements, no fp32
-  round trip) is the default up to M = 64; both variants are in ``CANDIDATES``.
+  round trip) is the default up to M = 64; both variants are in ``CANDIDATES``. The
+  ``decode8`` variant goes further (int32 words of 8 nibbles, inline PTX: prmt + shifts +
+  masks on two 16-bit lanes at once, the scale applied by mul.f16x2), about 2 integer
+  operations per element instead of 3-5; it has not run on a GPU yet, so it is offered in
+  ``CANDIDATES`` for the benchmark to measure before it becomes a default.
 * M <= 16 (decode) is memory bound: the weight is 0.5625 B/element against bf16's 2. One CTA
   covers BLOCK_N = 64 output rows and walks K in 256-column tiles: each row of a tile is
   128 packed bytes, i.e. eight 16-byte loads per row across the warp, and 16 block scales
@@ -45,6 +49,9 @@ class KernelConfig:
     #: The fp16-dot variant of the kernel (exact fp16 weights, fewer operations per element;
     #: ``triton_kernels`` module doc).
     dot16: bool = False
+    #: Read the weight as int32 words of 8 nibbles and decode them with inline PTX on CUDA
+    #: (two elements per integer operation; implies ``dot16``; BLOCK_K >= 128).
+    decode8: bool = False
 
 
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
@@ -78,6 +85,12 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     KernelConfig("tile16-64x64x128", "fused", 64, 64, 128, 0, 4, 4, True),
     KernelConfig("tile16-64x128x128", "fused", 64, 128, 128, 0, 4, 3, True),
     KernelConfig("tile16-128x128x128", "fused", 128, 128, 128, 1, 8, 3, True),
+    KernelConfig("w8-16x64x256", "fused", 16, 64, 256, 0, 4, 4, True, True),
+    KernelConfig("w8-16x128x256", "fused", 16, 128, 256, 0, 8, 3, True, True),
+    KernelConfig("w8-16x64x512", "fused", 16, 64, 512, 0, 4, 3, True, True),
+    KernelConfig("w8-16x32x512", "fused", 16, 32, 512, 0, 4, 4, True, True),
+    KernelConfig("w8-64x64x256", "fused", 64, 64, 256, 0, 4, 3, True, True),
+    KernelConfig("w8-128x128x128", "fused", 128, 128, 128, 1, 8, 3, True, True),
     KernelConfig("dequant-cublas", "dequant"),
 )
 

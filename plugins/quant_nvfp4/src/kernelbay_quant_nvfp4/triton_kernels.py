@@ -60,6 +60,7 @@ class Nvfp4Kernels:
     matmul: Any
     reduce: Any
     dequant: Any
+    matmul_w8: Any
 
 
 @triton.jit
@@ -166,6 +167,121 @@ def nvfp4_matmul(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
         tl.store(out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
                  acc, mask=o_mask)
 
+# PTX for two packed-weight words (8 nibbles each, $8 and $9) and their block scales as fp16
+# pairs ($10 = fp16(s * 2^7) of each word): outputs $0..$7 are nibble j of both words as
+# fp16 pairs, already times the scale. prmt puts byte p of each word in the high byte of one
+# 16-bit lane; the high nibble's sign/magnitude then sit at bits 15/12-14 and go to 15/9-11
+# (>> 3), the low nibble's at 11/8-10 (<< 4, << 1): the fp16 pattern of value * 2^-14.
+_DECODE8_PTX = """{
+.reg .b32 q, t, u;
+""" + "".join(f"""prmt.b32 q, $8, $9, {hex(((4 + p) << 12) | ((4 + p) << 8) | (p << 4) | p)};
+shl.b32 t, q, 4;
+and.b32 t, t, 0x80008000;
+shl.b32 u, q, 1;
+and.b32 u, u, 0x0E000E00;
+or.b32 t, t, u;
+mul.rn.f16x2 ${2 * p}, t, $10;
+and.b32 t, q, 0x80008000;
+shr.b32 u, q, 3;
+and.b32 u, u, 0x0E000E00;
+or.b32 t, t, u;
+mul.rn.f16x2 ${2 * p + 1}, t, $10;
+""" for p in range(4)) + "}"
+
+
+@triton.jit
+def _nibble16(words, j: tl.constexpr, s16):
+    # Portable form of one output of _DECODE8_PTX: nibble j of each int32 word, as fp16
+    # (value * 2^-14), times the fp16 scale.
+    c = ((words >> (4 * j)) & 15).to(tl.int16)
+    return (((c & 8) << 12) | ((c & 7) << 9)).to(tl.float16, bitcast=True) * s16
+
+
+@triton.jit
+def nvfp4_matmul_w8(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
+                    M, N, K, stride_xm, stride_wn, stride_sn, stride_om, stride_os,
+                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, TILES_PER_SPLIT, PARTIAL: tl.constexpr,
+                    ASM: tl.constexpr):
+    """The DOT16 kernel reading the packed weight as int32 words of 8 nibbles (``w_ptr``
+    is the int32 view, ``stride_wn`` in words): 8 dots of BLOCK_K/8 per tile, element 8i+j
+    of the tile in output j of word i. ``ASM`` decodes with ``_DECODE8_PTX`` (CUDA)."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    W8: tl.constexpr = BLOCK_K // 8
+    GROUPS: tl.constexpr = BLOCK_K // 16
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_w = tl.arange(0, W8)
+    offs_kx = tl.arange(0, BLOCK_K)
+    offs_g = tl.arange(0, GROUPS)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    first = pid_k * TILES_PER_SPLIT
+    for t in range(first, first + TILES_PER_SPLIT):
+        kw = t * W8 + offs_w
+        kg = t * GROUPS + offs_g
+        words = tl.load(w_ptr + offs_n[None, :] * stride_wn + kw[:, None],
+                        mask=(kw < K // 8)[:, None] & n_ok[None, :], other=0)
+        s = tl.load(s_ptr + offs_n[None, :] * stride_sn + kg[:, None],
+                    mask=(kg < K // 16)[:, None] & n_ok[None, :], other=0)
+        sb = s.to(tl.int16)
+        s16 = (((sb & 0x80) << 8) | ((sb & 0x7F) << 7)).to(tl.float16, bitcast=True) * 32768.0
+        s16 = tl.reshape(tl.broadcast_to(s16[:, None, :], (GROUPS, 2, BLOCK_N)), (W8, BLOCK_N))
+        if ASM:
+            w0, w1, w2, w3, w4, w5, w6, w7 = tl.inline_asm_elementwise(
+                _DECODE8_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", [words, s16],
+                dtype=(tl.float16,) * 8, is_pure=True, pack=2)
+        else:
+            w0 = _nibble16(words, 0, s16)
+            w1 = _nibble16(words, 1, s16)
+            w2 = _nibble16(words, 2, s16)
+            w3 = _nibble16(words, 3, s16)
+            w4 = _nibble16(words, 4, s16)
+            w5 = _nibble16(words, 5, s16)
+            w6 = _nibble16(words, 6, s16)
+            w7 = _nibble16(words, 7, s16)
+        kx = t * BLOCK_K + offs_kx
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + kx[None, :],
+                    mask=m_ok[:, None] & (kx < K)[None, :], other=0.0)
+        xf = x.to(tl.float32)
+        rmax = tl.max(tl.abs(xf), axis=1)
+        expo = (rmax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        shift = tl.minimum(tl.maximum(141 - expo, -126), 126)
+        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+        xs = (xf * up[:, None]).to(tl.float16)
+        # Column 8i + j of the tile is element (i, j = 4a + 2b + c) of [W8, 2, 2, 2].
+        xc0, xc1 = tl.split(tl.reshape(xs, (BLOCK_M, W8, 2, 2, 2)))
+        xc0b0, xc0b1 = tl.split(xc0)
+        xc1b0, xc1b1 = tl.split(xc1)
+        x0, x4 = tl.split(xc0b0)
+        x2, x6 = tl.split(xc0b1)
+        x1, x5 = tl.split(xc1b0)
+        x3, x7 = tl.split(xc1b1)
+        part = tl.dot(x0, w0)
+        part = tl.dot(x1, w1, part)
+        part = tl.dot(x2, w2, part)
+        part = tl.dot(x3, w3, part)
+        part = tl.dot(x4, w4, part)
+        part = tl.dot(x5, w5, part)
+        part = tl.dot(x6, w6, part)
+        part = tl.dot(x7, w7, part)
+        acc += part * down[:, None]
+    acc = acc * (tl.load(g_ptr).to(tl.float32) * 128.0)
+    o_mask = m_ok[:, None] & n_ok[None, :]
+    if not PARTIAL:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=o_mask)
+    else:
+        tl.store(out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
+                 acc, mask=o_mask)
+
+
 @triton.jit
 def splitk_reduce(part_ptr, b_ptr, out_ptr, MN, N, SPLIT_K,
                   HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
@@ -218,7 +334,7 @@ def kernels() -> Nvfp4Kernels:
     if _interpreting() != _BUILT_INTERPRETED:
         module = importlib.reload(sys.modules[__name__])
         return module.kernels()  # type: ignore[no-any-return]
-    return Nvfp4Kernels(nvfp4_matmul, splitk_reduce, nvfp4_dequant)
+    return Nvfp4Kernels(nvfp4_matmul, splitk_reduce, nvfp4_dequant, nvfp4_matmul_w8)
 
 
 def _scale_bits(scales: torch.Tensor) -> torch.Tensor:
@@ -230,7 +346,7 @@ def nvfp4_linear_triton(x: torch.Tensor, packed: torch.Tensor, scales: torch.Ten
                         global_scale: torch.Tensor, bias: torch.Tensor | None, *,
                         block_m: int, block_n: int, block_k: int, split_k: int,
                         num_warps: int = 4, num_stages: int = 3,
-                        dot16: bool = False) -> torch.Tensor:
+                        dot16: bool = False, decode8: bool = False) -> torch.Tensor:
     """``x [M, K] @ dequant(packed, scales, global_scale)^T (+ bias)`` -> [M, N] in x's dtype.
 
     ``x`` must be contiguous along K; ``block_k`` a multiple of 32 (two dots of K/2 >= 16),
@@ -245,6 +361,11 @@ def nvfp4_linear_triton(x: torch.Tensor, packed: torch.Tensor, scales: torch.Ten
     split_k = -(-k_tiles // per_split)  # no empty splits
     ks = kernels()
     interp = _interpreting()
+    if decode8 and k % 8 == 0:
+        return _linear_w8(ks, x, packed, scales, global_scale, bias, block_m, block_n, block_k,
+                          split_k, per_split, asm=x.is_cuda and not interp and
+                          torch.version.hip is None, num_warps=num_warps,
+                          num_stages=num_stages)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     has_bias = bias is not None
     bias_arg = bias if bias is not None else out
@@ -268,6 +389,35 @@ def nvfp4_linear_triton(x: torch.Tensor, packed: torch.Tensor, scales: torch.Ten
     block = 1024
     ks.reduce[(-(-(m * n) // block),)](part, bias_arg, out, m * n, n, SPLIT_K=split_k,
                                        HAS_BIAS=has_bias, BLOCK=block)
+    return out
+
+
+def _linear_w8(ks: Nvfp4Kernels, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+               global_scale: torch.Tensor, bias: torch.Tensor | None, block_m: int,
+               block_n: int, block_k: int, split_k: int, per_split: int, *, asm: bool,
+               num_warps: int, num_stages: int) -> torch.Tensor:
+    m, k = x.shape
+    n = packed.shape[0]
+    words = packed.view(torch.int32)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    bias_arg = bias if bias is not None else out
+    grid = (-(-n // block_n), -(-m // block_m), split_k)
+    opts: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages} if x.is_cuda else {}
+    common = dict(HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+                  BLOCK_K=block_k, ASM=asm, **opts)
+    if split_k == 1:
+        ks.matmul_w8[grid](x, words, scales, global_scale, bias_arg, out, m, n, k, x.stride(0),
+                           words.stride(0), scales.stride(0), out.stride(0), 0,
+                           TILES_PER_SPLIT=per_split, PARTIAL=False, **common)
+        return out
+    part = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
+    common["HAS_BIAS"] = False
+    ks.matmul_w8[grid](x, words, scales, global_scale, bias_arg, part, m, n, k, x.stride(0),
+                       words.stride(0), scales.stride(0), n, m * n,
+                       TILES_PER_SPLIT=per_split, PARTIAL=True, **common)
+    block = 1024
+    ks.reduce[(-(-(m * n) // block),)](part, bias_arg, out, m * n, n, SPLIT_K=split_k,
+                                       HAS_BIAS=bias is not None, BLOCK=block)
     return out
 
 
