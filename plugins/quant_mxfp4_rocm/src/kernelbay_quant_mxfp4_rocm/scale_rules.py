@@ -24,7 +24,7 @@ def worked_example() -> list[str]:
         x = torch.zeros(1, 32)
         x[0, :4] = torch.tensor(block)
         for rule in ("floor", "even", "rceil"):
-            data, scales = quantize_mx(x, "e2m1", rule)  # type: ignore[arg-type]
+            data, scales = quantize_mx(x, "e2m1", rule)
             back = dequantize_mx(data, scales, "e2m1")[0, :4].tolist()
             byte = int(scales[0, 0])
             rows.append(f"| {list(block)} | {rule} | {byte - 127} | {byte} | {back} |")

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# (Triton kernels are written in its untyped DSL; the Python wrappers are typed.)
 """Triton MXFP4-weight GEMM: ``y = x @ dequantize_mx(W)^T`` with the weight dequantized in
 registers. Imported lazily by the methods (this module imports triton).
 

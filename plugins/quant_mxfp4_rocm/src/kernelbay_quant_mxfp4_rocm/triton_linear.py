@@ -14,7 +14,7 @@ so the result is the emulation's up to float32 summation order.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
@@ -34,6 +34,12 @@ __all__ = ["CUDA_FORCE_NOTE", "Mxfp4TritonCudaLinear", "Mxfp4TritonLinear"]
 #: The verdict note of the CUDA candidate.
 CUDA_FORCE_NOTE = ("ROCm-first kernel on CUDA: chosen only when forced "
                    "(KERNELBAY_FORCE_LINEAR=mxfp4-triton-cuda), to verify the kernels")
+
+
+def _tensor(layer: torch.nn.Module, name: str) -> torch.Tensor:
+    """The data of the layer's parameter or buffer ``name``."""
+    value = getattr(layer, name)
+    return cast("torch.Tensor", value.data)
 
 
 def _triton_checks(request: LinearRequest) -> Verdict:
@@ -76,7 +82,7 @@ class Mxfp4TritonLinear(Mxfp4EmulationLinear):
         weight stays as loaded."""
         from kernelbay_quant_mxfp4_rocm.triton_gemm import prepare_weight_scales
 
-        prepare_weight_scales(layer.weight_scale.data, f"{self.name}: weight_scale")
+        prepare_weight_scales(_tensor(layer, "weight_scale"), f"{self.name}: weight_scale")
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         import torch
@@ -84,14 +90,16 @@ class Mxfp4TritonLinear(Mxfp4EmulationLinear):
         from kernelbay_quant_mxfp4_rocm import triton_mx
         from kernelbay_quant_mxfp4_rocm.triton_gemm import mxfp4_gemm
 
-        weight, scale = layer.weight.data, layer.weight_scale.data
+        weight, scale = _tensor(layer, "weight"), _tensor(layer, "weight_scale")
         bias = self.rank_bias(layer)
         x2 = x.reshape(-1, x.shape[-1])
         elem = self._activation_elem
-        if elem is None and bias is None:
-            y = mxfp4_gemm(x2, weight, scale)
-        elif elem is None:  # one rounding to bf16 after the bias, as F.linear
-            y = (mxfp4_gemm(x2, weight, scale, out_dtype=torch.float32) + bias.float()).to(x.dtype)
+        if elem is None:
+            if bias is None:
+                y = mxfp4_gemm(x2, weight, scale)
+            else:  # one rounding to bf16 after the bias, as F.linear
+                y32 = mxfp4_gemm(x2, weight, scale, out_dtype=torch.float32)
+                y = (y32 + bias.float()).to(x.dtype)
         else:
             rule = self.request.scheme.option("scale_mode", "even") or "even"
             xq, xs = triton_mx.quantize_mx(x2, elem, rule)
@@ -106,7 +114,7 @@ class Mxfp4TritonLinear(Mxfp4EmulationLinear):
         import torch
         from kernelbay.formats import dequantize_mx
 
-        w = dequantize_mx(layer.weight.data, layer.weight_scale.data, "e2m1")
+        w = dequantize_mx(_tensor(layer, "weight"), _tensor(layer, "weight_scale"), "e2m1")
         return w.to(getattr(torch, self.request.activation_dtype))
 
 

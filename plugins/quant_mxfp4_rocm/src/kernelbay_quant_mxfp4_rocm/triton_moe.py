@@ -19,7 +19,7 @@ gfx942/gfx950, ``triton`` also on CUDA.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
@@ -37,6 +37,11 @@ if TYPE_CHECKING:
     from kernelbay.device import DeviceCapability
 
 __all__ = ["Mxfp4MoETriton"]
+
+
+def _tensor(layer: torch.nn.Module, name: str) -> torch.Tensor:
+    """The data of the layer's parameter ``name``."""
+    return cast("torch.Tensor", getattr(layer, name).data)
 
 
 class Mxfp4MoETriton(Mxfp4MoEEmulation):
@@ -102,9 +107,9 @@ class Mxfp4MoETriton(Mxfp4MoEEmulation):
         if getattr(layer, "w13_scale", None) is None:
             raise RuntimeError(f"{self.name}: call process_weights_after_loading(layer) before "
                                "apply_moe; the stacked experts are made there")
-        w13, s13 = layer.w13.data, layer.w13_scale.data
-        w2, s2 = layer.w2.data, layer.w2_scale.data
-        inter = w2.shape[-1] * 2
+        w13, s13 = _tensor(layer, "w13"), _tensor(layer, "w13_scale")
+        w2, s2 = _tensor(layer, "w2"), _tensor(layer, "w2_scale")
+        inter = int(w2.shape[-1]) * 2
         elem = self._activation_elem
         rule = self.request.scheme.option("scale_mode", "even") or "even"
         if elem is not None:  # blocks lie within a token's row: quantize all rows once
@@ -120,4 +125,4 @@ class Mxfp4MoETriton(Mxfp4MoEEmulation):
             hq, hs = triton_mx.swiglu_quantize_mx(gu[:, :inter], gu[:, inter:], elem, rule)
             return mxfp4_gemm(hq, w2[expert], s2[expert], x_scale=hs, out_dtype=torch.float32)
 
-        return combine_experts(x, topk_ids, topk_weights, w2.shape[1], expert_mlp)
+        return combine_experts(x, topk_ids, topk_weights, int(w2.shape[1]), expert_mlp)

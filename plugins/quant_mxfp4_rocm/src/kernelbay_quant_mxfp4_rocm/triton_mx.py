@@ -1,3 +1,5 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# (Triton kernels are written in its untyped DSL; the Python wrappers are typed.)
 """Triton kernels for dynamic OCP MX quantization: ``quantize_mx`` (MXFP4 / MXFP8 activations
 per block of 32) and the fused ``swiglu_quantize_mx`` (``silu(gate) * up``, then the same
 quantizer). Imported lazily by the methods (this module imports triton).
@@ -249,7 +251,7 @@ def _as_bits(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
 
 def _grid_blocks(n_blocks: int) -> int:
-    return min(16, triton.next_power_of_2(max(n_blocks, 1)))
+    return min(16, int(triton.next_power_of_2(max(n_blocks, 1))))
 
 
 def quantize_mx(x: torch.Tensor, elem: str = "e2m1", rule: str = "even"
