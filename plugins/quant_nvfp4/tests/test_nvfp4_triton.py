@@ -25,7 +25,7 @@ from kernelbay.formats import dequantize_nvfp4
 from kernelbay.requests import LinearRequest
 from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear
 from kernelbay_quant_nvfp4.schemes import nvfp4_scheme
-from kernelbay_quant_nvfp4.triton_configs import CANDIDATES
+from kernelbay_quant_nvfp4.triton_configs import CANDIDATES, KernelConfig
 from nvfp4_triton_helpers import check_close, edge_scales, make_layer, nvfp4_weights
 
 W4A16 = nvfp4_scheme("modelopt", w4a4=False)
@@ -72,23 +72,36 @@ def test_nan_scale_rejected_naming_the_tensor() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("n", "k"), [(4096, 4096), (1000, 3088), (8192, 28672)])
-def test_cuda_every_config_matches_reference(dtype: torch.dtype, n: int, k: int) -> None:
+@pytest.mark.parametrize("config", CANDIDATES, ids=lambda c: c.name)
+def test_cuda_every_config_matches_reference(config: KernelConfig) -> None:
+    """Every kernel config the benchmark may pick (the PTX decode included), ragged N and K."""
     assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
     from kernelbay_quant_nvfp4.linear_triton import run_config
 
+    n, k = 1000, 3088
     gen = torch.Generator().manual_seed(n ^ k)
     tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
     edge_scales(tensors)
     w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
     glob = tensors["weight_scale_2"].reshape(1)
-    for m in (1, 4, 16, 64, 257):
-        x = torch.randn(m, k, generator=gen).to(dtype).cuda()
-        for config in CANDIDATES:
-            got = run_config(config, x, tensors["weight"], tensors["weight_scale"], glob, None)
-            check_close(got, x, w, None)
+    bias = torch.randn(n, generator=gen).bfloat16().cuda()
+    for m in (1, 5, 16, 64, 257):
+        x = torch.randn(m, k, generator=gen).bfloat16().cuda()
+        got = run_config(config, x, tensors["weight"], tensors["weight_scale"], glob, bias)
+        check_close(got, x, w, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("n", "k"), [(4096, 4096), (8192, 28672)])
+def test_cuda_method_matches_reference(dtype: torch.dtype, n: int, k: int) -> None:
+    """The method with its default config table, bench-sized shapes."""
+    gen = torch.Generator().manual_seed(n ^ k)
+    tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
+    edge_scales(tensors)
+    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
     method = Nvfp4TritonLinear(LinearRequest(k, n, W4A16, str(dtype)[6:]))
     layer = make_layer(method, tensors)
-    x = torch.randn(5, k, generator=gen).to(dtype).cuda()
-    check_close(method.apply(layer, x), x, w, None)
+    for m in (1, 4, 16, 64, 256):
+        x = torch.randn(m, k, generator=gen).to(dtype).cuda()
+        check_close(method.apply(layer, x), x, w, None)
