@@ -206,3 +206,38 @@ def test_deprecated_alias_warns_once(monkeypatch: pytest.MonkeyPatch,
         "MoE backend 'triton' (from KERNELBAY_MXFP4_MOE_BACKEND)")
     with pytest.raises(ValueError, match=r"KERNELBAY_ROCM_MXFP4_MOE='x' is not a valid"):
         moe_backend.read_choice({moe_backend.DEPRECATED_VARIABLE: "x"})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", [None, "mxfp4-dynamic", "mxfp8-dynamic"])
+def test_gpu_moe_realistic(activation: str | None) -> None:
+    experts, hidden, inter, tokens = 8, 2048, 768, 64
+    weights = _weights(experts, hidden, inter, 5)
+    request = _request(mx(activation), experts, hidden, inter)
+    triton_method, emulation = Mxfp4MoETriton(request), Mxfp4MoEEmulation(request)
+    layer_t = _load(triton_method, weights).cuda()
+    layer_e = _load(emulation, weights).cuda()
+    ids, topk = _routing(tokens, experts, 2, 6)
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(7)).bfloat16()
+    x, ids, topk = x.cuda(), ids.cuda(), topk.cuda()
+    y = triton_method.apply_moe(layer_t, x, ids, topk).float()
+    want = emulation.apply_moe(layer_e, x, ids, topk).float()
+    err = (y - want).norm() / want.norm()
+    assert err < 2**-8, err.item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", [None, "mxfp4-dynamic"])
+def test_gpu_dense_realistic(activation: str | None) -> None:
+    n, k = 4096, 7168
+    g = torch.Generator().manual_seed(8)
+    packed, scales = quantize_mx(torch.randn(n, k, generator=g) * 0.02, "e2m1", "even")
+    request = LinearRequest(k, n, mx(activation), "bfloat16")
+    triton_method, emulation = Mxfp4TritonLinear(request), Mxfp4EmulationLinear(request)
+    layer_t = _dense_layer(triton_method, packed, scales, None)
+    layer_e = _dense_layer(emulation, packed, scales, None)
+    for m in (1, 16, 200):
+        x = torch.randn(m, k, generator=g).bfloat16().cuda()
+        # cuBLAS may reduce bf16 split-K partials in reduced precision (torch's default)
+        torch.testing.assert_close(triton_method.apply(layer_t, x).float(),
+                                   emulation.apply(layer_e, x).float(), rtol=2**-5, atol=1e-3)
