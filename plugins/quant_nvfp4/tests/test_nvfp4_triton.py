@@ -36,6 +36,7 @@ def test_interpreter_cases() -> None:
     """Run ``triton_interpret_cases.py`` under Triton's interpreter in a child process (the
     interpreter is chosen when ``triton.jit`` runs, and switching it inside one process
     leaves triton's patched language half-applied)."""
+    pytest.importorskip("triton")
     here = os.path.dirname(__file__)
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
