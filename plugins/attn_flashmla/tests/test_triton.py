@@ -138,6 +138,24 @@ def test_decode_matches_reference_interpreted(kind: str, interpret: None) -> Non
         _compare(case, splits=splits, atol=2e-2)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("chunked", [False, True])
+def test_wide_latents_both_layouts_interpreted(kind: str, chunked: bool,
+                                               interpret: None) -> None:
+    from kernelbay_attn_flashmla.triton_mla import mla_decode
+
+    # 192+16: four 64-column chunks, the last one partly past the latent; fp8 groups of 64,
+    # mxfp8 blocks of 16. 256+32: fp8 groups of 128 span two chunks.
+    for rank, rope in ((192, 16), (256, 32)):
+        record = record_for_dims(kind, rank, rope)
+        case = _case(record, [40, 9], [1, 1], 3, 16, seed=rank, device="cpu")
+        out, lse = mla_decode(case.query, case.cache, record, 16, case.meta, 0.05,
+                              num_splits=2, chunked=chunked)
+        ref, ref_lse = mla_attention(case.query, case.cache, record, 16, case.meta, 0.05)
+        torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(lse, ref_lse, atol=2e-2, rtol=2e-2)
+
+
 def test_groups_across_the_nope_rope_boundary_interpreted(interpret: None) -> None:
     # 56+8 MXFP8: blocks of 32 straddle the nope/rope boundary (the rope's scales are
     # gathered per element), latent and rope widths not powers of two.
@@ -224,6 +242,14 @@ def test_decode_matches_reference_on_gpu(kind: str, heads: int, dims: str) -> No
                  writer="triton")
     for splits in (None, 1, 7, 32):
         _compare(case, splits=splits, atol=3e-2, scale=1 / math.sqrt(192))
+    from kernelbay_attn_flashmla.triton_mla import mla_decode
+
+    ref = mla_attention(case.query, case.cache, record, 64, case.meta, 0.07)[0].float()
+    for chunked in (False, True):
+        for block_n in (16, 32):
+            out = mla_decode(case.query, case.cache, record, 64, case.meta, 0.07,
+                             chunked=chunked, block_n=block_n)[0]
+            torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
 
 
 @pytest.mark.gpu

@@ -123,6 +123,62 @@ def _group_scale(cache_u8, cache_f32, row, group, mask, SCALE_OFF: tl.constexpr,
     return scale
 
 
+@triton.jit
+def _load_nope3(cache_u8, cache_bf16, cache_f32, row3, ok3, col3, ELEM_OFF: tl.constexpr,
+                SCALE_OFF: tl.constexpr, GROUP: tl.constexpr, SCALE: tl.constexpr,
+                NC: tl.constexpr, BLOCK_N: tl.constexpr, CH: tl.constexpr,
+                RANK: tl.constexpr, FAST_FP8: tl.constexpr):
+    """The nope values ``[NC, BLOCK_N, CH]`` of a KV tile, chunk ``c`` holding columns
+    ``c * CH ...`` (``row3`` [1, BLOCK_N, 1] record offsets, ``col3`` [NC, 1, CH] columns);
+    bfloat16 or float32, the caller casts them to the dot type."""
+    mask = ok3 & (col3 < RANK)
+    if SCALE == 0:
+        values = tl.load(cache_bf16 + ((row3 + ELEM_OFF) // 2 + col3), mask=mask, other=0.0)
+    else:
+        code = tl.load(cache_u8 + (row3 + ELEM_OFF + col3), mask=mask, other=0)
+        if FAST_FP8 and SCALE == 2:
+            # E4M3 values and power-of-two scales are exact in bfloat16 and so is their
+            # product: dequantizing in bfloat16 rounds as float32 would, in half the
+            # registers.
+            values = code.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+        else:
+            values = _e4m3_to_f32(code, FAST_FP8)
+        chunk = tl.arange(0, NC)[:, None, None]
+        if GROUP % CH == 0:
+            # A chunk lies inside one group: one scale per record and chunk.
+            first = chunk * CH
+            scale = _group_scale3(cache_u8, cache_f32, row3, first // GROUP,
+                                  ok3 & (first < RANK), SCALE_OFF, SCALE, FAST_FP8)
+            values = values * scale
+        else:
+            # CH // GROUP groups per chunk: one scale per group, broadcast over it.
+            NG: tl.constexpr = CH // GROUP
+            local = tl.arange(0, NG)[None, None, :]
+            first = chunk * CH + local * GROUP
+            scale = _group_scale3(cache_u8, cache_f32, row3, first // GROUP,
+                                  ok3 & (first < RANK), SCALE_OFF, SCALE, FAST_FP8)
+            values = tl.reshape(tl.reshape(values, [NC, BLOCK_N, NG, GROUP])
+                                * scale[:, :, :, None], [NC, BLOCK_N, CH])
+    return values
+
+
+@triton.jit
+def _group_scale3(cache_u8, cache_f32, row3, group, mask, SCALE_OFF: tl.constexpr,
+                  SCALE: tl.constexpr, FAST_FP8: tl.constexpr):
+    """Scales of groups ``group`` of records ``row3`` (rank-3 broadcast), as
+    ``_group_scale``."""
+    if SCALE == 1:
+        scale = tl.load(cache_f32 + ((row3 + SCALE_OFF) // 4 + group), mask=mask, other=0.0)
+    else:
+        byte = tl.load(cache_u8 + (row3 + SCALE_OFF + group), mask=mask, other=127)
+        if FAST_FP8:
+            bits = tl.where(byte == 0, 0x0040, byte.to(tl.int32) << 7).to(tl.int16)
+            scale = bits.to(tl.bfloat16, bitcast=True)
+        else:
+            scale = _pow2(byte.to(tl.int32) - 127)
+    return scale
+
+
 # Sizes and strides that vary between calls are not specialized on: one compile per record
 # kind and launch shape, whatever the batch, split count or table width.
 @triton.jit(do_not_specialize=["q_stride_t", "q_stride_h", "bt_stride", "topk_stride",
@@ -138,30 +194,41 @@ def mla_decode_kernel(
     lse_ptr, lse_stride_t, lse_stride_s,
     num_heads, sm_scale, num_splits,
     RANK: tl.constexpr, ROPE: tl.constexpr,
-    D_PAD: tl.constexpr, R_PAD: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr, BPT: tl.constexpr,
-    NOPE_OFF: tl.constexpr, ROPE_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
+    NC: tl.constexpr, CH: tl.constexpr, R_PAD: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
+    BPT: tl.constexpr, NOPE_OFF: tl.constexpr, ROPE_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
     GROUP: tl.constexpr, NOPE_SCALE: tl.constexpr, ROPE_SCALE: tl.constexpr,
-    SPARSE: tl.constexpr, FAST_FP8: tl.constexpr, DOT: tl.constexpr,
+    SPARSE: tl.constexpr, FAST_FP8: tl.constexpr, DOT: tl.constexpr, CHUNKED: tl.constexpr,
 ):
     """Partial attention of query token ``program_id(0)`` over KV split ``program_id(1)``
     for heads ``program_id(2) * BLOCK_H ...``: writes the normalised partial output
     (float32, or the final output when num_splits == 1) and its natural-log LSE. ``DOT`` is
     the dot operand type: bfloat16 on the GPU, float32 under the interpreter (whose numpy
-    dot has no bfloat16)."""
+    dot has no bfloat16). ``CHUNKED`` holds the nope part as ``NC`` chunks of ``CH`` columns
+    (batched dots, one chunk per warp) instead of one ``[BLOCK_H, NC * CH]`` block."""
     t = tl.program_id(0)
     split = tl.program_id(1)
     hb = tl.program_id(2)
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     heads_ok = heads < num_heads
-    dcols = tl.arange(0, D_PAD)
     rcols = tl.arange(0, R_PAD)
-    dcols_ok = dcols < RANK
     rcols_ok = rcols < ROPE
 
     q_row = q_ptr + t * q_stride_t + heads[:, None] * q_stride_h
-    q_nope = tl.load(q_row + dcols[None, :], mask=heads_ok[:, None] & dcols_ok[None, :],
-                     other=0.0).to(DOT)
+    if CHUNKED:
+        # The nope part in NC chunks of CH columns, [NC, BLOCK_H, CH]: batched dots give
+        # each warp its own chunk, so no warp holds the whole [BLOCK_H, D] query or tile.
+        col3 = tl.arange(0, NC)[:, None, None] * CH + tl.arange(0, CH)[None, None, :]
+        h3 = heads[None, :, None]
+        q3 = tl.load(q_ptr + t * q_stride_t + h3 * q_stride_h + col3,
+                     mask=(h3 < num_heads) & (col3 < RANK), other=0.0).to(DOT)
+        acc3 = tl.full([NC, BLOCK_H, CH], 0.0, tl.float32)
+    else:
+        dcols = tl.arange(0, NC * CH)
+        dcols_ok = dcols < RANK
+        q_nope = tl.load(q_row + dcols[None, :], mask=heads_ok[:, None] & dcols_ok[None, :],
+                         other=0.0).to(DOT)
+        acc2 = tl.full([BLOCK_H, NC * CH], 0.0, tl.float32)
     q_rope = tl.load(q_row + RANK + rcols[None, :], mask=heads_ok[:, None] & rcols_ok[None, :],
                      other=0.0).to(DOT)
 
@@ -177,7 +244,6 @@ def mla_decode_kernel(
     qk_scale = sm_scale * 1.4426950408889634
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_H], 0.0, tl.float32)
-    acc = tl.full([BLOCK_H, D_PAD], 0.0, tl.float32)
     for n0 in range(lo, hi, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         ok = offs < hi
@@ -189,15 +255,21 @@ def mla_decode_kernel(
         pos = tl.where(ok, pos, 0)
         page = tl.load(block_tables + seq * bt_stride + pos // PAGE_SIZE, mask=ok, other=0)
         row = page.to(tl.int64) * PAGE_BYTES + (pos % PAGE_SIZE).to(tl.int64) * BPT
-        k_nope = _load_part(cache_u8, cache_bf16, cache_f32, row, ok, dcols, dcols_ok,
-                            NOPE_OFF, 0, SCALE_OFF, GROUP, NOPE_SCALE, BLOCK_N, D_PAD, RANK,
-                            FAST_FP8
-                            ).to(DOT)
+        if CHUNKED:
+            k3 = _load_nope3(cache_u8, cache_bf16, cache_f32, row[None, :, None],
+                             ok[None, :, None], col3, NOPE_OFF, SCALE_OFF, GROUP, NOPE_SCALE,
+                             NC, BLOCK_N, CH, RANK, FAST_FP8).to(DOT)
+            s_nope = tl.reduce(tl.dot(q3, tl.permute(k3, (0, 2, 1))), 0, _add)
+        else:
+            k_nope = _load_part(cache_u8, cache_bf16, cache_f32, row, ok, dcols, dcols_ok,
+                                NOPE_OFF, 0, SCALE_OFF, GROUP, NOPE_SCALE, BLOCK_N, NC * CH,
+                                RANK, FAST_FP8).to(DOT)
+            s_nope = tl.dot(q_nope, tl.trans(k_nope))
         k_rope = _load_part(cache_u8, cache_bf16, cache_f32, row, ok, rcols, rcols_ok,
                             ROPE_OFF, RANK, SCALE_OFF, GROUP, ROPE_SCALE, BLOCK_N, R_PAD, ROPE,
                             FAST_FP8
                             ).to(DOT)
-        s = tl.dot(q_nope, tl.trans(k_nope)) + tl.dot(q_rope, tl.trans(k_rope))
+        s = s_nope + tl.dot(q_rope, tl.trans(k_rope))
         s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(s, 1, _max))
         # A tile with no allowed key keeps m = -inf; subtract 0 then so exp2 gives 0.
@@ -205,17 +277,25 @@ def mla_decode_kernel(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.reduce(p, 1, _add)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), k_nope)
+        if CHUNKED:
+            p3 = tl.broadcast_to(p.to(DOT)[None, :, :], [NC, BLOCK_H, BLOCK_N])
+            acc3 = acc3 * alpha[None, :, None] + tl.dot(p3, k3)
+        else:
+            acc2 = acc2 * alpha[:, None] + tl.dot(p.to(DOT), k_nope)
         m_i = m_new
 
     has = l_i > 0.0
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
     lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634,
                    float("-inf"))
-    o_ptr = (out_ptr + t * out_stride_t + split * out_stride_s + heads[:, None] * out_stride_h
-             + dcols[None, :])
-    tl.store(o_ptr, out.to(out_ptr.dtype.element_ty),
-             mask=heads_ok[:, None] & dcols_ok[None, :])
+    o_base = out_ptr + t * out_stride_t + split * out_stride_s
+    if CHUNKED:
+        out3 = acc3 / tl.where(has, l_i, 1.0)[None, :, None]
+        tl.store(o_base + h3 * out_stride_h + col3, out3.to(out_ptr.dtype.element_ty),
+                 mask=(h3 < num_heads) & (col3 < RANK))
+    else:
+        out2 = acc2 / tl.where(has, l_i, 1.0)[:, None]
+        tl.store(o_base + heads[:, None] * out_stride_h + dcols[None, :],
+                 out2.to(out_ptr.dtype.element_ty), mask=heads_ok[:, None] & dcols_ok[None, :])
     tl.store(lse_ptr + t * lse_stride_t + split * lse_stride_s + heads, lse, mask=heads_ok)
 
 

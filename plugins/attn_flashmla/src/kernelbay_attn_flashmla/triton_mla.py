@@ -30,6 +30,8 @@ _MODES = {"bf16": (0, 0, 0), "fp8": (1, 1, 0), "fp8-e8m0": (2, 2, 0), "mxfp8": (
 MIN_SPLIT_KEYS = 256
 #: Most splits per query token (the combine reads one partial per split).
 MAX_SPLITS = 128
+#: Nope columns per batched-dot chunk (one warp's share of the latent width).
+NOPE_CHUNK = 64
 #: Programs per SM the split count aims for (several in flight hide the gather latency).
 SPLIT_WAVES = 4
 
@@ -150,13 +152,15 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                metadata: AttentionMetadata, scale: float, *, num_splits: int | None = None,
                topk_indices: Tensor | None = None, sliding_window: int | None = None,
                num_sms: int | None = None, block_n: int | None = None,
-               num_warps: int | None = None, num_stages: int = 2) -> tuple[Tensor, Tensor]:
+               num_warps: int | None = None, num_stages: int = 2,
+               chunked: bool | None = None) -> tuple[Tensor, Tensor]:
     """Absorbed MLA attention over paged records on the GPU (or the Triton interpreter).
 
     Same inputs and results as ``mla.mla_attention``: ``(out [T, H, kv_lora_rank] in
     query.dtype, lse [T, H] float32)``. ``num_splits`` None picks ``choose_splits`` from
     the batch, the head blocks, the block table's capacity and ``num_sms`` (the device's).
-    ``block_n`` (keys per tile), ``num_warps`` and ``num_stages`` override the launch
+    ``block_n`` (keys per tile), ``num_warps``, ``num_stages`` and ``chunked`` (the nope
+    part as per-warp chunks of ``NOPE_CHUNK`` columns, see the kernel) override the launch
     configuration (for tuning; defaults depend on the latent width).
     """
     num_tokens, heads, dim = query.shape
@@ -168,7 +172,11 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     block_h = min(max(16, _pow2(heads)), 32)
     head_blocks = -(-heads // block_h)
     d_pad = _pow2(rank)
-    block_n = block_n or (32 if d_pad >= 256 else 64)
+    # Wide latents: 16 keys per tile keeps the dequantized tile in registers; with 32-head
+    # blocks the nope part is split in per-warp chunks (a whole [32, D] block spills).
+    block_n = block_n or (16 if d_pad >= 256 else 64)
+    chunked = (block_h > 16 and d_pad >= 256) if chunked is None else chunked
+    chunk = min(d_pad, NOPE_CHUNK)
     if num_splits is None:
         sms = num_sms if num_sms is not None else (
             _sm_count(query.device.index if query.device.index is not None
@@ -211,13 +219,14 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
         part, part.stride(0), part.stride(1), part.stride(2),
         plse, plse.stride(0), plse.stride(1),
         heads, float(scale), num_splits,
-        RANK=rank, ROPE=rope, D_PAD=d_pad, R_PAD=_pow2(max(rope, 16)),
+        RANK=rank, ROPE=rope, NC=d_pad // chunk, CH=chunk, R_PAD=_pow2(max(rope, 16)),
         BLOCK_H=block_h, BLOCK_N=block_n, PAGE_SIZE=page_size, PAGE_BYTES=page_bytes,
         BPT=record.bytes_per_token, NOPE_OFF=f.nope_off, ROPE_OFF=f.rope_off,
         SCALE_OFF=f.scale_off, GROUP=f.group, NOPE_SCALE=f.nope_scale,
         ROPE_SCALE=f.rope_scale, SPARSE=topk_indices is not None,
         FAST_FP8=query.is_cuda and not _interpreting(),
         DOT=tl.float32 if _interpreting() else tl.bfloat16,
+        CHUNKED=chunked,
         num_warps=num_warps or (8 if d_pad >= 256 else 4), num_stages=num_stages,
     )
     if num_splits > 1:
