@@ -34,6 +34,9 @@ PAGE = 64
 CHECK_SEQS = 2
 ATOL = 3e-2
 WRITE_CHUNK = 1 << 18
+CHUNKED = {"auto": None, "yes": True, "no": False}
+#: (chunked, block_n) launch configurations the sweep times, 8 warps each.
+TUNE_CONFIGS = ((False, 16), (False, 32), (True, 16), (True, 32))
 
 
 def _build_cache(kind: str, context: int, batch: int, gen: torch.Generator) -> dict:
@@ -96,6 +99,11 @@ def main() -> int:
     parser.add_argument("--block-n", type=int, default=None, help="keys per tile")
     parser.add_argument("--warps", type=int, default=None, help="warps per program")
     parser.add_argument("--stages", type=int, default=2, help="pipeline stages")
+    parser.add_argument("--chunked", choices=["auto", "yes", "no"], default="auto",
+                        help="nope part as per-warp chunks (default: the kernel's choice)")
+    parser.add_argument("--no-tune", action="store_true",
+                        help="skip the launch-configuration sweep (16 heads, batch 64, "
+                             "context >= 8k, bf16 and mxfp8)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("mla_decode: needs a CUDA device", file=sys.stderr)
@@ -113,6 +121,7 @@ def main() -> int:
     rows: list[dict] = []
     notes: list[str] = []
     failures: list[str] = []
+    tuning: list[dict] = []
     started = time.perf_counter()
     for context in contexts:
         for kind in kinds:
@@ -137,7 +146,8 @@ def main() -> int:
                     splits = choose_splits(batch, -(-heads // block_h), context, sms,
                                            args.waves or SPLIT_WAVES)
                     launch = dict(num_splits=splits, block_n=args.block_n,
-                                  num_warps=args.warps, num_stages=args.stages)
+                                  num_warps=args.warps, num_stages=args.stages,
+                                  chunked=CHUNKED[args.chunked])
                     out, _ = mla_decode(query, cache, record, PAGE, meta, scale, **launch)
                     err = _check(record, cache, meta, query, out, scale)
                     label = f"{kind} B={batch} ctx={context} H={heads}"
@@ -158,6 +168,22 @@ def main() -> int:
                                  "tflops": flops / seconds / 1e12, "max_rel_err": err})
                     print(f"{label}: {ms:.3f} ms, {rows[-1]['kv_tb_s']:.2f} TB/s, "
                           f"{rows[-1]['tflops']:.1f} TFLOP/s, err {err:.2g}", flush=True)
+                    if (not args.no_tune and heads == 16 and batch == 64 and context >= 8192
+                            and kind in ("bf16", "mxfp8")):
+                        for chunked, block_n in TUNE_CONFIGS:
+                            cfg = dict(launch, chunked=chunked, block_n=block_n, num_warps=8)
+                            out, _ = mla_decode(query, cache, record, PAGE, meta, scale, **cfg)
+                            err = _check(record, cache, meta, query, out, scale)
+                            if not err <= ATOL:
+                                failures.append(f"{label} chunked={chunked} block_n={block_n}:"
+                                                f" max relative error {err:.3g} > {ATOL}")
+                            t_ms = triton.testing.do_bench(
+                                functools.partial(mla_decode, query, cache, record, PAGE, meta,
+                                                  scale, **cfg), warmup=10, rep=args.rep)
+                            tuning.append({"kind": kind, "batch": batch, "context": context,
+                                           "heads": heads, "chunked": chunked,
+                                           "block_n": block_n, "warps": 8, "ms": t_ms,
+                                           "kv_tb_s": kv_bytes / (t_ms * 1e-3) / 1e12})
             del built, cache, tables
             torch.cuda.empty_cache()
     base = {(r["batch"], r["context"], r["heads"]): r["ms"] for r in rows if r["kind"] == "bf16"}
@@ -171,7 +197,8 @@ def main() -> int:
             "stages": args.stages,
             "triton": triton.__version__, "page_size": PAGE, "seconds": time.perf_counter()
             - started, "notes": notes, "failures": failures}
-    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows,
+                                                  "tuning": tuning}, indent=2))
     lines = [f"# MLA decode (mla-triton), {props.name}", "",
              f"One decode step, page {PAGE}, random page tables; KV TB/s counts each context "
              "record once; x bf16 = bf16-record time / this time (same run).", "",
@@ -184,6 +211,14 @@ def main() -> int:
         lines.append(f"| {r['kind']} | {r['dims']} | {r['bytes_per_token']} | {r['batch']} | "
                      f"{r['context']} | {r['heads']} | {r['splits']} | {r['ms']:.3f} | "
                      f"{r['kv_tb_s']:.2f} | {r['tflops']:.1f} | {ratio} |")
+    if tuning:
+        lines += ["", "Launch-configuration sweep (8 warps; the table above uses the "
+                  "kernel's defaults):", "",
+                  "| kind | batch | context | heads | chunked | block_n | ms | KV TB/s |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {r['kind']} | {r['batch']} | {r['context']} | {r['heads']} | "
+                  f"{r['chunked']} | {r['block_n']} | {r['ms']:.3f} | {r['kv_tb_s']:.2f} |"
+                  for r in tuning]
     lines += [""] + [f"- {n}" for n in notes] + [f"- FAILED {f}" for f in failures]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / 'results.md'} in {meta['seconds']:.0f} s")
