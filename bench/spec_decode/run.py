@@ -141,6 +141,7 @@ def main() -> int:
         json.dump(result, f, indent=2)
     lines = [f"# Speculative decoding, demo model, {name} ({plain.dtype}), k = {args.k}, "
              f"{args.tokens} greedy tokens per held-out prompt", "",
+             f"dflash2 drafter: `{result['drafter']}`", "",
              "| batch | method | tokens/s | vs plain | tau (tokens / target forward) |",
              "| ---: | --- | ---: | ---: | ---: |"]
     for r in rows:

@@ -74,7 +74,7 @@ def test_random_drafter_is_lossless(plain: LLM, random_drafter: str) -> None:
                     reason="the trained demo drafter is not installed")
 def test_trained_drafter_is_lossless_and_accepts(plain: LLM) -> None:
     tau = _check(plain, _speculative(None))
-    assert tau > 2.0
+    assert tau > 1.5  # a random drafter gets about 1.0
 
 
 def test_hidden_states_reach_the_drafter(plain: LLM, random_drafter: str,
@@ -124,8 +124,10 @@ def test_missing_bundled_weights_are_named(tmp_path: Path,
     from kernelbay import NoBackendError
 
     monkeypatch.setattr(proposer_module, "BUNDLED_DIR", str(tmp_path))
+    fresh = Registry.discover(Policy(plugins=frozenset({"spec_dflash2"})))  # no cached verdicts
     with pytest.raises(NoBackendError, match="bundled drafter for the kernelbay demo model is "
                        "missing") as info:
-        _speculative(None)
+        LLM(demo_path(), dtype="float32", registry=fresh,
+            speculative=SpeculativeConfig("dflash2", 8))
     assert "model.safetensors" in str(info.value)
     assert "tools/train_drafter.py" in str(info.value).replace("\n", "").replace(" ", "")
