@@ -30,14 +30,14 @@ def main() -> int:
     policy = Policy.from_env().updated(batch_invariant=True)
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     tp2 = LLM(demo_path(), dtype=args.dtype, device=f"cuda:{local}", tensor_parallel_size=2,
-              registry=Registry(policy))
+              registry=Registry.discover(policy))
     text = heldout_text()
     prompts = [tp2.encode(text[s:s + 150]) for s in range(0, 3000, 375)]
     got = [o.token_ids for o in tp2.generate(prompts, params)]
     plan = tp2.plan
     status = 0
     if dist.get_rank() == 0:
-        tp1 = LLM(demo_path(), dtype=args.dtype, device="cuda:0", registry=Registry(policy))
+        tp1 = LLM(demo_path(), dtype=args.dtype, device="cuda:0", registry=Registry.discover(policy))
         expected = [o.token_ids for o in tp1.generate(prompts, params)]
         same = [a == b for a, b in zip(got, expected, strict=True)]
         first = [next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)

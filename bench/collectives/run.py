@@ -59,7 +59,7 @@ def main() -> int:
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
-    dist.init_process_group("nccl")
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     rank, world = dist.get_rank(), dist.get_world_size()
     device = probe_device(local)
     request = CollectiveRequest("all_reduce", world, "bfloat16", "nccl")
@@ -112,7 +112,9 @@ def main() -> int:
                   "fused_verdict": (fused_verdict.reason if not fused_verdict.accepted
                                     else "accepted"),
                   "fused_fell_back": fused.fell_back,
-                  "fused_warnings": [str(c.message) for c in caught],
+                  # only the fallback's own warnings (torch's barrier notes are not ours)
+                  "fused_warnings": [str(c.message) for c in caught
+                                     if str(c.message).startswith("tp-fused-gemm-all-reduce")],
                   "all_reduce": rows, "gemm_all_reduce": gemm_rows}
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:

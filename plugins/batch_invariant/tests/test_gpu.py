@@ -73,8 +73,8 @@ def test_speculative_greedy_bit_exact_in_batch_invariant_mode() -> None:
     from kernelbay.engine import LLM, SamplingParams, SpeculativeConfig
 
     policy = Policy(plugins=frozenset({"batch_invariant"}), batch_invariant=True)
-    plain = LLM(demo_path(), dtype="bfloat16", registry=Registry(policy), max_num_seqs=16)
-    spec = LLM(demo_path(), dtype="bfloat16", registry=Registry(policy), max_num_seqs=16,
+    plain = LLM(demo_path(), dtype="bfloat16", registry=Registry.discover(policy), max_num_seqs=16)
+    spec = LLM(demo_path(), dtype="bfloat16", registry=Registry.discover(policy), max_num_seqs=16,
                speculative=SpeculativeConfig("ngram", 4))
     chosen = {d.chosen for d in plain.plan.linears}
     assert plain.plan.attention.chosen == "bi-triton-mla"
