@@ -161,7 +161,7 @@ def fit(drafter: DFlash2Drafter, opt: torch.optim.Optimizer, tokens: torch.Tenso
 
 
 def train(args: argparse.Namespace, device: torch.device) -> tuple[DFlash2Drafter, dict]:
-    config = DFlash2Config(**DRAFTER)  # type: ignore[arg-type]
+    config = DFlash2Config(**{**DRAFTER, "context_window": args.context_window})  # type: ignore[arg-type]
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     target = load_target(device, dtype)
     data = load_corpus(args.corpus)
@@ -274,6 +274,8 @@ def main() -> int:
     parser.add_argument("--gen-batch", type=int, default=2048)
     parser.add_argument("--eval-prompts", type=int, default=32)
     parser.add_argument("--eval-tokens", type=int, default=128)
+    parser.add_argument("--context-window", type=int, default=DRAFTER["context_window"],
+                        help="target positions the drafter attends to")
     parser.add_argument("--time-budget", type=float, default=None,
                         help="stop training after this many seconds (a safety net; the "
                         "steps run are recorded)")

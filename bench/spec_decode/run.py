@@ -132,16 +132,23 @@ def main() -> int:
     name = (torch.cuda.get_device_name(device) if device.type == "cuda"
             else platform.processor() or platform.machine())
     drafter = spec["dflash2"].proposer if "dflash2" in spec else None
+    folder = getattr(drafter, "folder", None)
+    record = os.path.join(folder, "training.json") if folder else ""
+    trained = {}
+    if record and os.path.isfile(record):
+        with open(record, encoding="utf-8") as f:
+            trained = {key: value for key, value in json.load(f).items()
+                       if key in ("device_name", "steps", "batch", "prompts", "tau_greedy")}
     result = dict(device=str(device), device_name=name, dtype=str(plain.dtype),
                   k=args.k, tokens=args.tokens, torch=torch.__version__,
-                  drafter=getattr(drafter, "folder", None), rows=rows,
+                  drafter=folder, drafter_training=trained, rows=rows,
                   tau_temperature_0_8=sampled_tau, stops_paying_at_batch=stops)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=2)
     lines = [f"# Speculative decoding, demo model, {name} ({plain.dtype}), k = {args.k}, "
              f"{args.tokens} greedy tokens per held-out prompt", "",
-             f"dflash2 drafter: `{result['drafter']}`", "",
+             f"dflash2 drafter: `{folder}` (training: {json.dumps(trained)})", "",
              "| batch | method | tokens/s | vs plain | tau (tokens / target forward) |",
              "| ---: | --- | ---: | ---: | ---: |"]
     for r in rows:
