@@ -6,21 +6,22 @@ Reasoning for the H200 defaults (132 SMs, 4.8 TB/s, 50 MB L2); ``bench/nvfp4/run
 * Where the weight is decoded per element, the integer and conversion operations bound the
   kernel before HBM does (a 4-bit weight gives each byte two elements to decode), so the
   ``dot16`` variant (exact fp16 weights, one packed fp16 multiply per two elements, no fp32
-  round trip) is the default up to M = 64; both variants are in ``CANDIDATES``. The
-  ``decode8`` variant goes further (int32 words of 8 nibbles, inline PTX: prmt + shifts +
-  masks on two 16-bit lanes at once, the scale applied by mul.f16x2), about 2 integer
-  operations per element instead of 3-5; it has not run on a GPU yet, so it is offered in
-  ``CANDIDATES`` for the benchmark to measure before it becomes a default.
+  round trip) serves M = 17..64. The ``decode8`` variant goes further for M <= 16 (int32
+  words of 8 nibbles, inline PTX: prmt + shifts + masks on two 16-bit lanes at once, the
+  scale applied by mul.f16x2), about 2 integer operations per element instead of 3-5, and
+  the fewest registers (128 at 16x64x128). Its PTX was checked bit for bit by emulating it
+  on the CPU and it compiles for sm_90, but it has not run on a GPU yet: if the GPU tests
+  reject it, ``gemv16-16x32x128`` (139 registers, portable decode) is the fallback.
 * M <= 16 (decode) is memory bound: the weight is 0.5625 B/element against bf16's 2. One CTA
-  covers BLOCK_N = 64 output rows and walks K in 256-column tiles: each row of a tile is
-  128 packed bytes, i.e. eight 16-byte loads per row across the warp, and 16 block scales
-  (one per 16 elements, 16 contiguous bytes). N = 8192 gives only 128 CTAs, fewer than the
+  covers BLOCK_N = 64 output rows and walks K in 128-column tiles: each row of a tile is
+  64 packed bytes (four 16-byte loads) and 8 block scales (one per 16 elements,
+  contiguous). N = 8192 gives only 128 CTAs, fewer than the
   SMs, so K is split until there are about four CTAs per SM (``split_k``); the fp32
   partials (M x N x split, a few hundred KB at most) are summed by a second small kernel.
   BLOCK_M = 16 is the smallest tl.dot tile; unused rows are masked.
 * M = 64: BLOCK_M = 64 and the same split rule keep the weight read once per 64 rows.
-* M >= 128: 128 x 128 tiles with 8 warps (the weight is decoded once per 128 rows, compute
-  grows); or ``dequant``: decode the whole weight into a temporary and call cuBLAS
+* M >= 128: 128 x 128 x 64 tiles with 8 warps (the weight is decoded once per 128 rows; the
+  split rule still fills the SMs when N is small); or ``dequant``: decode the whole weight into a temporary and call cuBLAS
   (``F.linear``), which wins once the GEMM is compute bound (each call pays a 2 B/element
   write and read of the temporary).
 """
@@ -55,42 +56,37 @@ class KernelConfig:
 
 
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
+#: Register counts (sm_90, triton 3.9, ``cuobjdump -res-usage``) guided the choice: every
+#: default compiles without spilling (the 16x64x256 4-warp tiles of the portable decode
+#: spill at 255 registers; so do all 64- and 128-row tiles with BLOCK_K 128).
 DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
-    (16, KernelConfig("gemv16-16x64x256", "fused", 16, 64, 256, 0, 4, 4, True)),
-    (32, KernelConfig("tile16-32x64x256", "fused", 32, 64, 256, 0, 4, 4, True)),
-    (64, KernelConfig("tile16-64x64x128", "fused", 64, 64, 128, 0, 4, 4, True)),
-    (128, KernelConfig("tile-64x128x128", "fused", 64, 128, 128, 0, 4, 3)),
-    (1 << 62, KernelConfig("tile-128x128x128", "fused", 128, 128, 128, 1, 8, 3)),
+    # 128 registers, no spill, 14 KB shared (the word loads are pipelined): 4 CTAs per SM.
+    (16, KernelConfig("w8-16x64x128", "fused", 16, 64, 128, 0, 4, 4, True, True)),
+    (32, KernelConfig("tile16-32x128x64", "fused", 32, 128, 64, 0, 8, 3, True)),
+    (64, KernelConfig("tile16-64x64x64", "fused", 64, 64, 64, 0, 8, 3, True)),
+    (1 << 62, KernelConfig("tile-128x128x64", "fused", 128, 128, 64, 0, 8, 3)),
 )
 
-#: Alternatives the benchmark tries per shape (``--configs all``); BLOCK_M is raised to
-#: cover M where a config's is smaller than 16.
+#: Alternatives the benchmark tries per shape (``--configs all``); BLOCK_M is lowered to
+#: cover M where a config's is larger than needed.
 CANDIDATES: tuple[KernelConfig, ...] = (
-    KernelConfig("gemv-16x32x256", "fused", 16, 32, 256, 0, 4, 4),
-    KernelConfig("gemv-16x64x256", "fused", 16, 64, 256, 0, 4, 4),
-    KernelConfig("gemv-16x64x512", "fused", 16, 64, 512, 0, 4, 3),
-    KernelConfig("gemv-16x128x256", "fused", 16, 128, 256, 0, 8, 3),
-    KernelConfig("gemv-16x64x256-nosplit", "fused", 16, 64, 256, 1, 4, 4),
-    KernelConfig("tile-32x64x256", "fused", 32, 64, 256, 0, 4, 4),
-    KernelConfig("tile-64x64x128", "fused", 64, 64, 128, 0, 4, 4),
-    KernelConfig("tile-64x128x128", "fused", 64, 128, 128, 0, 4, 3),
-    KernelConfig("tile-128x128x128", "fused", 128, 128, 128, 1, 8, 3),
-    KernelConfig("tile-128x128x64", "fused", 128, 128, 64, 1, 8, 4),
-    KernelConfig("tile-128x256x64", "fused", 128, 256, 64, 1, 8, 3),
-    KernelConfig("gemv16-16x32x256", "fused", 16, 32, 256, 0, 4, 4, True),
-    KernelConfig("gemv16-16x64x256", "fused", 16, 64, 256, 0, 4, 4, True),
-    KernelConfig("gemv16-16x64x512", "fused", 16, 64, 512, 0, 4, 3, True),
-    KernelConfig("gemv16-16x128x256", "fused", 16, 128, 256, 0, 8, 3, True),
-    KernelConfig("tile16-32x64x256", "fused", 32, 64, 256, 0, 4, 4, True),
-    KernelConfig("tile16-64x64x128", "fused", 64, 64, 128, 0, 4, 4, True),
-    KernelConfig("tile16-64x128x128", "fused", 64, 128, 128, 0, 4, 3, True),
-    KernelConfig("tile16-128x128x128", "fused", 128, 128, 128, 1, 8, 3, True),
-    KernelConfig("w8-16x64x256", "fused", 16, 64, 256, 0, 4, 4, True, True),
-    KernelConfig("w8-16x128x256", "fused", 16, 128, 256, 0, 8, 3, True, True),
-    KernelConfig("w8-16x64x512", "fused", 16, 64, 512, 0, 4, 3, True, True),
-    KernelConfig("w8-16x32x512", "fused", 16, 32, 512, 0, 4, 4, True, True),
-    KernelConfig("w8-64x64x256", "fused", 64, 64, 256, 0, 4, 3, True, True),
-    KernelConfig("w8-128x128x128", "fused", 128, 128, 128, 1, 8, 3, True, True),
+    KernelConfig("w8-16x64x128", "fused", 16, 64, 128, 0, 4, 4, True, True),
+    KernelConfig("w8-16x64x128-s3", "fused", 16, 64, 128, 0, 4, 3, True, True),
+    KernelConfig("w8-16x128x128", "fused", 16, 128, 128, 0, 8, 3, True, True),
+    KernelConfig("w8-16x64x256", "fused", 16, 64, 256, 0, 8, 4, True, True),
+    KernelConfig("w8-16x32x128", "fused", 16, 32, 128, 0, 4, 4, True, True),
+    KernelConfig("gemv16-16x32x128", "fused", 16, 32, 128, 0, 4, 4, True),
+    KernelConfig("gemv16-16x64x128", "fused", 16, 64, 128, 0, 4, 4, True),
+    KernelConfig("gemv16-16x64x256", "fused", 16, 64, 256, 0, 8, 4, True),
+    KernelConfig("gemv-16x32x128", "fused", 16, 32, 128, 0, 4, 4),
+    KernelConfig("gemv-16x64x256", "fused", 16, 64, 256, 0, 8, 4),
+    KernelConfig("tile16-32x128x64", "fused", 32, 128, 64, 0, 8, 3, True),
+    KernelConfig("tile-32x128x64", "fused", 32, 128, 64, 0, 8, 3),
+    KernelConfig("tile16-64x64x64", "fused", 64, 64, 64, 0, 8, 3, True),
+    KernelConfig("tile-64x128x64", "fused", 64, 128, 64, 0, 8, 3),
+    KernelConfig("tile-128x128x64", "fused", 128, 128, 64, 0, 8, 3),
+    KernelConfig("tile-128x128x64-nosplit", "fused", 128, 128, 64, 1, 8, 3),
+    KernelConfig("tile-128x128x64-s4", "fused", 128, 128, 64, 0, 8, 4),
     KernelConfig("dequant-cublas", "dequant"),
 )
 

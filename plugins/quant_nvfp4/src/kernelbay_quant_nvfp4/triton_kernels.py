@@ -172,7 +172,7 @@ def nvfp4_matmul(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
 # fp16 pairs, already times the scale. prmt puts byte p of each word in the high byte of one
 # 16-bit lane; the high nibble's sign/magnitude then sit at bits 15/12-14 and go to 15/9-11
 # (>> 3), the low nibble's at 11/8-10 (<< 4, << 1): the fp16 pattern of value * 2^-14.
-_DECODE8_PTX = """{
+_DECODE8_PTX = tl.constexpr("""{
 .reg .b32 q, t, u;
 """ + "".join(f"""prmt.b32 q, $8, $9, {hex(((4 + p) << 12) | ((4 + p) << 8) | (p << 4) | p)};
 shl.b32 t, q, 4;
@@ -186,7 +186,7 @@ shr.b32 u, q, 3;
 and.b32 u, u, 0x0E000E00;
 or.b32 t, t, u;
 mul.rn.f16x2 ${2 * p + 1}, t, $10;
-""" for p in range(4)) + "}"
+""" for p in range(4)) + "}")
 
 
 @triton.jit
