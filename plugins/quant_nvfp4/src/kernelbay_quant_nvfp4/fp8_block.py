@@ -114,12 +114,17 @@ class Fp8BlockTritonLinear(LinearMethod):
             x2 = x2.contiguous()
         if x2.shape[0] == 0:
             return x.new_empty(*lead, n)
-        m = x2.shape[0]
-        block_m = 16 if m <= 16 else 64
-        split = 4 if m <= 16 else 1
+        # Tiles without register spills on sm_90 (bench/nvfp4/registers.py's method):
+        # 16x64x128 / 4 warps with split-K for decode, 64x128x64 / 8 warps beyond.
+        if x2.shape[0] <= 16:
+            tile = {"block_m": 16, "block_n": 64, "block_k": 128, "split_k": 4,
+                    "num_warps": 4, "num_stages": 4}
+        else:
+            tile = {"block_m": 64, "block_n": 128, "block_k": 64, "split_k": 1,
+                    "num_warps": 8, "num_stages": 3}
         out = fp8_block_linear_triton(x2, cast("torch.Tensor", layer.weight),
                                       cast("torch.Tensor", layer.weight_scale), n,
-                                      self.rank_bias(layer), block_m=block_m, split_k=split)
+                                      self.rank_bias(layer), **tile)
         return out.reshape(*lead, n)
 
     def dequantized_weight(self, layer: torch.nn.Module) -> torch.Tensor:
