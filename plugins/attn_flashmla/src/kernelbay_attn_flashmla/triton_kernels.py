@@ -179,6 +179,64 @@ def _group_scale3(cache_u8, cache_f32, row3, group, mask, SCALE_OFF: tl.constexp
     return scale
 
 
+@triton.jit
+def _tile(n0, hi, start, length, seq, t, topk_ptr, topk_stride, block_tables, bt_stride,
+          BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
+          BPT: tl.constexpr, SPARSE: tl.constexpr):
+    """Byte offsets ``[BLOCK_N]`` of the records of keys ``n0 ...`` and which are allowed."""
+    offs = n0 + tl.arange(0, BLOCK_N)
+    ok = offs < hi
+    if SPARSE:
+        pos = tl.load(topk_ptr + t * topk_stride + offs, mask=ok, other=-1)
+        ok = ok & (pos >= start) & (pos < length)
+    else:
+        pos = start + offs
+    pos = tl.where(ok, pos, 0)
+    page = tl.load(block_tables + seq * bt_stride + pos // PAGE_SIZE, mask=ok, other=0)
+    row = page.to(tl.int64) * PAGE_BYTES + (pos % PAGE_SIZE).to(tl.int64) * BPT
+    return row, ok
+
+
+@triton.jit
+def _fetch_codes(cache_u8, cache_f32, row, ok, cols, cols_ok, ELEM_OFF: tl.constexpr,
+                 SCALE_OFF: tl.constexpr, GROUP: tl.constexpr, SCALE: tl.constexpr,
+                 C_PAD: tl.constexpr, COUNT: tl.constexpr):
+    """The raw E4M3 codes ``[BLOCK_N, C_PAD]`` of a nope field and their raw scales (one per
+    group ``[BLOCK_N, C_PAD // GROUP]``, fp32 or E8M0 bytes), for ``_dequant_codes``."""
+    mask = ok[:, None] & cols_ok[None, :]
+    code = tl.load(cache_u8 + (row[:, None] + ELEM_OFF + cols[None, :]), mask=mask, other=0)
+    NG: tl.constexpr = C_PAD // GROUP
+    local = tl.arange(0, NG)
+    g_mask = ok[:, None] & (local * GROUP < COUNT)[None, :]
+    if SCALE == 1:
+        raw = tl.load(cache_f32 + ((row[:, None] + SCALE_OFF) // 4 + local[None, :]),
+                      mask=g_mask, other=0.0)
+    else:
+        raw = tl.load(cache_u8 + (row[:, None] + SCALE_OFF + local[None, :]), mask=g_mask,
+                      other=127)
+    return code, raw
+
+
+@triton.jit
+def _dequant_codes(code, raw, GROUP: tl.constexpr, SCALE: tl.constexpr,
+                   BLOCK_N: tl.constexpr, C_PAD: tl.constexpr, FAST_FP8: tl.constexpr):
+    """Values of codes fetched by ``_fetch_codes`` (bfloat16 or float32)."""
+    if FAST_FP8 and SCALE == 2:
+        values = code.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+    else:
+        values = _e4m3_to_f32(code, FAST_FP8)
+    if SCALE == 1:
+        scale = raw
+    elif FAST_FP8:
+        scale = (tl.where(raw == 0, 0x0040, raw.to(tl.int32) << 7).to(tl.int16)
+                 .to(tl.bfloat16, bitcast=True))
+    else:
+        scale = _pow2(raw.to(tl.int32) - 127)
+    NG: tl.constexpr = C_PAD // GROUP
+    return tl.reshape(tl.reshape(values, [BLOCK_N, NG, GROUP]) * scale[:, :, None],
+                      [BLOCK_N, C_PAD])
+
+
 # Sizes and strides that vary between calls are not specialized on: one compile per record
 # kind and launch shape, whatever the batch, split count or table width.
 @triton.jit(do_not_specialize=["q_stride_t", "q_stride_h", "bt_stride", "topk_stride",
@@ -244,31 +302,49 @@ def mla_decode_kernel(
     qk_scale = sm_scale * 1.4426950408889634
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_H], 0.0, tl.float32)
+    # Quantized nope in the flat layout: the next tile's codes and scales are loaded before
+    # this tile is computed on (the compiler's pipelining does not reach loads that feed
+    # dots through the dequantization), so one tile is always in flight.
+    PREFETCH: tl.constexpr = (not CHUNKED) and NOPE_SCALE != 0 and (NC * CH) % GROUP == 0
+    if PREFETCH:
+        row_n, ok_n = _tile(lo, hi, start, length, seq, t, topk_ptr, topk_stride,
+                            block_tables, bt_stride, BLOCK_N, PAGE_SIZE, PAGE_BYTES, BPT,
+                            SPARSE)
+        code_n, raw_n = _fetch_codes(cache_u8, cache_f32, row_n, ok_n, dcols, dcols_ok,
+                                     NOPE_OFF, SCALE_OFF, GROUP, NOPE_SCALE, NC * CH, RANK)
     for n0 in range(lo, hi, BLOCK_N):
-        offs = n0 + tl.arange(0, BLOCK_N)
-        ok = offs < hi
-        if SPARSE:
-            pos = tl.load(topk_ptr + t * topk_stride + offs, mask=ok, other=-1)
-            ok = ok & (pos >= start) & (pos < length)
+        if PREFETCH:
+            row = row_n
+            ok = ok_n
+            code = code_n
+            raw = raw_n
+            row_n, ok_n = _tile(n0 + BLOCK_N, hi, start, length, seq, t, topk_ptr,
+                                topk_stride, block_tables, bt_stride, BLOCK_N, PAGE_SIZE,
+                                PAGE_BYTES, BPT, SPARSE)
+            code_n, raw_n = _fetch_codes(cache_u8, cache_f32, row_n, ok_n, dcols, dcols_ok,
+                                         NOPE_OFF, SCALE_OFF, GROUP, NOPE_SCALE, NC * CH,
+                                         RANK)
         else:
-            pos = start + offs
-        pos = tl.where(ok, pos, 0)
-        page = tl.load(block_tables + seq * bt_stride + pos // PAGE_SIZE, mask=ok, other=0)
-        row = page.to(tl.int64) * PAGE_BYTES + (pos % PAGE_SIZE).to(tl.int64) * BPT
+            row, ok = _tile(n0, hi, start, length, seq, t, topk_ptr, topk_stride,
+                            block_tables, bt_stride, BLOCK_N, PAGE_SIZE, PAGE_BYTES, BPT,
+                            SPARSE)
         if CHUNKED:
             k3 = _load_nope3(cache_u8, cache_bf16, cache_f32, row[None, :, None],
                              ok[None, :, None], col3, NOPE_OFF, SCALE_OFF, GROUP, NOPE_SCALE,
                              NC, BLOCK_N, CH, RANK, FAST_FP8).to(DOT)
             s_nope = tl.reduce(tl.dot(q3, tl.permute(k3, (0, 2, 1))), 0, _add)
         else:
-            k_nope = _load_part(cache_u8, cache_bf16, cache_f32, row, ok, dcols, dcols_ok,
-                                NOPE_OFF, 0, SCALE_OFF, GROUP, NOPE_SCALE, BLOCK_N, NC * CH,
-                                RANK, FAST_FP8).to(DOT)
+            if PREFETCH:
+                k_nope = _dequant_codes(code, raw, GROUP, NOPE_SCALE, BLOCK_N, NC * CH,
+                                        FAST_FP8).to(DOT)
+            else:
+                k_nope = _load_part(cache_u8, cache_bf16, cache_f32, row, ok, dcols,
+                                    dcols_ok, NOPE_OFF, 0, SCALE_OFF, GROUP, NOPE_SCALE,
+                                    BLOCK_N, NC * CH, RANK, FAST_FP8).to(DOT)
             s_nope = tl.dot(q_nope, tl.trans(k_nope))
         k_rope = _load_part(cache_u8, cache_bf16, cache_f32, row, ok, rcols, rcols_ok,
                             ROPE_OFF, RANK, SCALE_OFF, GROUP, ROPE_SCALE, BLOCK_N, R_PAD, ROPE,
-                            FAST_FP8
-                            ).to(DOT)
+                            FAST_FP8).to(DOT)
         s = s_nope + tl.dot(q_rope, tl.trans(k_rope))
         s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(s, 1, _max))

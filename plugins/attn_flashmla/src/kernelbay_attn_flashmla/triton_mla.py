@@ -172,10 +172,12 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     block_h = min(max(16, _pow2(heads)), 32)
     head_blocks = -(-heads // block_h)
     d_pad = _pow2(rank)
-    # Wide latents: 16 keys per tile keeps the dequantized tile in registers; with 32-head
-    # blocks the nope part is split in per-warp chunks (a whole [32, D] block spills).
+    # Wide latents: 16 keys per tile keeps the dequantized tile in registers (sm_90 builds:
+    # 80-204 registers per thread at 16 heads, no spills). With 32-head blocks and scale
+    # groups below a chunk (MXFP8's 32) the flat layout spills; per-warp chunks do not.
     block_n = block_n or (16 if d_pad >= 256 else 64)
-    chunked = (block_h > 16 and d_pad >= 256) if chunked is None else chunked
+    if chunked is None:
+        chunked = block_h > 16 and d_pad >= 256 and (record.group_size or d_pad) < NOPE_CHUNK
     chunk = min(d_pad, NOPE_CHUNK)
     if num_splits is None:
         sms = num_sms if num_sms is not None else (
