@@ -29,7 +29,7 @@ import argparse
 import datetime
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,7 @@ def copies_for(bytes_each: int) -> int:
     return max(1, -(-2 * L2_BYTES // bytes_each))
 
 
-def rotating(fns: list[Callable[[], Any]]) -> Callable[[], Any]:
+def rotating(fns: Sequence[Callable[..., Any]]) -> Callable[[], Any]:
     """One callable that runs the next of ``fns`` each call (a different weight copy)."""
     state = [0]
 

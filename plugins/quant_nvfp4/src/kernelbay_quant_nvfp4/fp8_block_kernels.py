@@ -1,3 +1,5 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# (Triton kernels are written in its untyped DSL; the Python wrappers are typed.)
 """Triton kernel for FP8 per-block weight-only linear (ModelOpt ``FP8_PB_WO``):
 ``y = x @ W^T`` with ``W[n, k] = float(q[n, k]) * scale[n // 128, k // 128]``.
 

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# (Triton kernels are written in its untyped DSL; the Python wrappers are typed.)
 """Triton kernels for weight-only NVFP4: ``y = x @ dequant(W)^T`` with the weight decoded in
 registers, and a standalone dequantizer (for the dequantize-then-cuBLAS path at large M).
 
