@@ -82,3 +82,69 @@ def test_linear_method_adds_bias_per_row() -> None:
     y = method.apply(layer, x)
     torch.testing.assert_close(y, torch.nn.functional.linear(x, layer.weight, layer.bias),
                                atol=1e-4, rtol=1e-4)
+
+
+def _split_mm(x: torch.Tensor, w: torch.Tensor, split: int) -> torch.Tensor:
+    from kernelbay_batch_invariant.configs import MatmulConfig
+    from kernelbay_batch_invariant.kernels import invariant_matmul
+
+    return invariant_matmul(x, w, MatmulConfig(16, 16, 16, 4, 1, split_k=split))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("split", [2, 3, 8])
+def test_split_k_rows_are_bitwise_identical_for_m_1_to_9(dtype: torch.dtype,
+                                                         split: int) -> None:
+    # K = 70: five 16-wide K tiles, a ragged last one; split 8 leaves empty slices.
+    g = torch.Generator().manual_seed(split)
+    n, k = 24, 70
+    w = torch.randn(n, k, generator=g).to(dtype)
+    rows = torch.randn(9, k, generator=g).to(dtype)
+    full = _split_mm(rows, w, split)
+    for m in range(1, 10):
+        assert torch.equal(_split_mm(rows[:m], w, split), full[:m]), f"rows differ at M={m}"
+        tail = _split_mm(rows[9 - m:], w, split)  # the same rows at other tile places
+        assert torch.equal(tail, full[9 - m:]), f"rows differ (offset) at M={m}"
+    ref = (rows.float() @ w.float().T).to(dtype)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(full, ref, atol=tol * 10, rtol=tol)
+
+
+def test_split_k_adds_the_fixed_slices_in_slice_order() -> None:
+    """The split result is exactly (((slice 0) + slice 1) + slice 2): each slice's partial
+    is the unsplit kernel on that K range, and the slices are the fixed ``split_ranges``."""
+    from kernelbay_batch_invariant.configs import MatmulConfig
+    from kernelbay_batch_invariant.kernels import invariant_matmul, split_ranges
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 70, generator=g)
+    w = torch.randn(20, 70, generator=g)
+    cfg = MatmulConfig(16, 16, 16, 4, 1, split_k=3)
+    ranges = split_ranges(70, cfg)
+    assert ranges == [(0, 32), (32, 64), (64, 70)]
+    whole = MatmulConfig(16, 16, 16, 4, 1)
+    parts = [invariant_matmul(x[:, lo:hi].contiguous(), w[:, lo:hi].contiguous(), whole)
+             for lo, hi in ranges]
+    expected = (parts[0] + parts[1]) + parts[2]
+    assert torch.equal(_split_mm(x, w, 3), expected)
+
+
+def test_split_ranges_depend_on_k_and_config_only() -> None:
+    from kernelbay_batch_invariant.configs import MatmulConfig
+    from kernelbay_batch_invariant.kernels import split_ranges
+
+    cfg = MatmulConfig(64, 128, 64, split_k=4)
+    assert split_ranges(14336, cfg) == [(0, 3584), (3584, 7168), (7168, 10752),
+                                        (10752, 14336)]
+    assert split_ranges(100, MatmulConfig(16, 16, 64, split_k=3)) == [(0, 64), (64, 100),
+                                                                      (100, 100)]
+    assert split_ranges(4096, MatmulConfig(64, 64, 64)) == [(0, 4096)]
+
+
+def test_split_k_below_one_is_rejected_with_the_value() -> None:
+    from kernelbay_batch_invariant.configs import MatmulConfig
+    from kernelbay_batch_invariant.kernels import invariant_matmul
+
+    with pytest.raises(ValueError, match=r"config\.split_k is 0; valid: an integer >= 1"):
+        invariant_matmul(torch.zeros(2, 32), torch.zeros(16, 32),
+                         MatmulConfig(16, 16, 16, split_k=0))

@@ -2,16 +2,24 @@
 the pipeline depth chosen from the device's shared-memory limit.
 
 Why the tiling must not depend on M: each output element is a sum over K; the order of that
-sum is fixed by BLOCK_K and by the kernel's fixed loop over K tiles (no split-K). If M picked
-the tile, a row computed in a batch of 1 and in a batch of 256 could be summed in different
-orders and differ in the last bit. BLOCK_M and BLOCK_N only decide which program computes a
-row, not how the row is summed.
+sum is fixed by BLOCK_K, by the kernel's fixed loop over K tiles and, with split-K, by the
+fixed K slices (whole BLOCK_K tiles, ``kernels.split_ranges``) whose fp32 partials a second
+kernel adds in slice order. If M picked any of these, a row computed in a batch of 1 and in a
+batch of 256 could be summed in different orders and differ in the last bit. BLOCK_M, BLOCK_N
+and GROUP_M only decide which program computes a row, not how the row is summed; BLOCK_M is
+still kept to one value per (N, K) so that the compiled dot (its MMA instruction shape) is the
+same kernel for every M.
 
-Reasoning for the table (H200: 132 SMs, 228 KB shared memory per SM): BLOCK_M = 64 serves
-decode-sized batches without wasting most of a 128-row tile and still reuses each weight tile
-64 times at large M; BLOCK_N = 64 keeps N = 4096 at 64 column tiles (one per SM pair at M <= 64)
-and BLOCK_N = 128 is used from N >= 8192, where there are enough column tiles to fill the
-SMs; BLOCK_K = 64 (32 for float32, whose tiles are twice the bytes).
+Reasoning for the table (H200: 132 SMs, 228 KB shared memory per SM; first GPU sweep in
+``bench/batch_invariant``): with N = 4096 and 64..128-wide tiles there are only 32..64
+column tiles, so at M <= 256 most SMs idle and one tile walks all of K; a fixed split-K
+(2 slices at K = 4096, 4 at K = 14336) multiplies the programs for those shapes at the cost
+of an fp32 workspace pass (small next to the weight read up to M ~ 256, about 10-15 % at
+M = 1024). N = 14336 already has 112 column tiles: 128 x 128 x 64, 8 warps, 3 stages (the
+sweep's best there, geometric-mean ratio 1.29 to cuBLAS at M >= 64), no split. Shapes not in
+the table use ``_rule`` (BLOCK_M 64, BLOCK_N from N, BLOCK_K 64, 32 for float32, no split).
+``python bench/batch_invariant/run.py --configs all`` re-measures the candidates and prints
+table lines to paste here.
 """
 
 from __future__ import annotations
@@ -38,6 +46,9 @@ class MatmulConfig:
     num_warps: int = 4
     num_stages: int = 4
     group_m: int = 8
+    #: K slices summed separately and added in slice order (1: one walk over K). A function
+    #: of (N, K) like the rest of the tiling, never of M.
+    split_k: int = 1
 
     def stage_bytes(self, itemsize: int) -> int:
         """Shared memory one pipeline stage holds: an x tile and a W tile."""
@@ -46,9 +57,9 @@ class MatmulConfig:
 
 #: Tuned entries by (N, K, dtype); shapes not listed use the rule in ``matmul_config``.
 TABLE: dict[tuple[int, int, str], MatmulConfig] = {
-    (4096, 4096, "bfloat16"): MatmulConfig(64, 64, 64, 4, 4),
-    (14336, 4096, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4),
-    (4096, 14336, "bfloat16"): MatmulConfig(64, 64, 64, 4, 4),
+    (4096, 4096, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, split_k=2),
+    (14336, 4096, "bfloat16"): MatmulConfig(128, 128, 64, 8, 3),
+    (4096, 14336, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, split_k=4),
 }
 
 

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from kernelbay_batch_invariant.configs import MatmulConfig
 
-__all__ = ["invariant_matmul", "paged_attention", "token_positions"]
+__all__ = ["invariant_matmul", "paged_attention", "split_ranges", "token_positions"]
 
 
 def _interpreting() -> bool:
@@ -23,11 +23,15 @@ def _interpreting() -> bool:
 
 
 @triton.jit
-def _matmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K,
-                   stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+def _matmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K, K_PER_SPLIT,
+                   stride_xm, stride_xk, stride_wn, stride_wk, stride_ys, stride_ym, stride_yn,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr, IEEE: tl.constexpr, USE_DOT: tl.constexpr):
+                   GROUP_M: tl.constexpr, IEEE: tl.constexpr, USE_DOT: tl.constexpr,
+                   EVEN_K: tl.constexpr):
     pid = tl.program_id(0)
+    # Axis 1 is the K slice (split-K): slice s sums K in [s * K_PER_SPLIT, (s + 1) *
+    # K_PER_SPLIT), a range fixed by K and the config, never by M.
+    split = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     # Grouped launch order (L2 reuse of W tiles): it moves tiles between programs only.
@@ -39,14 +43,22 @@ def _matmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
+    k_lo = split * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # One fixed walk over K in BLOCK_K tiles: the reduction order of every output element.
-    for k0 in range(0, K, BLOCK_K):
+    # One fixed walk over the slice in BLOCK_K tiles: the reduction order of every element.
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + offs_k
-        a = tl.load(x_ptr + offs_m[:, None] * stride_xm + kk[None, :] * stride_xk,
-                    mask=(offs_m[:, None] < M) & (kk[None, :] < K), other=0.0)
-        b = tl.load(w_ptr + kk[:, None] * stride_wk + offs_n[None, :] * stride_wn,
-                    mask=(kk[:, None] < K) & (offs_n[None, :] < N), other=0.0)
+        if EVEN_K:  # every slice is whole BLOCK_K tiles: no K mask (same values loaded)
+            a = tl.load(x_ptr + offs_m[:, None] * stride_xm + kk[None, :] * stride_xk,
+                        mask=offs_m[:, None] < M, other=0.0)
+            b = tl.load(w_ptr + kk[:, None] * stride_wk + offs_n[None, :] * stride_wn,
+                        mask=offs_n[None, :] < N, other=0.0)
+        else:
+            a = tl.load(x_ptr + offs_m[:, None] * stride_xm + kk[None, :] * stride_xk,
+                        mask=(offs_m[:, None] < M) & (kk[None, :] < k_hi), other=0.0)
+            b = tl.load(w_ptr + kk[:, None] * stride_wk + offs_n[None, :] * stride_wn,
+                        mask=(kk[:, None] < k_hi) & (offs_n[None, :] < N), other=0.0)
         if not USE_DOT:
             # Triton's CPU interpreter runs tl.dot as a BLAS call whose result for a row can
             # follow the row's place in the tile; an explicit product and sum cannot.
@@ -56,32 +68,78 @@ def _matmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K,
         else:
             acc = tl.dot(a, b, acc)
     y = acc.to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn, y,
+    tl.store(y_ptr + split * stride_ys + offs_m[:, None] * stride_ym
+             + offs_n[None, :] * stride_yn, y,
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _split_sum_kernel(part_ptr, y_ptr, numel, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    # Partials [SPLITS, numel] (fp32) summed in slice order 0, 1, .., SPLITS - 1 for every
+    # element: the order is a constant, not the order in which the slices finished.
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    acc = tl.load(part_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLITS):
+        acc += tl.load(part_ptr + s * numel + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def split_ranges(k: int, config: MatmulConfig) -> list[tuple[int, int]]:
+    """The ``[lo, hi)`` K ranges of ``config``'s split-K slices for reduction length ``k``
+    (a function of K and the config only; trailing slices may be empty)."""
+    per = _k_per_split(k, config)
+    return [(min(s * per, k), min((s + 1) * per, k)) for s in range(config.split_k)]
+
+
+def _k_per_split(k: int, config: MatmulConfig) -> int:
+    # Whole BLOCK_K tiles per slice, so a slice's tiles are the unsplit walk's tiles.
+    tiles = triton.cdiv(k, config.block_k)
+    return triton.cdiv(tiles, config.split_k) * config.block_k
 
 
 def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
                      ) -> torch.Tensor:
-    """``x [M, K] @ weight[N, K]^T`` with ``config``'s tiling (chosen from N, K, dtype)."""
+    """``x [M, K] @ weight[N, K]^T`` with ``config``'s tiling (chosen from N, K, dtype).
+
+    With ``config.split_k > 1`` each output tile's K range is cut into ``split_k`` fixed
+    slices (``split_ranges``) whose fp32 partial sums go to a workspace and are added in
+    slice order by a second kernel; the slices and that order depend on K and the config
+    only, so a row's result still does not depend on M.
+    """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"invariant_matmul: wants x [M, K] and weight [N, K], got "
                          f"{tuple(x.shape)} and {tuple(weight.shape)}")
     if x.dtype != weight.dtype:
         raise ValueError(f"invariant_matmul: x is {x.dtype}, weight is {weight.dtype}; they "
                          "must match")
+    if config.split_k < 1:
+        raise ValueError(f"invariant_matmul: config.split_k is {config.split_k}; valid: an "
+                         "integer >= 1")
     m, k = x.shape
     n = weight.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
-    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n),)
-    _matmul_kernel[grid](x, weight, y, m, n, k, x.stride(0), x.stride(1), weight.stride(0),
-                         weight.stride(1), y.stride(0), y.stride(1),
+    splits = config.split_k
+    # Split-K writes fp32 partials [splits, M, N]; unsplit writes the output directly.
+    out = y if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32,
+                                            device=x.device)
+    stride_s = 0 if splits == 1 else out.stride(0)
+    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), splits)
+    _matmul_kernel[grid](x, weight, out, m, n, k, _k_per_split(k, config),
+                         x.stride(0), x.stride(1), weight.stride(0),
+                         weight.stride(1), stride_s, out.stride(-2), out.stride(-1),
                          BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                          BLOCK_K=config.block_k, GROUP_M=config.group_m,
                          IEEE=x.dtype == torch.float32, USE_DOT=not _interpreting(),
-                         num_warps=config.num_warps,
+                         EVEN_K=k % config.block_k == 0, num_warps=config.num_warps,
                          num_stages=config.num_stages)
+    if splits > 1:
+        numel = m * n
+        block = 1024
+        _split_sum_kernel[(triton.cdiv(numel, block),)](out, y, numel, SPLITS=splits,
+                                                        BLOCK=block, num_warps=4)
     return y
 
 
