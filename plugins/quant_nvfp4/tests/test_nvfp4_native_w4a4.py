@@ -140,3 +140,32 @@ def test_plans_by_device(modelopt_checkpoint: Callable[..., str], registry: Regi
     assert main(["explain", path, "--device", "sm_100"]) == 0
     out = capsys.readouterr().out
     assert "nvfp4-w4a4-native" in out
+
+
+@pytest.mark.gpu
+def test_cuda_fp4_gemm_matches_emulation() -> None:
+    """On compute capability 10.x: torch._scaled_mm with the swizzled scales gives the W4A4
+    emulation's output (same FP4 operands; the GEMM rounds its output to bf16 before alpha,
+    so allow 2^-7 of the output scale)."""
+    if torch.cuda.get_device_capability()[0] != 10:
+        pytest.skip("needs FP4 tensor cores (compute capability 10.x)")
+    gen = torch.Generator().manual_seed(12)
+    n, k = 256, 512
+    packed, scales, g = quantize_nvfp4(torch.randn(n, k, generator=gen))
+    x = torch.randn(37, k, generator=gen).bfloat16().float()  # the same input for both
+    input_scale = nvfp4_global_scale(x.abs().amax())
+    tensors = {"weight": packed, "weight_scale": scales, "weight_scale_2": g,
+               "input_scale": input_scale}
+    outs = []
+    for cls, device, dtype in ((Nvfp4EmulationLinear, "cpu", "float32"),
+                               (Nvfp4NativeW4A4Linear, "cuda", "bfloat16")):
+        method = cls(LinearRequest(k, n, W4A4, dtype))
+        layer = torch.nn.Module()
+        method.create_weights(layer, device=device)
+        for name, value in tensors.items():
+            getattr(layer, name).data.copy_(value)
+        method.process_weights_after_loading(layer)
+        xd = x.to(device=device, dtype=getattr(torch, dtype))
+        outs.append(method.apply(layer, xd).float().cpu())
+    want, got = outs
+    torch.testing.assert_close(got, want, rtol=2**-6, atol=2**-7 * float(want.abs().max()))
