@@ -36,7 +36,6 @@ CANDIDATES = [(64, 128, 64, 4, 4, 1), (128, 64, 64, 4, 4, 1), (128, 128, 64, 8, 
 
 
 def _check(mm, x, w, n: int, k: int) -> dict[str, object]:  # type: ignore[no-untyped-def]
-    import torch
 
     full = mm(x[:256], w)
     ref = x[:256].float() @ w.float().T
