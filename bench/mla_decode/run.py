@@ -35,8 +35,9 @@ CHECK_SEQS = 2
 ATOL = 3e-2
 WRITE_CHUNK = 1 << 18
 CHUNKED = {"auto": None, "yes": True, "no": False}
-#: (chunked, block_n) launch configurations the sweep times, 8 warps each.
-TUNE_CONFIGS = ((False, 16), (False, 32), (True, 16), (True, 32))
+#: (chunked, block_n, warps) launch configurations the sweep times.
+TUNE_CONFIGS = ((False, 16, 8), (False, 32, 8), (True, 16, 8), (True, 32, 8), (False, 16, 16),
+                (False, 32, 16))
 
 
 def _build_cache(kind: str, context: int, batch: int, gen: torch.Generator) -> dict:
@@ -170,19 +171,21 @@ def main() -> int:
                           f"{rows[-1]['tflops']:.1f} TFLOP/s, err {err:.2g}", flush=True)
                     if (not args.no_tune and heads == 16 and batch == 64 and context >= 8192
                             and kind in ("bf16", "mxfp8")):
-                        for chunked, block_n in TUNE_CONFIGS:
-                            cfg = dict(launch, chunked=chunked, block_n=block_n, num_warps=8)
+                        for chunked, block_n, warps in TUNE_CONFIGS:
+                            cfg = dict(launch, chunked=chunked, block_n=block_n,
+                                       num_warps=warps)
                             out, _ = mla_decode(query, cache, record, PAGE, meta, scale, **cfg)
                             err = _check(record, cache, meta, query, out, scale)
                             if not err <= ATOL:
-                                failures.append(f"{label} chunked={chunked} block_n={block_n}:"
-                                                f" max relative error {err:.3g} > {ATOL}")
+                                failures.append(f"{label} chunked={chunked} block_n={block_n} "
+                                                f"warps={warps}: max relative error {err:.3g} "
+                                                f"> {ATOL}")
                             t_ms = triton.testing.do_bench(
                                 functools.partial(mla_decode, query, cache, record, PAGE, meta,
                                                   scale, **cfg), warmup=10, rep=args.rep)
                             tuning.append({"kind": kind, "batch": batch, "context": context,
                                            "heads": heads, "chunked": chunked,
-                                           "block_n": block_n, "warps": 8, "ms": t_ms,
+                                           "block_n": block_n, "warps": warps, "ms": t_ms,
                                            "kv_tb_s": kv_bytes / (t_ms * 1e-3) / 1e12})
             del built, cache, tables
             torch.cuda.empty_cache()
@@ -212,13 +215,13 @@ def main() -> int:
                      f"{r['context']} | {r['heads']} | {r['splits']} | {r['ms']:.3f} | "
                      f"{r['kv_tb_s']:.2f} | {r['tflops']:.1f} | {ratio} |")
     if tuning:
-        lines += ["", "Launch-configuration sweep (8 warps; the table above uses the "
-                  "kernel's defaults):", "",
-                  "| kind | batch | context | heads | chunked | block_n | ms | KV TB/s |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += ["", "Launch-configuration sweep (the table above uses the kernel's "
+                  "defaults):", "",
+                  "| kind | batch | context | heads | chunked | block_n | warps | ms | KV TB/s |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         lines += [f"| {r['kind']} | {r['batch']} | {r['context']} | {r['heads']} | "
-                  f"{r['chunked']} | {r['block_n']} | {r['ms']:.3f} | {r['kv_tb_s']:.2f} |"
-                  for r in tuning]
+                  f"{r['chunked']} | {r['block_n']} | {r['warps']} | {r['ms']:.3f} | "
+                  f"{r['kv_tb_s']:.2f} |" for r in tuning]
     lines += [""] + [f"- {n}" for n in notes] + [f"- FAILED {f}" for f in failures]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / 'results.md'} in {meta['seconds']:.0f} s")

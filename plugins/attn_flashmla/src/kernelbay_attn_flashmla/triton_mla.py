@@ -161,7 +161,9 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     the batch, the head blocks, the block table's capacity and ``num_sms`` (the device's).
     ``block_n`` (keys per tile), ``num_warps``, ``num_stages`` and ``chunked`` (the nope
     part as per-warp chunks of ``NOPE_CHUNK`` columns, see the kernel) override the launch
-    configuration (for tuning; defaults depend on the latent width).
+    configuration (for tuning; defaults depend on the latent width). The per-token tables
+    are reused while the same ``metadata`` object comes back (every layer of a step), so a
+    metadata object must not be changed in place after a call.
     """
     num_tokens, heads, dim = query.shape
     if dim != record.latent_dim:
