@@ -1,5 +1,6 @@
-"""On a host with two CUDA GPUs (NCCL): the two-shot all-reduce equals NCCL's for sizes
-from a few elements to 64 MB, and the fused candidate on this host (multicast switched off)
+"""On a host with two CUDA GPUs (NCCL): the symmetric-memory all-reduce (one-shot, two-shot
+written back into the input, the padded two-shot, NCCL beyond the buffer) equals NCCL's for
+sizes from a few elements to 128 MB, its GEMM into the buffer equals GEMM then NCCL, and the fused candidate on this host (multicast switched off)
 falls back with one warning and the right sums."""
 
 from __future__ import annotations
@@ -29,13 +30,20 @@ def _worker(rank: int, port: int, results: dict[int, Any]) -> None:
                                                              "nccl"))
         g = torch.Generator(device="cuda").manual_seed(rank)
         worst = 0.0
-        for numel in (8, 1000, 4096, 1 << 20, 32 << 20):
+        paths = set()
+        for numel in (8, 1000, 4096, 200002, 1 << 20, 32 << 20):
             for dtype in (torch.bfloat16, torch.float32):
                 x = torch.randn(numel, device="cuda", generator=g).to(dtype)
                 ref = x.clone()
                 dist.all_reduce(ref)
+                paths.add(two_shot.path(x))
                 got = two_shot.all_reduce(x.clone())
                 worst = max(worst, (got.float() - ref.float()).abs().max().item())
+        x = torch.randn(64, 1024, device="cuda", generator=g).to(torch.bfloat16)
+        w = torch.randn(512, 1024, device="cuda", generator=g).to(torch.bfloat16)
+        ref = torch.nn.functional.linear(x, w)
+        dist.all_reduce(ref)
+        gemm_ok = torch.equal(two_shot.gemm_all_reduce(x, w), ref)
         fused = FusedGemmAllReduce(CollectiveRequest("gemm_all_reduce", 2, "bfloat16", "nccl"))
         x = torch.randn(16, 512, device="cuda", generator=g).to(torch.bfloat16)
         w = torch.randn(256, 512, device="cuda", generator=g).to(torch.bfloat16)
@@ -44,7 +52,8 @@ def _worker(rank: int, port: int, results: dict[int, Any]) -> None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             outs = [fused.gemm_all_reduce(x, w) for _ in range(3)]
-        results[rank] = {"worst": worst, "warnings": [str(c.message) for c in caught],
+        results[rank] = {"worst": worst, "paths": sorted(paths), "gemm_ok": gemm_ok,
+                         "broken": two_shot._broken, "warnings": [str(c.message) for c in caught],
                          "fused_ok": all(torch.equal(o, ref) for o in outs),
                          "fell_back": fused.fell_back}
     finally:
@@ -62,6 +71,8 @@ def test_two_ranks_over_nccl() -> None:
     for rank in (0, 1):
         r = results[rank]
         assert r["worst"] <= 0.0625, r  # bf16 rounding of a sum of two normals
+        assert r["paths"] == ["nccl", "one_shot", "two_shot"] and not r["broken"], r
+        assert r["gemm_ok"], r
         assert r["fell_back"] and r["fused_ok"]
         assert len(r["warnings"]) == 1 and "TORCH_SYMM_MEM_DISABLE_MULTICAST=1" in \
             r["warnings"][0]
