@@ -43,7 +43,9 @@ def _worker(rank: int, port: int, results: dict[int, Any]) -> None:
         w = torch.randn(512, 1024, device="cuda", generator=g).to(torch.bfloat16)
         ref = torch.nn.functional.linear(x, w)
         dist.all_reduce(ref)
-        gemm_ok = torch.equal(two_shot.gemm_all_reduce(x, w), ref)
+        into = two_shot.gemm_all_reduce(x, w)  # cuBLAS may tile mm(out=) differently
+        gemm_ok = torch.allclose(into.float(), ref.float(), rtol=1e-2,
+                                 atol=1e-2 * ref.abs().max().item())
         fused = FusedGemmAllReduce(CollectiveRequest("gemm_all_reduce", 2, "bfloat16", "nccl"))
         x = torch.randn(16, 512, device="cuda", generator=g).to(torch.bfloat16)
         w = torch.randn(256, 512, device="cuda", generator=g).to(torch.bfloat16)
