@@ -25,14 +25,16 @@ import sys
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 BATCHES = [1, 16, 64, 128, 256, 1024]
 TARGET = 1.3
-#: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, split_k) tried by ``--configs all``.
-#: The first GPU sweep dropped 64x64, 128x256 and 64x32x128 tiles (never the best); split-K
-#: gives N = 4096 more programs than its 32..64 column tiles at M <= 256.
-CANDIDATES = [(64, 128, 64, 4, 4, 1), (128, 64, 64, 4, 4, 1), (128, 128, 64, 8, 3, 1),
-              (64, 256, 64, 8, 3, 1), (64, 256, 64, 8, 5, 1),
-              (64, 128, 128, 4, 3, 1), (128, 128, 128, 8, 3, 1),
-              (64, 128, 64, 4, 4, 2), (64, 128, 64, 4, 4, 4), (128, 64, 64, 4, 4, 2),
-              (128, 128, 64, 8, 3, 2), (64, 256, 64, 8, 4, 2)]
+#: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, split_k, sum_in_kernel) tried by
+#: ``--configs all``. The first GPU sweep dropped 64x64, 128x256 and 64x32x128 tiles (never
+#: the best); split-K gives N = 4096 more programs than its 32..64 column tiles at M <= 256,
+#: its partials summed by a second kernel or by each tile's last program (same order).
+_TILES = [(64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 8, 3), (64, 256, 64, 8, 3),
+          (64, 128, 128, 4, 3)]
+_SPLIT_TILES = [(64, 128, 64, 4, 4, 2), (64, 128, 64, 4, 4, 4), (128, 128, 64, 8, 3, 2),
+                (128, 64, 64, 4, 4, 2)]
+CANDIDATES = ([(*t, 1, False) for t in _TILES] + [(*t, False) for t in _SPLIT_TILES]
+              + [(*t, True) for t in _SPLIT_TILES])
 
 
 def _check(mm, x, w, n: int, k: int) -> dict[str, object]:  # type: ignore[no-untyped-def]
@@ -72,8 +74,9 @@ def _pick(entries: list[dict[str, object]]) -> dict[str, object]:
 
 
 def _describe(c: dict[str, int]) -> str:
+    where = " in-kernel" if c["split_k"] > 1 and c["sum_in_kernel"] else ""
     return (f"{c['block_m']}x{c['block_n']}x{c['block_k']}, {c['num_warps']}, "
-            f"{c['num_stages']}, {c['split_k']}")
+            f"{c['num_stages']}, {c['split_k']}{where}")
 
 
 def main() -> int:
@@ -81,6 +84,8 @@ def main() -> int:
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     parser.add_argument("--configs", choices=("table", "all"), default="table")
+    parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES),
+                        help="NxK list to run (default: %(default)s)")
     args = parser.parse_args()
     import torch
     import triton.testing
@@ -97,7 +102,9 @@ def main() -> int:
     batches = [int(b) for b in args.batches.split(",")]
     device = torch.device("cuda")
     rows, checks, sweep = [], {}, []
-    for n, k in SHAPES:
+    failed: list[str] = []
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
+    for n, k in shapes:
         config = matmul_config(n, k, "bfloat16", device_shared_memory(device))
 
         def mm(a, b, config=config):  # type: ignore[no-untyped-def]
@@ -122,13 +129,20 @@ def main() -> int:
         if args.configs == "all":
             base = {r["M"]: r["cublas_us"] for r in rows if (r["N"], r["K"]) == (n, k)}
             for cand in CANDIDATES:
-                *tile, split = cand
-                cfg = choose_stages(MatmulConfig(*tile, split_k=split), 2,
+                *tile, split, in_kernel = cand
+                cfg = choose_stages(MatmulConfig(*tile, split_k=split,
+                                                 sum_in_kernel=in_kernel), 2,
                                     device_shared_memory(device))
-                full = invariant_matmul(x[:256], w, cfg)
-                _check_close(full, x[:256], w, f"N={n} K={k} candidate {cand}")
-                _bitwise(lambda a, b, cfg=cfg: invariant_matmul(a, b, cfg), x, w, full,
-                         f"N={n} K={k} candidate {cand}")
+                try:  # a wrong candidate is reported and skipped; the exit status says so
+                    full = invariant_matmul(x[:256], w, cfg)
+                    _check_close(full, x[:256], w, f"N={n} K={k} candidate {cand}")
+                    _bitwise(lambda a, b, cfg=cfg: invariant_matmul(a, b, cfg), x, w, full,
+                             f"N={n} K={k} candidate {cand}")
+                except (SystemExit, Exception) as exc:  # also a compile or launch error
+                    why = " ".join(str(exc).split())[:300]
+                    print(f"  FAILED {cand}: {why}", flush=True)
+                    failed.append(f"{cand}: {why}")
+                    continue
                 ratios = []
                 for m in batches:
                     xm = x[:m].contiguous()
@@ -143,7 +157,7 @@ def main() -> int:
                 print(f"  candidate {cand}: ratio at M >= 64 geomean {geo:.2f}, worst "
                       f"{worst:.2f}", flush=True)
     result = {"device": torch.cuda.get_device_name(), "dtype": "bfloat16", "target": TARGET,
-              "checks": checks, "rows": rows, "sweep": sweep}
+              "checks": checks, "rows": rows, "sweep": sweep, "failed_candidates": failed}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=2)
@@ -159,7 +173,7 @@ def main() -> int:
     if sweep:
         lines += ["", "Candidate tilings (`--configs all`; each bitwise-checked for M = 1..256 "
                   "first), ratio to cuBLAS per M:", "",
-                  "| N | K | BM x BN x BK, warps, stages, split-K | " + " | ".join(
+                  "| N | K | BM x BN x BK, warps, stages, split-K (sum) | " + " | ".join(
                       f"M={m}" for m in batches) + " | geomean M >= 64 | worst M >= 64 |",
                   "| --- | --- | --- | " + " | ".join("---" for _ in batches)
                   + " | --- | --- |"]
@@ -169,19 +183,27 @@ def main() -> int:
                          + f" | {r['geomean_m_ge_64']:.2f} | {r['worst_m_ge_64']:.2f} |")
         lines += ["", "Best per shape (smallest worst ratio at M >= 64), as `configs.TABLE` "
                   "lines:", "", "```python"]
-        for n, k in SHAPES:
+        for n, k in shapes:
             entries = [r for r in sweep if (r["N"], r["K"]) == (n, k)]
             if entries:
                 best = _pick(entries)
                 c = best["config"]
                 lines.append(f"    ({n}, {k}, \"bfloat16\"): MatmulConfig({c['block_m']}, "
                              f"{c['block_n']}, {c['block_k']}, {c['num_warps']}, "
-                             f"{c['num_stages']}, split_k={c['split_k']}),  # worst "
+                             f"{c['num_stages']}, split_k={c['split_k']}, "
+                             f"sum_in_kernel={c['sum_in_kernel']}),  # worst "
                              f"{best['worst_m_ge_64']:.2f}, geomean "
                              f"{best['geomean_m_ge_64']:.2f}")
         lines.append("```")
+    if failed:
+        lines += ["", "Candidates that FAILED their check (not timed):", ""]
+        lines += [f"- {f}" for f in failed]
     with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
+    print("\n".join(lines[lines.index("```python"):]) if sweep else "", flush=True)
+    if failed:
+        print(f"{len(failed)} candidate(s) failed their check", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -49,6 +49,9 @@ class MatmulConfig:
     #: K slices summed separately and added in slice order (1: one walk over K). A function
     #: of (N, K) like the rest of the tiling, never of M.
     split_k: int = 1
+    #: With split-K: the tile's last program adds the partials (slice order, from a tile
+    #: workspace in L2) instead of a second kernel. Same order, so the same bits.
+    sum_in_kernel: bool = False
 
     def stage_bytes(self, itemsize: int) -> int:
         """Shared memory one pipeline stage holds: an x tile and a W tile."""

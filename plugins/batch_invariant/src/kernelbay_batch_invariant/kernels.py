@@ -23,11 +23,11 @@ def _interpreting() -> bool:
 
 
 @triton.jit
-def _matmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K, K_PER_SPLIT,
+def _matmul_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, lock_ptr, M, N, K, K_PER_SPLIT,
                    stride_xm, stride_xk, stride_wn, stride_wk, stride_ys, stride_ym, stride_yn,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, IEEE: tl.constexpr, USE_DOT: tl.constexpr,
-                   EVEN_K: tl.constexpr):
+                   EVEN_K: tl.constexpr, SPLITS: tl.constexpr, SUM_IN_KERNEL: tl.constexpr):
     pid = tl.program_id(0)
     # Axis 1 is the K slice (split-K): slice s sums K in [s * K_PER_SPLIT, (s + 1) *
     # K_PER_SPLIT), a range fixed by K and the config, never by M.
@@ -67,10 +67,29 @@ def _matmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K, K_PER_SPLIT,
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
-    y = acc.to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + split * stride_ys + offs_m[:, None] * stride_ym
-             + offs_n[None, :] * stride_yn, y,
-             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    y_ptrs = y_ptr + split * stride_ys + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
+    y_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if SUM_IN_KERNEL:
+        # Each slice parks its partial tile in a tile-major workspace; the program that
+        # arrives last (counted per tile) adds all SPLITS partials in slice order 0, 1, ..
+        # and writes the output. Which program sums depends on timing, the order does not.
+        tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        slot = BLOCK_M * BLOCK_N
+        tiles = tl.num_programs(0)
+        tl.store(ws_ptr + (split * tiles + pid) * slot + tile, acc)
+        tl.debug_barrier()  # every thread's partial is written before the release below
+        arrived = tl.atomic_add(lock_ptr + pid, 1, sem="acq_rel")
+        if arrived == SPLITS - 1:
+            tl.debug_barrier()
+            # .cg: read the peers' partials from L2, never from a stale L1 line.
+            total = tl.load(ws_ptr + pid * slot + tile, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLITS):
+                total += tl.load(ws_ptr + (s * tiles + pid) * slot + tile,
+                                 cache_modifier=".cg")
+            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=y_mask)
+            tl.atomic_xchg(lock_ptr + pid, 0)  # ready for the next launch
+    else:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
 
 
 @triton.jit
@@ -83,6 +102,20 @@ def _split_sum_kernel(part_ptr, y_ptr, numel, SPLITS: tl.constexpr, BLOCK: tl.co
     for s in tl.static_range(1, SPLITS):
         acc += tl.load(part_ptr + s * numel + offs, mask=mask, other=0.0)
     tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_LOCKS: dict[torch.device, torch.Tensor] = {}
+
+
+def _tile_locks(device: torch.device, tiles: int) -> torch.Tensor:
+    """Per-tile arrival counters of the in-kernel split-K sum, zero between launches (the
+    last program of a tile resets its counter). One set per device: launches on one stream
+    are ordered; concurrent launches on several streams would share them."""
+    locks = _LOCKS.get(device)
+    if locks is None or locks.numel() < tiles:
+        locks = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+        _LOCKS[device] = locks
+    return locks
 
 
 def split_ranges(k: int, config: MatmulConfig) -> list[tuple[int, int]]:
@@ -104,8 +137,9 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
 
     With ``config.split_k > 1`` each output tile's K range is cut into ``split_k`` fixed
     slices (``split_ranges``) whose fp32 partial sums go to a workspace and are added in
-    slice order by a second kernel; the slices and that order depend on K and the config
-    only, so a row's result still does not depend on M.
+    slice order, by a second kernel or (``config.sum_in_kernel``) by the tile's last
+    program to finish; the slices and that order depend on K and the config only, so a row's
+    result still does not depend on M.
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"invariant_matmul: wants x [M, K] and weight [N, K], got "
@@ -122,20 +156,29 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
     if m == 0:
         return y
     splits = config.split_k
-    # Split-K writes fp32 partials [splits, M, N]; unsplit writes the output directly.
-    out = y if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32,
-                                            device=x.device)
-    stride_s = 0 if splits == 1 else out.stride(0)
-    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), splits)
-    _matmul_kernel[grid](x, weight, out, m, n, k, _k_per_split(k, config),
+    in_kernel = splits > 1 and config.sum_in_kernel
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    # Split-K summed by a second kernel writes fp32 partials [splits, M, N]; otherwise the
+    # kernel writes the output (the in-kernel sum parks partials in a tile workspace).
+    out = y if splits == 1 or in_kernel else torch.empty((splits, m, n), dtype=torch.float32,
+                                                         device=x.device)
+    stride_s = 0 if out is y else out.stride(0)
+    ws, locks = y, y
+    if in_kernel:
+        ws = torch.empty(splits * tiles * config.block_m * config.block_n,
+                         dtype=torch.float32, device=x.device)
+        locks = _tile_locks(x.device, tiles)
+    grid = (tiles, splits)
+    _matmul_kernel[grid](x, weight, out, ws, locks, m, n, k, _k_per_split(k, config),
                          x.stride(0), x.stride(1), weight.stride(0),
                          weight.stride(1), stride_s, out.stride(-2), out.stride(-1),
                          BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                          BLOCK_K=config.block_k, GROUP_M=config.group_m,
                          IEEE=x.dtype == torch.float32, USE_DOT=not _interpreting(),
-                         EVEN_K=k % config.block_k == 0, num_warps=config.num_warps,
+                         EVEN_K=k % config.block_k == 0, SPLITS=splits,
+                         SUM_IN_KERNEL=in_kernel, num_warps=config.num_warps,
                          num_stages=config.num_stages)
-    if splits > 1:
+    if splits > 1 and not in_kernel:
         numel = m * n
         block = 1024
         _split_sum_kernel[(triton.cdiv(numel, block),)](out, y, numel, SPLITS=splits,
