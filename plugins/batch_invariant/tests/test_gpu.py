@@ -38,6 +38,36 @@ def test_rows_bitwise_identical_for_m_1_to_256(n: int, k: int, dtype: torch.dtyp
         assert torch.equal(tail, full[256 - m:]), f"rows differ (offset) at M={m}"
 
 
+@pytest.mark.parametrize("split", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_split_k_sums_are_invariant_and_agree(split: int, dtype: torch.dtype) -> None:
+    """Both split-K sums (second kernel, in-kernel by the last program) give rows bitwise
+    independent of M, and the same bits as each other (the same slice order)."""
+    from kernelbay_batch_invariant.configs import MatmulConfig, choose_stages, device_shared_memory
+    from kernelbay_batch_invariant.kernels import invariant_matmul
+
+    n, k = 4096, 14336
+    itemsize = 2 if dtype == torch.bfloat16 else 4
+    block_k = 64 if dtype == torch.bfloat16 else 32
+    limit = device_shared_memory(torch.device("cuda"))
+    configs = [choose_stages(MatmulConfig(64, 128, block_k, 4, 4, split_k=split,
+                                          sum_in_kernel=in_kernel), itemsize, limit)
+               for in_kernel in (False, True)]
+    g = torch.Generator(device="cuda").manual_seed(split)
+    w = torch.randn(n, k, device="cuda", generator=g).to(dtype) * 0.05
+    x = torch.randn(256, k, device="cuda", generator=g).to(dtype)
+    fulls = [invariant_matmul(x, w, c) for c in configs]
+    assert torch.equal(fulls[0], fulls[1])
+    ref = x.float() @ w.float().T
+    tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
+    torch.testing.assert_close(fulls[0].float(), ref, atol=tol * ref.abs().max().item(),
+                               rtol=tol)
+    for config, full in zip(configs, fulls, strict=True):
+        for m in range(1, 257):
+            assert torch.equal(invariant_matmul(x[:m], w, config), full[:m]), \
+                f"rows differ at M={m} ({config})"
+
+
 def test_shared_memory_probe_and_stage_choice_on_this_device() -> None:
     from kernelbay_batch_invariant.configs import device_shared_memory, matmul_config
 
