@@ -28,10 +28,11 @@ def _matmul_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, lock_ptr, M, N, K, K_PER_SPLIT,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, IEEE: tl.constexpr, USE_DOT: tl.constexpr,
                    EVEN_K: tl.constexpr, SPLITS: tl.constexpr, SUM_IN_KERNEL: tl.constexpr):
-    pid = tl.program_id(0)
-    # Axis 1 is the K slice (split-K): slice s sums K in [s * K_PER_SPLIT, (s + 1) *
+    # The K slice (split-K) varies fastest, so a tile's slices run side by side and its
+    # partials are summed while still in L2. Slice s sums K in [s * K_PER_SPLIT, (s + 1) *
     # K_PER_SPLIT), a range fixed by K and the config, never by M.
-    split = tl.program_id(1)
+    pid = tl.program_id(0) // SPLITS
+    split = tl.program_id(0) % SPLITS
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     # Grouped launch order (L2 reuse of W tiles): it moves tiles between programs only.
@@ -75,7 +76,7 @@ def _matmul_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, lock_ptr, M, N, K, K_PER_SPLIT,
         # and writes the output. Which program sums depends on timing, the order does not.
         tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         slot = BLOCK_M * BLOCK_N
-        tiles = tl.num_programs(0)
+        tiles = tl.num_programs(0) // SPLITS
         tl.store(ws_ptr + (split * tiles + pid) * slot + tile, acc)
         tl.debug_barrier()  # every thread's partial is written before the release below
         arrived = tl.atomic_add(lock_ptr + pid, 1, sem="acq_rel")
@@ -168,7 +169,7 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
         ws = torch.empty(splits * tiles * config.block_m * config.block_n,
                          dtype=torch.float32, device=x.device)
         locks = _tile_locks(x.device, tiles)
-    grid = (tiles, splits)
+    grid = (tiles * splits,)
     _matmul_kernel[grid](x, weight, out, ws, locks, m, n, k, _k_per_split(k, config),
                          x.stride(0), x.stride(1), weight.stride(0),
                          weight.stride(1), stride_s, out.stride(-2), out.stride(-1),
