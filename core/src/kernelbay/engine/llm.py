@@ -179,6 +179,12 @@ class LLM:
     def _capability(self, device: torch.device) -> DeviceCapability:
         capability = self.registry.device()
         wanted = "cpu" if device.type == "cpu" else ("rocm" if torch.version.hip else "cuda")
+        if capability.platform != wanted and capability.source == "probed":
+            # the registry probed the default accelerator, but this model runs elsewhere
+            # (a CPU model on a GPU host): decide for the device it really runs on
+            from kernelbay.device import probe_cpu, probe_device
+
+            return probe_cpu() if wanted == "cpu" else probe_device(device.index or 0)
         if capability.platform != wanted and capability.platform in ("cpu", "cuda", "rocm"):
             raise ConfigError(f"the policy describes device {capability.describe()!r} but the "
                               f"model runs on {device}; device descriptions (KERNELBAY_DEVICE, "
