@@ -72,6 +72,9 @@ def main() -> int:
     parser.add_argument("--methods", default="dflash2,ngram")
     args = parser.parse_args()
 
+    # This checkout's core and plugin first (an installed wheel may predate them).
+    for src in (("core", "src"), ("plugins", "spec_dflash2", "src")):
+        sys.path.insert(0, os.path.join(HERE, "..", "..", *src))
     from kernelbay.demo import demo_path
     from kernelbay.engine import LLM, SamplingParams, SpeculativeConfig
 
@@ -80,7 +83,6 @@ def main() -> int:
     batches = sorted(set(main_batches) | {int(b) for b in args.sweep.split(",") if b})
     methods = [m for m in args.methods.split(",") if m]
     most = max(batches)
-    sys.path.insert(0, os.path.join(HERE, "..", "..", "plugins", "spec_dflash2", "src"))
     from kernelbay_spec_dflash2.registry import dflash2_registry
 
     registry = dflash2_registry()  # the core's backends + dflash2, installed or not
