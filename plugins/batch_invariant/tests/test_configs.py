@@ -69,3 +69,14 @@ def test_linear_verdicts() -> None:
                                              parse_device("sm_90"))
     assert not fp8.accepted and not fp8.applicable
     assert BatchInvariantLinear.batch_invariant
+
+
+def test_the_stage_chooser_keeps_the_split() -> None:
+    split = MatmulConfig(64, 128, 64, 4, 4, split_k=4, sum_in_kernel=True)
+    for limit in (ADA, 40 * 1024, 1024):
+        fitted = choose_stages(split, 4, limit)
+        assert (fitted.split_k, fitted.sum_in_kernel) == (4, True)
+    for (n, k, dtype), entry in TABLE.items():
+        config = matmul_config(n, k, dtype, HOPPER)
+        assert config.split_k == entry.split_k >= 1
+        assert config.sum_in_kernel == entry.sum_in_kernel
