@@ -60,9 +60,13 @@ def load_target(device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """The demo model in transformers (eager attention and experts: deterministic)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(demo_path(), dtype=dtype,
-                                                 attn_implementation="eager",
-                                                 experts_implementation="eager")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(demo_path(), dtype=dtype,
+                                                     attn_implementation="eager",
+                                                     experts_implementation="eager")
+    except (TypeError, ValueError):  # a transformers without selectable expert kernels
+        model = AutoModelForCausalLM.from_pretrained(demo_path(), dtype=dtype,
+                                                     attn_implementation="eager")
     return model.to(device).eval()
 
 
