@@ -63,10 +63,14 @@ def _check_close(full, x, w, what: str) -> None:  # type: ignore[no-untyped-def]
 
 
 def _bitwise(mm, x, w, full, what: str) -> None:  # type: ignore[no-untyped-def]
-    """Exit non-zero unless the rows for M = 1..256 equal the first rows of ``full``."""
+    """Exit non-zero unless the rows for M = 1..256 and M = len(x) equal those of ``full``
+    (the M = 256 result)."""
     import torch
 
     bad = [m for m in range(1, 257) if not torch.equal(mm(x[:m], w), full[:m])]
+    # and M = len(x) (1024: enough tiles that split-K runs as whole tiles, same bits)
+    if not torch.equal(mm(x, w)[:256], full):
+        bad.append(len(x))
     if bad:
         raise SystemExit(f"{what}: rows not bitwise identical at M={bad[:10]}")
 

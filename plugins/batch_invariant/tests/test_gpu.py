@@ -41,8 +41,9 @@ def test_rows_bitwise_identical_for_m_1_to_256(n: int, k: int, dtype: torch.dtyp
 @pytest.mark.parametrize("split", [2, 4])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_split_k_sums_are_invariant_and_agree(split: int, dtype: torch.dtype) -> None:
-    """Both split-K sums (second kernel, in-kernel by the last program) give rows bitwise
-    independent of M, and the same bits as each other (the same slice order)."""
+    """Every way of summing the slices (second kernel, the tile's last program, one program
+    per whole tile) gives the same bits, and rows do not depend on M, also across the
+    tile count at which the default switches from per-slice programs to whole tiles."""
     from kernelbay_batch_invariant.configs import MatmulConfig, choose_stages, device_shared_memory
     from kernelbay_batch_invariant.kernels import invariant_matmul
 
@@ -55,16 +56,20 @@ def test_split_k_sums_are_invariant_and_agree(split: int, dtype: torch.dtype) ->
                for in_kernel in (False, True)]
     g = torch.Generator(device="cuda").manual_seed(split)
     w = torch.randn(n, k, device="cuda", generator=g).to(dtype) * 0.05
-    x = torch.randn(256, k, device="cuda", generator=g).to(dtype)
-    fulls = [invariant_matmul(x, w, c) for c in configs]
-    assert torch.equal(fulls[0], fulls[1])
+    x = torch.randn(512, k, device="cuda", generator=g).to(dtype)
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    full = invariant_matmul(x, w, configs[0], whole_tiles=True)
+    for config in configs:
+        for whole in (False, True, None):
+            got = invariant_matmul(x, w, config, whole_tiles=whole)
+            assert torch.equal(got.view(bits), full.view(bits)), (config, whole)
     ref = x.float() @ w.float().T
     tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
-    torch.testing.assert_close(fulls[0].float(), ref, atol=tol * ref.abs().max().item(),
-                               rtol=tol)
-    for config, full in zip(configs, fulls, strict=True):
-        for m in range(1, 257):
-            assert torch.equal(invariant_matmul(x[:m], w, config), full[:m]), \
+    torch.testing.assert_close(full.float(), ref, atol=tol * ref.abs().max().item(), rtol=tol)
+    for config in configs:
+        for m in [*range(1, 257), 300, 400, 511]:  # 64-row tiles: whole tiles from M = 257
+            part = invariant_matmul(x[:m], w, config)
+            assert torch.equal(part.view(bits), full[:m].view(bits)), \
                 f"rows differ at M={m} ({config})"
 
 

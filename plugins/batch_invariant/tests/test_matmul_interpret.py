@@ -84,31 +84,42 @@ def test_linear_method_adds_bias_per_row() -> None:
                                atol=1e-4, rtol=1e-4)
 
 
-def _split_mm(x: torch.Tensor, w: torch.Tensor, split: int,
-              in_kernel: bool = False) -> torch.Tensor:
+#: How a split's slices are summed: a second kernel, the tile's last program, or one
+#: program walking every slice of its tile (chosen by the number of tiles on a GPU).
+SUMS = {"sum-kernel": (False, False), "sum-in-kernel": (True, False),
+        "whole-tile": (False, True)}
+
+
+def _split_mm(x: torch.Tensor, w: torch.Tensor, split: int, in_kernel: bool = False,
+              whole: bool = False) -> torch.Tensor:
     from kernelbay_batch_invariant.configs import MatmulConfig
     from kernelbay_batch_invariant.kernels import invariant_matmul
 
     return invariant_matmul(x, w, MatmulConfig(16, 16, 16, 4, 1, split_k=split,
-                                               sum_in_kernel=in_kernel))
+                                               sum_in_kernel=in_kernel), whole_tiles=whole)
 
 
-@pytest.mark.parametrize("in_kernel", [False, True], ids=["sum-kernel", "sum-in-kernel"])
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits (``torch.equal`` calls -0.0 and 0.0 equal; these differ)."""
+    return t.view(torch.int32 if t.dtype == torch.float32 else torch.int16)
+
+
+@pytest.mark.parametrize("how", list(SUMS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("split", [2, 3, 8])
 def test_split_k_rows_are_bitwise_identical_for_m_1_to_9(dtype: torch.dtype, split: int,
-                                                         in_kernel: bool) -> None:
+                                                         how: str) -> None:
     # K = 70: five 16-wide K tiles, a ragged last one; split 8 leaves empty slices.
     g = torch.Generator().manual_seed(split)
     n, k = 24, 70
     w = torch.randn(n, k, generator=g).to(dtype)
     rows = torch.randn(9, k, generator=g).to(dtype)
-    full = _split_mm(rows, w, split, in_kernel)
+    full = _split_mm(rows, w, split, *SUMS[how])
     for m in range(1, 10):
-        assert torch.equal(_split_mm(rows[:m], w, split, in_kernel), full[:m]), \
-            f"rows differ at M={m}"
-        tail = _split_mm(rows[9 - m:], w, split, in_kernel)  # the rows at other tile places
-        assert torch.equal(tail, full[9 - m:]), f"rows differ (offset) at M={m}"
+        assert torch.equal(_bits(_split_mm(rows[:m], w, split, *SUMS[how])),
+                           _bits(full[:m])), f"rows differ at M={m}"
+        tail = _split_mm(rows[9 - m:], w, split, *SUMS[how])  # rows at other tile places
+        assert torch.equal(_bits(tail), _bits(full[9 - m:])), f"rows differ (offset) at M={m}"
     ref = (rows.float() @ w.float().T).to(dtype)
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(full, ref, atol=tol * 10, rtol=tol)
@@ -129,11 +140,11 @@ def test_split_k_adds_the_fixed_slices_in_slice_order() -> None:
     whole = MatmulConfig(16, 16, 16, 4, 1)
     parts = [invariant_matmul(x[:, lo:hi].contiguous(), w[:, lo:hi].contiguous(), whole)
              for lo, hi in ranges]
-    expected = (parts[0] + parts[1]) + parts[2]
-    assert torch.equal(_split_mm(x, w, 3), expected)
-    assert torch.equal(_split_mm(x, w, 3, in_kernel=True), expected)  # same order, same bits
+    expected = _bits((parts[0] + parts[1]) + parts[2])
+    for how, (in_kernel, whole) in SUMS.items():  # same order, same bits, whoever sums
+        assert torch.equal(_bits(_split_mm(x, w, 3, in_kernel, whole)), expected), how
     # The arrival counters are back to zero: a second call sums the same way.
-    assert torch.equal(_split_mm(x, w, 3, in_kernel=True), expected)
+    assert torch.equal(_bits(_split_mm(x, w, 3, in_kernel=True)), expected)
 
 
 def test_split_ranges_depend_on_k_and_config_only() -> None:

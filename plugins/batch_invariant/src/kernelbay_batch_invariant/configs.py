@@ -12,12 +12,14 @@ same kernel for every M.
 
 Reasoning for the table (H200: 132 SMs, 228 KB shared memory per SM; first GPU sweep in
 ``bench/batch_invariant``): with N = 4096 and 64..128-wide tiles there are only 32..64
-column tiles, so at M <= 256 most SMs idle and one tile walks all of K; a fixed split-K
-(2 slices at K = 4096, 4 at K = 14336) multiplies the programs for those shapes at the cost
-of an fp32 workspace pass (small next to the weight read up to M ~ 256, about 10-15 % at
-M = 1024). N = 14336 already has 112 column tiles: 128 x 128 x 64, 8 warps, 3 stages (the
-sweep's best there, geometric-mean ratio 1.29 to cuBLAS at M >= 64), no split. Shapes not in
-the table use ``_rule`` (BLOCK_M 64, BLOCK_N from N, BLOCK_K 64, 32 for float32, no split).
+column tiles, so at M <= 256 most SMs idle and one tile walks all of K. A fixed split-K of 4
+slices (K = 4096 and 14336) gives those shapes four programs per tile while there are fewer
+tiles than SMs; from as many tiles as SMs (M >= 257 here) each program walks all slices of
+its tile itself, in the same order and so to the same bits, with no workspace
+(``kernels.invariant_matmul``). N = 14336 already has 112 column tiles: 128 x 128 x 64,
+8 warps, 3 stages (the sweep's best there, geometric-mean ratio 1.29 to cuBLAS at
+M >= 64), no split. Shapes not in the table use ``_rule`` (BLOCK_M 64, BLOCK_N from N,
+BLOCK_K 64, 32 for float32, no split).
 ``python bench/batch_invariant/run.py --configs all`` re-measures the candidates and prints
 table lines to paste here.
 """
@@ -60,7 +62,7 @@ class MatmulConfig:
 
 #: Tuned entries by (N, K, dtype); shapes not listed use the rule in ``matmul_config``.
 TABLE: dict[tuple[int, int, str], MatmulConfig] = {
-    (4096, 4096, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, split_k=2),
+    (4096, 4096, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, split_k=4),
     (14336, 4096, "bfloat16"): MatmulConfig(128, 128, 64, 8, 3),
     (4096, 14336, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, split_k=4),
 }

@@ -23,31 +23,14 @@ def _interpreting() -> bool:
 
 
 @triton.jit
-def _matmul_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, lock_ptr, M, N, K, K_PER_SPLIT,
-                   stride_xm, stride_xk, stride_wn, stride_wk, stride_ys, stride_ym, stride_yn,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr, IEEE: tl.constexpr, USE_DOT: tl.constexpr,
-                   EVEN_K: tl.constexpr, SPLITS: tl.constexpr, SUM_IN_KERNEL: tl.constexpr):
-    # The K slice (split-K) varies fastest, so a tile's slices run side by side and its
-    # partials are summed while still in L2. Slice s sums K in [s * K_PER_SPLIT, (s + 1) *
-    # K_PER_SPLIT), a range fixed by K and the config, never by M.
-    pid = tl.program_id(0) // SPLITS
-    split = tl.program_id(0) % SPLITS
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    # Grouped launch order (L2 reuse of W tiles): it moves tiles between programs only.
-    in_group = GROUP_M * num_pid_n
-    first_m = (pid // in_group) * GROUP_M
-    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % group_size
-    pid_n = (pid % in_group) // group_size
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+def _slice_sum(x_ptr, w_ptr, offs_m, offs_n, M, N, k_lo, k_hi,
+               stride_xm, stride_xk, stride_wn, stride_wk,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               IEEE: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr):
+    # One fixed walk over K in [k_lo, k_hi) in BLOCK_K tiles, from zero: the reduction
+    # order of one slice of every element of the tile.
     offs_k = tl.arange(0, BLOCK_K)
-    k_lo = split * K_PER_SPLIT
-    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # One fixed walk over the slice in BLOCK_K tiles: the reduction order of every element.
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + offs_k
         if EVEN_K:  # every slice is whole BLOCK_K tiles: no K mask (same values loaded)
@@ -68,9 +51,51 @@ def _matmul_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, lock_ptr, M, N, K, K_PER_SPLIT,
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _matmul_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, lock_ptr, M, N, K, K_PER_SPLIT,
+                   stride_xm, stride_xk, stride_wn, stride_wk, stride_ys, stride_ym, stride_yn,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GROUP_M: tl.constexpr, IEEE: tl.constexpr, USE_DOT: tl.constexpr,
+                   EVEN_K: tl.constexpr, SPLITS: tl.constexpr, WHOLE_TILE: tl.constexpr,
+                   SUM_IN_KERNEL: tl.constexpr):
+    # Slice s of K is [s * K_PER_SPLIT, (s + 1) * K_PER_SPLIT), fixed by K and the config,
+    # never by M; an element is (((slice 0) + slice 1) + ..), each slice summed from zero.
+    # WHOLE_TILE: this program sums every slice of its tile in that order. Otherwise one
+    # program per (tile, slice), the slice varying fastest so a tile's slices run side by
+    # side, and the partials are added in the same order afterwards. Same arithmetic, same
+    # bits: which one runs may follow M (it is chosen from the number of tiles).
+    if WHOLE_TILE:
+        pid = tl.program_id(0)
+        split = 0
+    else:
+        pid = tl.program_id(0) // SPLITS
+        split = tl.program_id(0) % SPLITS
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    # Grouped launch order (L2 reuse of W tiles): it moves tiles between programs only.
+    in_group = GROUP_M * num_pid_n
+    first_m = (pid // in_group) * GROUP_M
+    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % group_size
+    pid_n = (pid % in_group) // group_size
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_lo = split * K_PER_SPLIT
+    acc = _slice_sum(x_ptr, w_ptr, offs_m, offs_n, M, N, k_lo,
+                     tl.minimum(k_lo + K_PER_SPLIT, K), stride_xm, stride_xk, stride_wn,
+                     stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, USE_DOT, EVEN_K)
+    if WHOLE_TILE:
+        for s in tl.static_range(1, SPLITS):
+            acc += _slice_sum(x_ptr, w_ptr, offs_m, offs_n, M, N, s * K_PER_SPLIT,
+                              tl.minimum((s + 1) * K_PER_SPLIT, K), stride_xm, stride_xk,
+                              stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, USE_DOT,
+                              EVEN_K)
     y_ptrs = y_ptr + split * stride_ys + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
     y_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    if SUM_IN_KERNEL:
+    if SUM_IN_KERNEL and not WHOLE_TILE:
         # Each slice parks its partial tile in a tile-major workspace; the program that
         # arrives last (counted per tile) adds all SPLITS partials in slice order 0, 1, ..
         # and writes the output. Which program sums depends on timing, the order does not.
@@ -106,6 +131,17 @@ def _split_sum_kernel(part_ptr, y_ptr, numel, SPLITS: tl.constexpr, BLOCK: tl.co
 
 
 _LOCKS: dict[torch.device, torch.Tensor] = {}
+_SMS: dict[torch.device, int] = {}
+
+
+def _programs_to_fill(device: torch.device) -> int:
+    """Output tiles from which one program per tile already fills the device: its SM count
+    (CUDA), else 1 (the interpreter: every split runs as whole tiles unless forced)."""
+    if device.type != "cuda":
+        return 1
+    if device not in _SMS:
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device]
 
 
 def _tile_locks(device: torch.device, tiles: int) -> torch.Tensor:
@@ -132,8 +168,8 @@ def _k_per_split(k: int, config: MatmulConfig) -> int:
     return triton.cdiv(tiles, config.split_k) * config.block_k
 
 
-def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
-                     ) -> torch.Tensor:
+def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig,
+                     *, whole_tiles: bool | None = None) -> torch.Tensor:
     """``x [M, K] @ weight[N, K]^T`` with ``config``'s tiling (chosen from N, K, dtype).
 
     With ``config.split_k > 1`` each output tile's K range is cut into ``split_k`` fixed
@@ -141,6 +177,12 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
     slice order, by a second kernel or (``config.sum_in_kernel``) by the tile's last
     program to finish; the slices and that order depend on K and the config only, so a row's
     result still does not depend on M.
+
+    Who sums the slices may follow M, because the arithmetic does not change: with at
+    least as many output tiles as the device has SMs (``whole_tiles``, by default) one
+    program sums all slices of its tile in slice order, with no workspace; with fewer, one
+    program per (tile, slice) gives the device enough programs. ``whole_tiles`` forces
+    either (tests compare their bits).
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"invariant_matmul: wants x [M, K] and weight [N, K], got "
@@ -157,11 +199,15 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
     if m == 0:
         return y
     splits = config.split_k
-    in_kernel = splits > 1 and config.sum_in_kernel
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
-    # Split-K summed by a second kernel writes fp32 partials [splits, M, N]; otherwise the
-    # kernel writes the output (the in-kernel sum parks partials in a tile workspace).
-    out = y if splits == 1 or in_kernel else torch.empty((splits, m, n), dtype=torch.float32,
+    if whole_tiles is None:
+        whole_tiles = splits == 1 or tiles >= _programs_to_fill(x.device)
+    whole_tiles = whole_tiles or splits == 1
+    in_kernel = not whole_tiles and config.sum_in_kernel
+    # Slices on separate programs summed by a second kernel write fp32 partials
+    # [splits, M, N]; otherwise the kernel writes the output (the in-kernel sum parks
+    # partials in a tile workspace first).
+    out = y if whole_tiles or in_kernel else torch.empty((splits, m, n), dtype=torch.float32,
                                                          device=x.device)
     stride_s = 0 if out is y else out.stride(0)
     ws, locks = y, y
@@ -169,7 +215,7 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
         ws = torch.empty(splits * tiles * config.block_m * config.block_n,
                          dtype=torch.float32, device=x.device)
         locks = _tile_locks(x.device, tiles)
-    grid = (tiles * splits,)
+    grid = (tiles if whole_tiles else tiles * splits,)
     _matmul_kernel[grid](x, weight, out, ws, locks, m, n, k, _k_per_split(k, config),
                          x.stride(0), x.stride(1), weight.stride(0),
                          weight.stride(1), stride_s, out.stride(-2), out.stride(-1),
@@ -177,9 +223,9 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
                          BLOCK_K=config.block_k, GROUP_M=config.group_m,
                          IEEE=x.dtype == torch.float32, USE_DOT=not _interpreting(),
                          EVEN_K=k % config.block_k == 0, SPLITS=splits,
-                         SUM_IN_KERNEL=in_kernel, num_warps=config.num_warps,
-                         num_stages=config.num_stages)
-    if splits > 1 and not in_kernel:
+                         WHOLE_TILE=whole_tiles, SUM_IN_KERNEL=in_kernel,
+                         num_warps=config.num_warps, num_stages=config.num_stages)
+    if out is not y:
         numel = m * n
         block = 1024
         _split_sum_kernel[(triton.cdiv(numel, block),)](out, y, numel, SPLITS=splits,
