@@ -31,11 +31,12 @@ TARGET = 1.3
 #: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, split_k, sum_in_kernel) tried by
 #: ``--configs all``. The first GPU sweep dropped 64x64, 128x256 and 64x32x128 tiles (never
 #: the best); split-K gives N = 4096 more programs than its 32..64 column tiles at M <= 256,
-#: its partials summed by a second kernel or by each tile's last program (same order).
+#: its partials summed by a second kernel or by each tile's last program (same order); from
+#: as many tiles as SMs (M = 1024 here) split configs run as whole tiles, the same bits.
 _TILES = [(64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 8, 3), (64, 256, 64, 8, 3),
           (64, 128, 128, 4, 3)]
 _SPLIT_TILES = [(64, 128, 64, 4, 4, 2), (64, 128, 64, 4, 4, 4), (128, 128, 64, 8, 3, 2),
-                (128, 64, 64, 4, 4, 2)]
+                (128, 128, 64, 8, 3, 4)]
 CANDIDATES = ([(*t, 1, False) for t in _TILES] + [(*t, False) for t in _SPLIT_TILES]
               + [(*t, True) for t in _SPLIT_TILES])
 
