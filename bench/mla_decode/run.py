@@ -9,9 +9,13 @@ kind's time (the baseline, measured in the same run). Each kind uses its FORMATS
 
 Before timing, each configuration's output is checked against the torch reference
 (``mla.mla_attention``) on its first ``CHECK_SEQS`` sequences; any mismatch makes the
-script exit non-zero after writing the results.
+script exit non-zero after writing the results. Times are CUDA-graph replays of the whole
+decode call (split kernel and combine), metadata and per-step tables made beforehand:
+the kernels' time, without Python and launch overhead (``--eager`` times plain launches).
+A sweep of launch configurations (tile keys, warps, stages, per-group scaling) follows for
+the memory-bound cases (16 heads, batch 64, context 8k and 32k), every record kind.
 
-    python bench/mla_decode/run.py --out bench/mla_decode/out      # about 2 minutes, H200
+    python bench/mla_decode/run.py --out bench/mla_decode/out      # under 3 minutes, H200
 """
 
 from __future__ import annotations
@@ -35,9 +39,24 @@ CHECK_SEQS = 2
 ATOL = 3e-2
 WRITE_CHUNK = 1 << 18
 CHUNKED = {"auto": None, "yes": True, "no": False}
-#: (chunked, block_n, warps) launch configurations the sweep times.
-TUNE_CONFIGS = ((False, 16, 8), (False, 32, 8), (True, 16, 8), (True, 32, 8), (False, 16, 16),
-                (False, 32, 16))
+#: Launch configurations the sweep times (mla_decode keywords; unnamed ones at their
+#: defaults: 2 stages, registers prefetch quantized tiles, scales applied per element).
+#: ``grouped`` (scales applied to per-group partial products) and ``reg_prefetch`` only
+#: change quantized records' kernels, so bf16 runs the others.
+TUNE_CONFIGS: tuple[dict, ...] = (
+    {"block_n": 16, "num_warps": 8},
+    {"block_n": 32, "num_warps": 8},
+    {"block_n": 32, "num_warps": 4},
+    {"block_n": 64, "num_warps": 8},
+    {"block_n": 32, "num_warps": 8, "num_stages": 3, "reg_prefetch": False},
+    {"block_n": 64, "num_warps": 8, "num_stages": 3, "reg_prefetch": False},
+    {"block_n": 16, "num_warps": 4, "grouped": True},
+    {"block_n": 32, "num_warps": 8, "grouped": True},
+    {"block_n": 32, "num_warps": 4, "grouped": True},
+)
+#: The cases the sweep covers (16 heads: the memory-bound ones).
+TUNE_BATCHES = (64,)
+TUNE_CONTEXTS = (8192, 32768)
 
 
 def _build_cache(kind: str, context: int, batch: int, gen: torch.Generator) -> dict:
@@ -87,6 +106,17 @@ def _check(record, cache, meta, query, out, scale: float) -> float:
     return float(((got - ref.float()).abs() / (1 + ref.float().abs())).max())
 
 
+def _time(fn, rep: int, eager: bool) -> float:
+    """Milliseconds per call of ``fn``: replayed from a CUDA graph (the kernels' own time,
+    no Python or launch overhead; what an engine step captured in a graph pays), or launched
+    eagerly with ``eager``."""
+    import triton.testing
+
+    if eager:
+        return float(triton.testing.do_bench(fn, warmup=10, rep=rep))
+    return float(triton.testing.do_bench_cudagraph(fn, rep=rep))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(Path(__file__).parent), help="output folder")
@@ -94,7 +124,10 @@ def main() -> int:
     parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     parser.add_argument("--heads", default=",".join(map(str, HEADS)))
     parser.add_argument("--kinds", default=",".join(KINDS))
-    parser.add_argument("--rep", type=int, default=40, help="do_bench rep time (ms)")
+    parser.add_argument("--rep", type=int, default=20, help="timing rep time (ms)")
+    parser.add_argument("--eager", action="store_true",
+                        help="time eager launches (host work included) instead of CUDA-graph "
+                             "replays")
     parser.add_argument("--waves", type=int, default=None,
                         help="programs per SM the split count aims for (default: the kernel's)")
     parser.add_argument("--block-n", type=int, default=None, help="keys per tile")
@@ -102,15 +135,24 @@ def main() -> int:
     parser.add_argument("--stages", type=int, default=2, help="pipeline stages")
     parser.add_argument("--chunked", choices=["auto", "yes", "no"], default="auto",
                         help="nope part as per-warp chunks (default: the kernel's choice)")
+    parser.add_argument("--grouped", choices=["auto", "yes", "no"], default="auto",
+                        help="quantized nope scaled per group after the dots (default: the "
+                             "kernel's choice)")
     parser.add_argument("--no-tune", action="store_true",
                         help="skip the launch-configuration sweep (16 heads, batch 64, "
-                             "context >= 8k, bf16 and mxfp8)")
+                             "context >= 8k, every kind)")
+    parser.add_argument("--budget-s", type=float, default=150.0,
+                        help="sweep entries left once the run has taken this long are "
+                             "skipped (noted in the results)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("mla_decode: needs a CUDA device", file=sys.stderr)
         return 2
-    import triton.testing
-    from kernelbay_attn_flashmla.triton_mla import SPLIT_WAVES, choose_splits, mla_decode
+    from kernelbay_attn_flashmla import triton_mla
+    from kernelbay_attn_flashmla.records import RECORDS
+
+    choose_splits, launch_constants = triton_mla.choose_splits, triton_mla.launch_constants
+    mla_decode = triton_mla.mla_decode
 
     batches = [int(b) for b in args.batches.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
@@ -124,10 +166,9 @@ def main() -> int:
     failures: list[str] = []
     tuning: list[dict] = []
     started = time.perf_counter()
+    scale = 1 / math.sqrt(192)
     for context in contexts:
         for kind in kinds:
-            from kernelbay_attn_flashmla.records import RECORDS
-
             record = RECORDS[kind]
             need = max(batches) * context * record.bytes_per_token * 1.1 + (1 << 30)
             free, _ = torch.cuda.mem_get_info()
@@ -138,26 +179,24 @@ def main() -> int:
             built = _build_cache(kind, context, max(batches), gen)
             cache, tables = built["cache"], built["tables"]
             for heads in heads_list:
-                scale = 1 / math.sqrt(192)
                 for batch in batches:
+                    # Metadata, split count and the kernel's per-step tables are made once,
+                    # before timing (an engine step makes them once for all layers).
                     meta = _metadata(batch, context, tables)
                     query = torch.randn(batch, heads, record.latent_dim, device="cuda",
                                         dtype=torch.bfloat16)
-                    block_h = min(max(16, triton.next_power_of_2(heads)), 32)
+                    block_h = launch_constants(record, heads, PAGE, 1)["BLOCK_H"]
                     splits = choose_splits(batch, -(-heads // block_h), context, sms,
-                                           args.waves or SPLIT_WAVES)
+                                           args.waves or triton_mla.SPLIT_WAVES)
                     launch = dict(num_splits=splits, block_n=args.block_n,
                                   num_warps=args.warps, num_stages=args.stages,
-                                  chunked=CHUNKED[args.chunked])
-                    out, _ = mla_decode(query, cache, record, PAGE, meta, scale, **launch)
-                    err = _check(record, cache, meta, query, out, scale)
+                                  chunked=CHUNKED[args.chunked],
+                                  grouped=CHUNKED[args.grouped])
                     label = f"{kind} B={batch} ctx={context} H={heads}"
+                    err, ms = _measure(mla_decode, record, cache, meta, query, scale, launch,
+                                       args)
                     if not err <= ATOL:
                         failures.append(f"{label}: max relative error {err:.3g} > {ATOL}")
-                    ms = triton.testing.do_bench(
-                        functools.partial(mla_decode, query, cache, record, PAGE, meta, scale,
-                                          **launch),
-                        warmup=10, rep=args.rep)
                     seconds = ms * 1e-3
                     kv_bytes = batch * context * record.bytes_per_token
                     flops = 2 * batch * heads * context * (record.latent_dim
@@ -169,42 +208,99 @@ def main() -> int:
                                  "tflops": flops / seconds / 1e12, "max_rel_err": err})
                     print(f"{label}: {ms:.3f} ms, {rows[-1]['kv_tb_s']:.2f} TB/s, "
                           f"{rows[-1]['tflops']:.1f} TFLOP/s, err {err:.2g}", flush=True)
-                    if (not args.no_tune and heads == 16 and batch == 64 and context >= 8192
-                            and kind in ("bf16", "mxfp8")):
-                        for chunked, block_n, warps in TUNE_CONFIGS:
-                            cfg = dict(launch, chunked=chunked, block_n=block_n,
-                                       num_warps=warps)
-                            out, _ = mla_decode(query, cache, record, PAGE, meta, scale, **cfg)
-                            err = _check(record, cache, meta, query, out, scale)
-                            if not err <= ATOL:
-                                failures.append(f"{label} chunked={chunked} block_n={block_n} "
-                                                f"warps={warps}: max relative error {err:.3g} "
-                                                f"> {ATOL}")
-                            t_ms = triton.testing.do_bench(
-                                functools.partial(mla_decode, query, cache, record, PAGE, meta,
-                                                  scale, **cfg), warmup=10, rep=args.rep)
-                            tuning.append({"kind": kind, "batch": batch, "context": context,
-                                           "heads": heads, "chunked": chunked,
-                                           "block_n": block_n, "warps": warps, "ms": t_ms,
-                                           "kv_tb_s": kv_bytes / (t_ms * 1e-3) / 1e12})
+                    if (args.no_tune or heads != 16 or batch not in TUNE_BATCHES
+                            or context not in TUNE_CONTEXTS):
+                        continue
+                    for tune in TUNE_CONFIGS:
+                        if kind == "bf16" and tune.get("grouped"):
+                            continue
+                        cfg = dict(launch, chunked=None, grouped=False, reg_prefetch=True,
+                                   num_stages=2)
+                        cfg.update(tune)
+                        cfg_label = (f"{label} grouped={cfg['grouped']} "
+                                     f"block_n={cfg['block_n']} warps={cfg['num_warps']} "
+                                     f"stages={cfg['num_stages']} "
+                                     f"prefetch={cfg['reg_prefetch']}")
+                        if time.perf_counter() - started > args.budget_s:
+                            notes.append(f"sweep entry skipped (over --budget-s "
+                                         f"{args.budget_s:.0f}): {cfg_label}")
+                            continue
+                        try:
+                            err, t_ms = _measure(mla_decode, record, cache, meta, query, scale,
+                                                 cfg, args)
+                        except Exception as exc:  # a config that does not compile or run
+                            failures.append(f"{cfg_label}: {type(exc).__name__}: "
+                                            f"{str(exc)[:200]}")
+                            continue
+                        if not err <= ATOL:
+                            failures.append(f"{cfg_label}: max relative error {err:.3g} > "
+                                            f"{ATOL}")
+                        tuning.append({"kind": kind, "batch": batch, "context": context,
+                                       "heads": heads, "grouped": cfg["grouped"],
+                                       "block_n": cfg["block_n"], "warps": cfg["num_warps"],
+                                       "stages": cfg["num_stages"],
+                                       "reg_prefetch": cfg["reg_prefetch"], "ms": t_ms,
+                                       "kv_tb_s": kv_bytes / (t_ms * 1e-3) / 1e12,
+                                       "max_rel_err": err})
+                        print(f"  {cfg_label}: {t_ms:.3f} ms, "
+                              f"{tuning[-1]['kv_tb_s']:.2f} TB/s", flush=True)
             del built, cache, tables
             torch.cuda.empty_cache()
+    _write(args, props, sms, rows, tuning, notes, failures, time.perf_counter() - started)
+    if failures:
+        print("mla_decode: wrong results:\n  " + "\n  ".join(failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _measure(mla_decode, record, cache, meta, query, scale: float, launch: dict,
+             args) -> tuple[float, float]:
+    """Check one launch configuration against the reference, then time it: (max relative
+    error, ms)."""
+    out, _ = mla_decode(query, cache, record, PAGE, meta, scale, **launch)
+    err = _check(record, cache, meta, query, out, scale)
+    ms = _time(functools.partial(mla_decode, query, cache, record, PAGE, meta, scale,
+                                 **launch), args.rep, args.eager)
+    return err, ms
+
+
+def _write(args, props, sms: int, rows: list[dict], tuning: list[dict], notes: list[str],
+           failures: list[str], seconds: float) -> None:
+    """results.json and results.md under ``--out``."""
+    import triton
+    from kernelbay_attn_flashmla.triton_mla import SPLIT_WAVES
+
     base = {(r["batch"], r["context"], r["heads"]): r["ms"] for r in rows if r["kind"] == "bf16"}
     for r in rows:
         b = base.get((r["batch"], r["context"], r["heads"]))
         r["speedup_vs_bf16"] = (b / r["ms"]) if b else None
+    best: dict[tuple, dict] = {}
+    for r in tuning:
+        key = (r["kind"], r["batch"], r["context"], r["heads"])
+        if r["max_rel_err"] <= ATOL and (key not in best or r["ms"] < best[key]["ms"]):
+            best[key] = r
+    for r in tuning:
+        r["best"] = best.get((r["kind"], r["batch"], r["context"], r["heads"])) is r
+        b = base.get((r["batch"], r["context"], r["heads"]))
+        bf = best.get(("bf16", r["batch"], r["context"], r["heads"]))
+        r["speedup_vs_best_bf16"] = (bf["ms"] / r["ms"]) if bf else None
+        r["speedup_vs_bf16"] = (b / r["ms"]) if b else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": props.name, "sms": sms, "torch": torch.__version__,
+            "timing": "eager do_bench" if args.eager else "CUDA graph replay",
             "waves": args.waves or SPLIT_WAVES, "block_n": args.block_n, "warps": args.warps,
-            "stages": args.stages,
-            "triton": triton.__version__, "page_size": PAGE, "seconds": time.perf_counter()
-            - started, "notes": notes, "failures": failures}
+            "stages": args.stages, "grouped": args.grouped,
+            "triton": triton.__version__, "page_size": PAGE, "seconds": seconds,
+            "notes": notes, "failures": failures}
     (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows,
                                                   "tuning": tuning}, indent=2))
+    timing = ("eager launches (host work included)" if args.eager else
+              "CUDA-graph replays (kernel time only; metadata and tables made before timing)")
     lines = [f"# MLA decode (mla-triton), {props.name}", "",
-             f"One decode step, page {PAGE}, random page tables; KV TB/s counts each context "
-             "record once; x bf16 = bf16-record time / this time (same run).", "",
+             f"One decode step, page {PAGE}, random page tables, timed as {timing}; KV TB/s "
+             "counts each context record once; x bf16 = bf16-record time / this time (same "
+             "run).", "",
              "| kind | dims | B/token | batch | context | heads | splits | ms | KV TB/s | "
              "TFLOP/s | x bf16 |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -216,19 +312,23 @@ def main() -> int:
                      f"{r['kv_tb_s']:.2f} | {r['tflops']:.1f} | {ratio} |")
     if tuning:
         lines += ["", "Launch-configuration sweep (the table above uses the kernel's "
-                  "defaults):", "",
-                  "| kind | batch | context | heads | chunked | block_n | warps | ms | KV TB/s |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        lines += [f"| {r['kind']} | {r['batch']} | {r['context']} | {r['heads']} | "
-                  f"{r['chunked']} | {r['block_n']} | {r['warps']} | {r['ms']:.3f} | "
-                  f"{r['kv_tb_s']:.2f} |" for r in tuning]
+                  "defaults; * best of its case; x best bf16 = the fastest bf16 "
+                  "configuration's time / this time):", "",
+                  "| kind | batch | context | heads | grouped | block_n | warps | stages | "
+                  "prefetch | ms | KV TB/s | x bf16 | x best bf16 |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
+                  "--- |"]
+        for r in tuning:
+            x = f"{r['speedup_vs_bf16']:.2f}" if r["speedup_vs_bf16"] else "-"
+            xb = f"{r['speedup_vs_best_bf16']:.2f}" if r["speedup_vs_best_bf16"] else "-"
+            lines.append(f"| {r['kind']} | {r['batch']} | {r['context']} | {r['heads']} | "
+                         f"{r['grouped']} | {r['block_n']} | {r['warps']} | {r['stages']} | "
+                         f"{r['reg_prefetch']} | "
+                         f"{r['ms']:.3f}{' *' if r['best'] else ''} | {r['kv_tb_s']:.2f} | "
+                         f"{x} | {xb} |")
     lines += [""] + [f"- {n}" for n in notes] + [f"- FAILED {f}" for f in failures]
     (out / "results.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out / 'results.md'} in {meta['seconds']:.0f} s")
-    if failures:
-        print("mla_decode: wrong results:\n  " + "\n  ".join(failures), file=sys.stderr)
-        return 1
-    return 0
+    print(f"wrote {out / 'results.md'} in {seconds:.0f} s")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,9 @@ class MLATritonAttention(MLAReferenceAttention):
 
     name: ClassVar[str] = "mla-triton"
     priority: ClassVar[int] = 20
+    # The split count follows batch x head blocks against the SM count, and the combine sums
+    # the splits' partials: a token's result depends on what else is in the batch.
+    batch_invariant: ClassVar[bool] = False
     summary: ClassVar[str] = ("MLA decode over bf16/fp8/fp8-e8m0/mxfp8 KV records, Triton "
                               "split-KV kernel, CUDA cc >= 9.0")
 

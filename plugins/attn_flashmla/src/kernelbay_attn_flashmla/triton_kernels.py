@@ -180,6 +180,31 @@ def _group_scale3(cache_u8, cache_f32, row3, group, mask, SCALE_OFF: tl.constexp
 
 
 @triton.jit
+def _load_groups3(cache_u8, cache_f32, row, ok, col3, ELEM_OFF: tl.constexpr,
+                  SCALE_OFF: tl.constexpr, GROUP: tl.constexpr, SCALE: tl.constexpr,
+                  NC: tl.constexpr, RANK: tl.constexpr, FAST_FP8: tl.constexpr):
+    """The nope codes ``[NC, BLOCK_N, GROUP]`` of a KV tile decoded but not scaled (chunk
+    ``c`` is scale group ``c``), and the group scales ``[NC, 1, BLOCK_N]`` (float32, 0 for
+    padding groups and keys not allowed)."""
+    mask = ok[None, :, None] & (col3 < RANK)
+    code = tl.load(cache_u8 + (row[None, :, None] + ELEM_OFF + col3), mask=mask, other=0)
+    if FAST_FP8:
+        # E4M3 -> bfloat16 is exact (and one conversion instruction per pair on sm_90).
+        values = code.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+    else:
+        values = _e4m3_to_f32(code, FAST_FP8)
+    group = tl.arange(0, NC)[:, None, None]
+    g_mask = ok[None, None, :] & (group * GROUP < RANK)
+    row3 = row[None, None, :]
+    if SCALE == 1:
+        scale = tl.load(cache_f32 + ((row3 + SCALE_OFF) // 4 + group), mask=g_mask, other=0.0)
+    else:
+        byte = tl.load(cache_u8 + (row3 + SCALE_OFF + group), mask=g_mask, other=0)
+        scale = tl.where(g_mask, _pow2(byte.to(tl.int32) - 127), 0.0)
+    return values, scale
+
+
+@triton.jit
 def _tile(n0, hi, start, length, seq, t, topk_ptr, topk_stride, block_tables, bt_stride,
           BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
           BPT: tl.constexpr, SPARSE: tl.constexpr):
@@ -257,16 +282,24 @@ def mla_decode_kernel(
     BPT: tl.constexpr, NOPE_OFF: tl.constexpr, ROPE_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
     GROUP: tl.constexpr, NOPE_SCALE: tl.constexpr, ROPE_SCALE: tl.constexpr,
     SPARSE: tl.constexpr, FAST_FP8: tl.constexpr, DOT: tl.constexpr, CHUNKED: tl.constexpr,
+    GROUPED: tl.constexpr, REG_PREFETCH: tl.constexpr,
 ):
-    """Partial attention of query token ``program_id(0)`` over KV split ``program_id(1)``
-    for heads ``program_id(2) * BLOCK_H ...``: writes the normalised partial output
+    """Partial attention of query token ``t`` over KV split ``split`` for heads
+    ``hb * BLOCK_H ...``, program ``(t * num_splits + split) * head_blocks + hb``: writes the normalised partial output
     (float32, or the final output when num_splits == 1) and its natural-log LSE. ``DOT`` is
     the dot operand type: bfloat16 on the GPU, float32 under the interpreter (whose numpy
     dot has no bfloat16). ``CHUNKED`` holds the nope part as ``NC`` chunks of ``CH`` columns
-    (batched dots, one chunk per warp) instead of one ``[BLOCK_H, NC * CH]`` block."""
-    t = tl.program_id(0)
-    split = tl.program_id(1)
-    hb = tl.program_id(2)
+    (batched dots, one chunk per warp) instead of one ``[BLOCK_H, NC * CH]`` block.
+    ``GROUPED`` (chunked, quantized nope, ``CH == GROUP``): the codes go to the dots
+    unscaled; each group's scale multiplies its partial scores ``[BLOCK_H, BLOCK_N]`` and
+    the probabilities of its value product, so no element of the tile is scaled."""
+    # One flat grid, head blocks fastest: the programs that read the same KV split (one per
+    # head block) run side by side, so all but the first find its tiles in L2.
+    pid = tl.program_id(0)
+    head_blocks = (num_heads + BLOCK_H - 1) // BLOCK_H
+    hb = pid % head_blocks
+    split = (pid // head_blocks) % num_splits
+    t = pid // (head_blocks * num_splits)
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     heads_ok = heads < num_heads
     rcols = tl.arange(0, R_PAD)
@@ -305,7 +338,8 @@ def mla_decode_kernel(
     # Quantized nope in the flat layout: the next tile's codes and scales are loaded before
     # this tile is computed on (the compiler's pipelining does not reach loads that feed
     # dots through the dequantization), so one tile is always in flight.
-    PREFETCH: tl.constexpr = (not CHUNKED) and NOPE_SCALE != 0 and (NC * CH) % GROUP == 0
+    PREFETCH: tl.constexpr = (REG_PREFETCH and (not CHUNKED) and NOPE_SCALE != 0
+                              and (NC * CH) % GROUP == 0)
     if PREFETCH:
         row_n, ok_n = _tile(lo, hi, start, length, seq, t, topk_ptr, topk_stride,
                             block_tables, bt_stride, BLOCK_N, PAGE_SIZE, PAGE_BYTES, BPT,
@@ -328,7 +362,12 @@ def mla_decode_kernel(
             row, ok = _tile(n0, hi, start, length, seq, t, topk_ptr, topk_stride,
                             block_tables, bt_stride, BLOCK_N, PAGE_SIZE, PAGE_BYTES, BPT,
                             SPARSE)
-        if CHUNKED:
+        if GROUPED:
+            k3, sc3 = _load_groups3(cache_u8, cache_f32, row, ok, col3, NOPE_OFF, SCALE_OFF,
+                                    GROUP, NOPE_SCALE, NC, RANK, FAST_FP8)
+            k3 = k3.to(DOT)
+            s_nope = tl.reduce(tl.dot(q3, tl.permute(k3, (0, 2, 1))) * sc3, 0, _add)
+        elif CHUNKED:
             k3 = _load_nope3(cache_u8, cache_bf16, cache_f32, row[None, :, None],
                              ok[None, :, None], col3, NOPE_OFF, SCALE_OFF, GROUP, NOPE_SCALE,
                              NC, BLOCK_N, CH, RANK, FAST_FP8).to(DOT)
@@ -353,7 +392,11 @@ def mla_decode_kernel(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.reduce(p, 1, _add)
-        if CHUNKED:
+        if GROUPED:
+            # Group c's values are codes * scale[c, key]: the scale goes into P's columns.
+            p3 = (p[None, :, :] * sc3).to(DOT)
+            acc3 = acc3 * alpha[None, :, None] + tl.dot(p3, k3)
+        elif CHUNKED:
             p3 = tl.broadcast_to(p.to(DOT)[None, :, :], [NC, BLOCK_H, BLOCK_N])
             acc3 = acc3 * alpha[None, :, None] + tl.dot(p3, k3)
         else:

@@ -11,6 +11,7 @@ import importlib
 import os
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import torch
 import triton
@@ -21,7 +22,8 @@ from torch import Tensor
 from kernelbay_attn_flashmla import triton_kernels
 from kernelbay_attn_flashmla.records import MLARecord
 
-__all__ = ["KernelFields", "choose_splits", "kernel_fields", "mla_decode", "mla_write"]
+__all__ = ["KernelFields", "choose_splits", "default_block_n", "default_warps", "kernel_fields",
+           "launch_constants", "mla_decode", "mla_write"]
 
 #: Record kind -> (KIND, nope scale mode, rope scale mode): 0 bf16, 1 fp32 group scales,
 #: 2 E8M0 group scales.
@@ -122,13 +124,15 @@ _LAST: dict[str, object] = {}
 
 
 def _token_tables(metadata: AttentionMetadata, num_tokens: int,
-                  sliding_window: int | None) -> tuple[Tensor, Tensor, Tensor]:
-    """Per query token: its sequence, its causal key count (position + 1) and first key
-    (cached for the most recent metadata object)."""
+                  sliding_window: int | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per query token: its sequence, its causal key count (position + 1) and first key;
+    and the block table as contiguous int32 (cached for the most recent metadata object:
+    made once per step, not once per layer)."""
     key = (num_tokens, sliding_window)
     if _LAST.get("metadata") is metadata and _LAST.get("key") == key:
         return _LAST["tables"]  # type: ignore[return-value]
-    tables = _compute_tables(metadata, num_tokens, sliding_window)
+    tables = (*_compute_tables(metadata, num_tokens, sliding_window),
+              metadata.block_tables.int().contiguous())
     _LAST.update(metadata=metadata, key=key, tables=tables)
     return tables
 
@@ -148,20 +152,76 @@ def _compute_tables(metadata: AttentionMetadata, num_tokens: int,
     return seq.int(), length.int(), start.int()
 
 
+def default_block_n(record: MLARecord, block_h: int) -> int:
+    """Keys per tile when the caller gives none. Wide latents: 32 keys (sm_90 builds at 16
+    heads: 106-255 registers, no spills; twice the bytes in flight of 16-key tiles), 16
+    for 32-head blocks of E8M0-scaled records (32 keys spill there)."""
+    if _pow2(record.kv_lora_rank) < 256:
+        return 64
+    return 16 if block_h > 16 and kernel_fields(record).nope_scale == 2 else 32
+
+
+def default_warps(record: MLARecord) -> int:
+    """Warps per decode program when the caller gives none."""
+    return 8 if _pow2(record.kv_lora_rank) >= 256 else 4
+
+
+def launch_constants(record: MLARecord, heads: int, page_size: int, page_bytes: int, *,
+                     block_n: int | None = None, chunked: bool | None = None,
+                     grouped: bool | None = None, reg_prefetch: bool = True,
+                     sparse: bool = False,
+                     fast_fp8: bool = True, interpreting: bool = False) -> dict[str, Any]:
+    """The decode kernel's constexprs for ``record`` at ``heads`` query heads (also used to
+    compile launch configurations without a GPU, ``bench/mla_decode/registers.py``).
+
+    ``grouped`` (quantized nope only): the nope part as one chunk per scale group, the
+    codes fed to the dots unscaled and each group's scale applied to its partial scores and
+    folded into the probabilities of its value product, instead of scaling every element.
+    """
+    f = kernel_fields(record)
+    rank, rope = record.kv_lora_rank, record.rope_dim
+    block_h = min(max(16, _pow2(heads)), 32)
+    d_pad = _pow2(rank)
+    block_n = block_n or default_block_n(record, block_h)
+    if grouped is None:
+        grouped = False
+    # Groups that tile the padded width evenly, at least 16 columns (one MMA's K).
+    grouped = bool(grouped and f.nope_scale != 0 and d_pad % f.group == 0 and f.group >= 16
+                   and f.group & (f.group - 1) == 0)
+    if chunked is None:
+        # With 32-head blocks and scale groups below a chunk (MXFP8's 32) the flat layout
+        # spills on sm_90; per-warp chunks do not.
+        chunked = block_h > 16 and d_pad >= 256 and (record.group_size or d_pad) < NOPE_CHUNK
+    chunk = f.group if grouped else min(d_pad, NOPE_CHUNK)
+    return dict(
+        RANK=rank, ROPE=rope, NC=d_pad // chunk, CH=chunk, R_PAD=_pow2(max(rope, 16)),
+        BLOCK_H=block_h, BLOCK_N=block_n, PAGE_SIZE=page_size, PAGE_BYTES=page_bytes,
+        BPT=record.bytes_per_token, NOPE_OFF=f.nope_off, ROPE_OFF=f.rope_off,
+        SCALE_OFF=f.scale_off, GROUP=f.group, NOPE_SCALE=f.nope_scale,
+        ROPE_SCALE=f.rope_scale, SPARSE=sparse, FAST_FP8=fast_fp8,
+        DOT=tl.float32 if interpreting else tl.bfloat16,
+        CHUNKED=bool(chunked or grouped), GROUPED=grouped,
+        REG_PREFETCH=reg_prefetch,
+    )
+
+
 def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                metadata: AttentionMetadata, scale: float, *, num_splits: int | None = None,
                topk_indices: Tensor | None = None, sliding_window: int | None = None,
                num_sms: int | None = None, block_n: int | None = None,
                num_warps: int | None = None, num_stages: int = 2,
-               chunked: bool | None = None) -> tuple[Tensor, Tensor]:
+               chunked: bool | None = None, grouped: bool | None = None,
+               reg_prefetch: bool = True) -> tuple[Tensor, Tensor]:
     """Absorbed MLA attention over paged records on the GPU (or the Triton interpreter).
 
     Same inputs and results as ``mla.mla_attention``: ``(out [T, H, kv_lora_rank] in
     query.dtype, lse [T, H] float32)``. ``num_splits`` None picks ``choose_splits`` from
     the batch, the head blocks, the block table's capacity and ``num_sms`` (the device's).
-    ``block_n`` (keys per tile), ``num_warps``, ``num_stages`` and ``chunked`` (the nope
-    part as per-warp chunks of ``NOPE_CHUNK`` columns, see the kernel) override the launch
-    configuration (for tuning; defaults depend on the latent width). The per-token tables
+    ``block_n`` (keys per tile), ``num_warps``, ``num_stages``, ``chunked`` (the nope
+    part as per-warp chunks of ``NOPE_CHUNK`` columns, see the kernel), ``grouped`` (see
+    ``launch_constants``) and ``reg_prefetch`` (quantized flat tiles: the next tile's codes
+    loaded into registers ahead; off, the compiler's pipelining decides) override the
+    launch configuration (for tuning; defaults depend on the latent width). The per-token tables
     are reused while the same ``metadata`` object comes back (every layer of a step), so a
     metadata object must not be changed in place after a call.
     """
@@ -170,17 +230,13 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
         raise ValueError(f"{record.kind} MLA query is [T, H, {record.dims_text} = "
                          f"{record.latent_dim}], got {tuple(query.shape)}")
     flat, page_bytes = _pages(cache, record, page_size)
-    rank, rope = record.kv_lora_rank, record.rope_dim
-    block_h = min(max(16, _pow2(heads)), 32)
-    head_blocks = -(-heads // block_h)
-    d_pad = _pow2(rank)
-    # Wide latents: 16 keys per tile keeps the dequantized tile in registers (sm_90 builds:
-    # 80-204 registers per thread at 16 heads, no spills). With 32-head blocks and scale
-    # groups below a chunk (MXFP8's 32) the flat layout spills; per-warp chunks do not.
-    block_n = block_n or (16 if d_pad >= 256 else 64)
-    if chunked is None:
-        chunked = block_h > 16 and d_pad >= 256 and (record.group_size or d_pad) < NOPE_CHUNK
-    chunk = min(d_pad, NOPE_CHUNK)
+    rank, d_pad = record.kv_lora_rank, _pow2(record.kv_lora_rank)
+    consts = launch_constants(record, heads, page_size, page_bytes, block_n=block_n,
+                              chunked=chunked, grouped=grouped, reg_prefetch=reg_prefetch,
+                              sparse=topk_indices is not None,
+                              fast_fp8=query.is_cuda and not _interpreting(),
+                              interpreting=_interpreting())
+    head_blocks = -(-heads // consts["BLOCK_H"])
     if num_splits is None:
         sms = num_sms if num_sms is not None else (
             _sm_count(query.device.index if query.device.index is not None
@@ -195,8 +251,7 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     if num_tokens == 0:
         return out, lse
     query = query.contiguous()
-    seq, length, start = _token_tables(metadata, num_tokens, sliding_window)
-    block_tables = metadata.block_tables.int().contiguous()
+    seq, length, start, block_tables = _token_tables(metadata, num_tokens, sliding_window)
     if topk_indices is not None:
         if topk_indices.dim() != 2 or topk_indices.shape[0] != num_tokens:
             raise ValueError(f"topk_indices must be [T={num_tokens}, K], got "
@@ -212,9 +267,8 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                            device=query.device)
         plse = torch.empty(num_tokens, num_splits, heads, dtype=torch.float32,
                            device=query.device)
-    f = kernel_fields(record)
     kernels = _kernels()
-    kernels.mla_decode_kernel[(num_tokens, num_splits, head_blocks)](
+    kernels.mla_decode_kernel[(num_tokens * num_splits * head_blocks,)](
         query, query.stride(0), query.stride(1),
         flat, flat.view(torch.bfloat16), flat.view(torch.float32),
         block_tables, block_tables.stride(0),
@@ -222,16 +276,8 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
         topk, topk.stride(0) if topk.dim() == 2 else 0, num_topk,
         part, part.stride(0), part.stride(1), part.stride(2),
         plse, plse.stride(0), plse.stride(1),
-        heads, float(scale), num_splits,
-        RANK=rank, ROPE=rope, NC=d_pad // chunk, CH=chunk, R_PAD=_pow2(max(rope, 16)),
-        BLOCK_H=block_h, BLOCK_N=block_n, PAGE_SIZE=page_size, PAGE_BYTES=page_bytes,
-        BPT=record.bytes_per_token, NOPE_OFF=f.nope_off, ROPE_OFF=f.rope_off,
-        SCALE_OFF=f.scale_off, GROUP=f.group, NOPE_SCALE=f.nope_scale,
-        ROPE_SCALE=f.rope_scale, SPARSE=topk_indices is not None,
-        FAST_FP8=query.is_cuda and not _interpreting(),
-        DOT=tl.float32 if _interpreting() else tl.bfloat16,
-        CHUNKED=chunked,
-        num_warps=num_warps or (8 if d_pad >= 256 else 4), num_stages=num_stages,
+        heads, float(scale), num_splits, **consts,
+        num_warps=num_warps or default_warps(record), num_stages=num_stages,
     )
     if num_splits > 1:
         kernels.mla_combine_kernel[(num_tokens, heads)](
