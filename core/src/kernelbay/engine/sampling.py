@@ -110,6 +110,7 @@ def gumbel_noised_argmax(logits: torch.Tensor, temperature: torch.Tensor, seed: 
     """
     rows, vocab = logits.shape
     logits = logits.float()
+    temperature = temperature.to(logits.device)
     greedy = temperature <= 0
     if bool(greedy.all()):
         return logits.argmax(dim=-1)
@@ -128,10 +129,11 @@ def gumbel_noised_argmax(logits: torch.Tensor, temperature: torch.Tensor, seed: 
 def sample_tokens(logits: torch.Tensor, params: list[SamplingParams],
                   positions: list[int]) -> torch.Tensor:
     """Sample one token for each row of ``logits`` with that row's parameters."""
-    temperature = torch.tensor([p.temperature for p in params])
-    if bool((temperature == 0).all()):
+    if all(p.temperature == 0 for p in params):
         return logits.float().argmax(dim=-1)
+    on = logits.device  # per-row parameters go where the logits are: no host round trip
     return gumbel_noised_argmax(
-        logits, temperature, torch.tensor([p.seed for p in params]),
-        torch.tensor(positions), torch.tensor([p.top_k for p in params]),
-        torch.tensor([p.top_p for p in params]))
+        logits, torch.tensor([p.temperature for p in params], device=on),
+        torch.tensor([p.seed for p in params], device=on),
+        torch.tensor(positions, device=on), torch.tensor([p.top_k for p in params], device=on),
+        torch.tensor([p.top_p for p in params], device=on))
