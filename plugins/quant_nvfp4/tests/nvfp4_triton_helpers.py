@@ -44,3 +44,20 @@ def edge_scales(tensors: dict[str, torch.Tensor]) -> None:
     bits[1, -1] = 0x01
     bits[-1, 0] = 0x07
     bits[-1, -1] = 0x7E
+
+
+def every_code_and_scale(dtype: torch.dtype = torch.bfloat16
+                         ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Weights holding every E2M1 code (each 16-element block is codes 0..15) under every
+    finite E4M3 block scale (bits 0x00..0x7E and 0x80..0xFE, then 0x38 = 1.0 to fill), N = 16
+    and K = 256, with a global scale of 2^-3; and the identity activations [256, 256] that
+    make ``y[m, n] = W[n, m]``, a single exact product per output."""
+    n, k = 16, 256
+    codes = torch.arange(16, dtype=torch.uint8).repeat(n, k // 16)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    finite = [b for b in range(256) if b & 0x7F != 0x7F]
+    bits = torch.tensor(finite + [0x38] * (n * k // 16 - len(finite)), dtype=torch.uint8)
+    scales = bits.reshape(n, k // 16).view(torch.float8_e4m3fn)
+    tensors = {"weight": packed, "weight_scale": scales,
+               "weight_scale_2": torch.tensor(0.125, dtype=torch.float32)}
+    return tensors, torch.eye(k, dtype=dtype)

@@ -26,7 +26,13 @@ from kernelbay.requests import LinearRequest
 from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear
 from kernelbay_quant_nvfp4.schemes import nvfp4_scheme
 from kernelbay_quant_nvfp4.triton_configs import CANDIDATES, KernelConfig
-from nvfp4_triton_helpers import check_close, edge_scales, make_layer, nvfp4_weights
+from nvfp4_triton_helpers import (
+    check_close,
+    edge_scales,
+    every_code_and_scale,
+    make_layer,
+    nvfp4_weights,
+)
 
 W4A16 = nvfp4_scheme("modelopt", w4a4=False)
 W4A4 = nvfp4_scheme("modelopt", w4a4=True)
@@ -106,3 +112,18 @@ def test_cuda_method_matches_reference(dtype: torch.dtype, n: int, k: int) -> No
     for m in (1, 4, 16, 64, 256):
         x = torch.randn(m, k, generator=gen).to(dtype).cuda()
         check_close(method.apply(layer, x), x, w, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [c for c in CANDIDATES if c.decode8], ids=lambda c: c.name)
+def test_cuda_ptx_decodes_every_code_and_scale(config: KernelConfig) -> None:
+    """The PTX decode of every E2M1 code under every finite E4M3 block scale, one exact
+    product per output: equal to the reference rounded to bf16, bit for bit."""
+    from kernelbay_quant_nvfp4.linear_triton import run_config
+
+    tensors, eye = every_code_and_scale()
+    tensors = {name: t.cuda() for name, t in tensors.items()}
+    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
+    got = run_config(config, eye.cuda(), tensors["weight"], tensors["weight_scale"],
+                     tensors["weight_scale_2"].reshape(1), None)
+    assert torch.equal(got, w.T.to(torch.bfloat16))

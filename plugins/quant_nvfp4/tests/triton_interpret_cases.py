@@ -155,3 +155,70 @@ def test_decode8_variant(config: KernelConfig, bias: bool) -> None:
         got = run_config(config, x, tensors["weight"], tensors["weight_scale"],
                          tensors["weight_scale_2"].reshape(1), b)
         check_close(got, x, w, b)
+
+
+XPREP = [KernelConfig("xp-split", "fused", 16, 16, 128, 2, dot16=True, decode8=True, xprep=True),
+         KernelConfig("xp", "fused", 32, 32, 256, 1, dot16=True, decode8=True, xprep=True),
+         KernelConfig("xpt-split", "fused", 16, 32, 128, 2, dot16=True, decode8=True, xprep=True,
+                      swap_ab=True),
+         KernelConfig("xpt", "fused", 32, 16, 256, 1, dot16=True, decode8=True, xprep=True,
+                      swap_ab=True)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config", XPREP, ids=str)
+@pytest.mark.parametrize("bias", [False, True])
+def test_xprep_variant(config: KernelConfig, dtype: torch.dtype, bias: bool) -> None:
+    """The prepared-activation kernel (portable decode; the PTX one runs on CUDA only): K
+    not a multiple of its tile (272), ragged N and M, edge block scales, rows from 1e-6 to
+    1e4 and a zero row (one power of two per row, not per tile)."""
+    from kernelbay_quant_nvfp4.linear_triton import run_config
+
+    gen = torch.Generator().manual_seed(11 + bias)
+    tensors = nvfp4_weights(40, 272, gen)
+    edge_scales(tensors)
+    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
+    b = torch.randn(40, generator=gen).to(dtype) if bias else None
+    for m in (1, 5, 17):
+        top = 4 if dtype == torch.bfloat16 else 1
+        x = torch.randn(m, 272, generator=gen) * torch.logspace(-6, top, m)[:, None]
+        x[m // 2] = 0.0
+        x = x.to(dtype)
+        got = run_config(config, x, tensors["weight"], tensors["weight_scale"],
+                         tensors["weight_scale_2"].reshape(1), b)
+        check_close(got, x, w, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_prepare_x_layout_and_scale(dtype: torch.dtype) -> None:
+    """``prepare_x``: per row a power of two putting the largest magnitude in [2^14, 2^15),
+    fp16 values exactly ``x * 2^shift``, tile columns in decode order, zero padding."""
+    from kernelbay_quant_nvfp4.triton_kernels import prepare_x
+
+    gen = torch.Generator().manual_seed(12)
+    x = (torch.randn(3, 272, generator=gen) * torch.tensor([1e-5, 1.0, 3e3])[:, None]).to(dtype)
+    x[1, 7] = 0.0
+    xs, down = prepare_x(x, 128)
+    assert xs.dtype == torch.float16 and xs.shape == (3, 384) and down.shape == (3,)
+    top = xs.float().abs().amax(dim=1)
+    assert bool(((top >= 2.0**14) & (top < 2.0**15)).all())
+    assert bool((torch.log2(down) == torch.log2(down).round()).all())
+    padded = torch.zeros(3, 384, dtype=torch.float32)
+    padded[:, :272] = x.float()
+    # Tile t, slice j, word i  <-  column t*128 + 8i + j.
+    order = padded.reshape(3, 3, 16, 8).transpose(2, 3).reshape(3, 384)
+    assert torch.equal(xs.float() * down[:, None], order)
+
+
+@pytest.mark.parametrize("config", XPREP[::2], ids=str)
+def test_xprep_decodes_every_code_and_scale(config: KernelConfig) -> None:
+    """Every E2M1 code under every finite E4M3 block scale, read back one product at a time:
+    equal to the reference (``kernelbay.formats``) rounded to bf16, bit for bit."""
+    from kernelbay_quant_nvfp4.linear_triton import run_config
+    from nvfp4_triton_helpers import every_code_and_scale
+
+    tensors, eye = every_code_and_scale()
+    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
+    got = run_config(config, eye, tensors["weight"], tensors["weight_scale"],
+                     tensors["weight_scale_2"].reshape(1), None)
+    assert torch.equal(got, w.T.to(torch.bfloat16))

@@ -3,27 +3,30 @@
 Reasoning for the H200 defaults (132 SMs, 4.8 TB/s, 50 MB L2); ``bench/nvfp4/run.py
 --configs all`` times every entry of ``CANDIDATES`` per shape so one GPU run can retune:
 
-* Where the weight is decoded per element, the integer and conversion operations bound the
-  kernel before HBM does (a 4-bit weight gives each byte two elements to decode), so the
-  ``dot16`` variant (exact fp16 weights, one packed fp16 multiply per two elements, no fp32
-  round trip) serves M = 17..64. The ``decode8`` variant goes further for M <= 16 (int32
-  words of 8 nibbles, inline PTX: prmt + shifts + masks on two 16-bit lanes at once, the
-  scale applied by mul.f16x2), about 2 integer operations per element instead of 3-5, and
-  the fewest registers (128 at 16x64x128). Its PTX was checked bit for bit by emulating it
-  on the CPU and it compiles for sm_90, but it has not run on a GPU yet: if the GPU tests
-  reject it, ``gemv16-16x32x128`` (139 registers, portable decode) is the fallback.
-* M <= 16 (decode) is memory bound: the weight is 0.5625 B/element against bf16's 2. One CTA
-  covers BLOCK_N = 64 output rows and walks K in 128-column tiles: each row of a tile is
-  64 packed bytes (four 16-byte loads) and 8 block scales (one per 16 elements,
-  contiguous). N = 8192 gives only 128 CTAs, fewer than the
-  SMs, so K is split until there are about four CTAs per SM (``split_k``); the fp32
-  partials (M x N x split, a few hundred KB at most) are summed by a second small kernel.
-  BLOCK_M = 16 is the smallest tl.dot tile; unused rows are masked.
-* M = 64: BLOCK_M = 64 and the same split rule keep the weight read once per 64 rows.
-* M >= 128: 128 x 128 x 64 tiles with 8 warps (the weight is decoded once per 128 rows; the
-  split rule still fills the SMs when N is small); or ``dequant``: decode the whole weight into a temporary and call cuBLAS
-  (``F.linear``), which wins once the GEMM is compute bound (each call pays a 2 B/element
-  write and read of the temporary).
+* Measured on the H200 (first run): with the weight decoded per element, integer and
+  conversion work bounds the kernel, not HBM: the best M <= 16 kernel (``decode8``, PTX
+  decode of int32 words of 8 nibbles) ran at ~1 TB/s, the same time for M = 1, 4 and 16,
+  and about half of its K loop was the activation tile's per-tile power-of-two scaling,
+  fp16 conversion and 8-way split (warp shuffles, max, shared-memory round trips).
+* ``xprep`` (``triton_kernels.prepare_x``) moves that work to one pass over x per call: the
+  K loop loads 8 contiguous fp16 slices per tile and decodes the weight words with the same
+  PTX directly in the dot operand layout (the words are loaded into shared memory by the
+  pipeliner and read back in that layout; no convert_layout of decoded weights). BLOCK_K
+  must be 128, 256 or 512 (8 dots of BLOCK_K / 8 >= 16).
+* ``swap_ab`` (``xpt-*``) computes ``out^T = W x^T``: on sm_90 the decoded weight is the
+  warpgroup MMA's register operand (no shared-memory store of decoded weights; the
+  ``xp-*`` form stores them for the MMA, 11.7 instructions per element at 64x128 against
+  7.8), and the batch is the MMA's N, so M <= 16 needs no 64-row tile.
+* M <= 16 (decode) should be memory bound: the weight is 0.5625 B/element against bf16's
+  2. BLOCK_M = 16 is the smallest tl.dot tile (unused rows masked). N = 8192 gives 64
+  CTAs of 256 rows, so K is split until there are about four CTAs per SM (``split_k``);
+  the fp32 partials (M x N x split, a few hundred KB at most) are summed by a second small
+  kernel (deterministic: partials added in split order).
+* M = 64: 256 x 64 (N x M) tiles, the weight decoded once for all rows.
+* M > 64: ``dequant``: decode the whole weight into a temporary and call cuBLAS
+  (``F.linear``), measured best at M = 256 so far (each call pays a 2 B/element write and
+  read of the temporary); ``xpt-128x128x128`` is the fused contender in the sweep (9.6
+  instructions per element and 128-row tile: ~2.4 G instructions at M = 256, N = K = 8192).
 """
 
 from __future__ import annotations
@@ -53,40 +56,51 @@ class KernelConfig:
     #: Read the weight as int32 words of 8 nibbles and decode them with inline PTX on CUDA
     #: (two elements per integer operation; implies ``dot16``; BLOCK_K >= 128).
     decode8: bool = False
+    #: ``decode8`` on activations prepared once per call (``triton_kernels.prepare_x``:
+    #: fp16, per-row power-of-two scale, K in decode order), so the K loop touches x only
+    #: through 8 contiguous fp16 loads per tile.
+    xprep: bool = False
+    #: With ``xprep``: the weight is the MMA's first operand (``out^T = W x^T``; on sm_90
+    #: the warpgroup MMA takes it from registers, BLOCK_M is the MMA's N).
+    swap_ab: bool = False
 
 
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
-#: Register counts (sm_90, triton 3.9, ``cuobjdump -res-usage``) guided the choice: every
-#: default compiles without spilling (the 16x64x256 4-warp tiles of the portable decode
-#: spill at 255 registers; so do all 64- and 128-row tiles with BLOCK_K 128).
+#: The first H200 run (every candidate timed per shape) showed the per-element work, not
+#: HBM, bounding the decode kernels: time independent of M <= 16, ~1 TB/s. The ``xprep``
+#: kernels halve the loop's instructions (sm_90 SASS of the K loop, triton 3.6: 859 -> 468
+#: for a 16x64x256 tile; 6.0 per weight element at 16x128x128, no spills, 175 registers):
+#: the activations are converted and reordered once per call instead of once per tile and
+#: CTA. M > 64 keeps the measured best (dequantize, then cuBLAS) until a run shows the
+#: 128-row ``xprep`` tile ahead.
 DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
-    # 128 registers, no spill, 14 KB shared (the word loads are pipelined): 4 CTAs per SM.
-    (16, KernelConfig("w8-16x64x128", "fused", 16, 64, 128, 0, 4, 4, True, True)),
-    (32, KernelConfig("tile16-32x128x64", "fused", 32, 128, 64, 0, 8, 3, True)),
-    (64, KernelConfig("tile16-64x64x64", "fused", 64, 64, 64, 0, 8, 3, True)),
-    (1 << 62, KernelConfig("tile-128x128x64", "fused", 128, 128, 64, 0, 8, 3)),
+    (16, KernelConfig("xpt-16x256x128", "fused", 16, 256, 128, 0, 8, 4, True, True, True, True)),
+    (64, KernelConfig("xpt-64x256x128", "fused", 64, 256, 128, 0, 8, 3, True, True, True, True)),
+    (1 << 62, KernelConfig("dequant-cublas", "dequant")),
 )
 
+
+def _xp(name: str, block_m: int, block_n: int, block_k: int, warps: int, stages: int,
+        swap_ab: bool = True) -> KernelConfig:
+    return KernelConfig(name, "fused", block_m, block_n, block_k, 0, warps, stages,
+                        dot16=True, decode8=True, xprep=True, swap_ab=swap_ab)
+
+
 #: Alternatives the benchmark tries per shape (``--configs all``); BLOCK_M is lowered to
-#: cover M where a config's is larger than needed.
+#: cover M where a config's is larger than needed. The first run's clearly slower ones
+#: (per-element fp32 decode, per-tile activation scaling) are not retried; its fastest
+#: (``w8-16x64x256``) stays as the yardstick. Loop instructions per weight element and
+#: row tile (sm_90 SASS, ``bench/nvfp4/registers.py --loop``) in the comments.
 CANDIDATES: tuple[KernelConfig, ...] = (
-    KernelConfig("w8-16x64x128", "fused", 16, 64, 128, 0, 4, 4, True, True),
-    KernelConfig("w8-16x64x128-s3", "fused", 16, 64, 128, 0, 4, 3, True, True),
-    KernelConfig("w8-16x128x128", "fused", 16, 128, 128, 0, 8, 3, True, True),
-    KernelConfig("w8-16x64x256", "fused", 16, 64, 256, 0, 8, 4, True, True),
-    KernelConfig("w8-16x32x128", "fused", 16, 32, 128, 0, 4, 4, True, True),
-    KernelConfig("gemv16-16x32x128", "fused", 16, 32, 128, 0, 4, 4, True),
-    KernelConfig("gemv16-16x64x128", "fused", 16, 64, 128, 0, 4, 4, True),
-    KernelConfig("gemv16-16x64x256", "fused", 16, 64, 256, 0, 8, 4, True),
-    KernelConfig("gemv-16x32x128", "fused", 16, 32, 128, 0, 4, 4),
-    KernelConfig("gemv-16x64x256", "fused", 16, 64, 256, 0, 8, 4),
-    KernelConfig("tile16-32x128x64", "fused", 32, 128, 64, 0, 8, 3, True),
-    KernelConfig("tile-32x128x64", "fused", 32, 128, 64, 0, 8, 3),
-    KernelConfig("tile16-64x64x64", "fused", 64, 64, 64, 0, 8, 3, True),
-    KernelConfig("tile-64x128x64", "fused", 64, 128, 64, 0, 8, 3),
-    KernelConfig("tile-128x128x64", "fused", 128, 128, 64, 0, 8, 3),
-    KernelConfig("tile-128x128x64-nosplit", "fused", 128, 128, 64, 1, 8, 3),
-    KernelConfig("tile-128x128x64-s4", "fused", 128, 128, 64, 0, 8, 4),
+    _xp("xpt-16x256x128", 16, 256, 128, 8, 4),  # 5.3, 157 registers
+    _xp("xpt-16x128x256", 16, 128, 256, 8, 4),  # 5.5, 162 registers
+    _xp("xpt-16x128x128", 16, 128, 128, 4, 4),  # 5.6, 153 registers
+    _xp("xp-16x128x128", 16, 128, 128, 4, 4, swap_ab=False),  # 6.0, 175 registers
+    KernelConfig("w8-16x64x256", "fused", 16, 64, 256, 0, 8, 4, True, True),  # 13.4
+    _xp("xpt-64x256x128", 64, 256, 128, 8, 3),  # 5.9, 214 registers
+    _xp("xpt-64x128x128", 64, 128, 128, 8, 3),  # 7.8, 127 registers
+    _xp("xp-64x128x128", 64, 128, 128, 8, 3, swap_ab=False),  # 11.7, 174 registers
+    _xp("xpt-128x128x128", 128, 128, 128, 8, 3),  # 9.6, 208 registers
     KernelConfig("dequant-cublas", "dequant"),
 )
 

@@ -30,6 +30,19 @@ and fp16 inputs (only entries below 2^-29 of the row's largest lose bits); the p
 is scaled back by the inverse power of two. So the products are those of the exact
 dequantized weight (the bf16 path rounds each weight to bf16 first).
 
+Prepared activations (``xprep``; ``x_prepare`` + ``nvfp4_matmul_xp``): the DOT16 scaling
+of x done once per call and per row instead of per K tile in every CTA: each row times
+the power of two that puts its largest magnitude in [2^14, 2^15), converted to fp16 (exact
+for bf16 and fp16 entries down to 2^-29 of the row's largest, well below the output's
+rounding), with each K tile's columns reordered to the decode order of the int32 words
+(slice j of a tile holds columns 8i + j) and zero-padded to whole tiles. The K loop is then
+word loads, the PTX decode, 8 fp16 slice loads of x and 8 dots; the per-row inverse power
+of two and ``weight_scale_2 * 2^7`` multiply the accumulator once. The packed weight keeps
+its checkpoint layout (no repacking; ``dequantized_weight`` reads it unchanged).
+``nvfp4_matmul_xpt`` is the same with the operands swapped (``out^T = W x^T``): Hopper's
+warpgroup MMA takes its first operand from registers, so the decoded weight goes straight
+from the decode to the MMA, and the batch rows are the MMA's N dimension.
+
 Small M (decode) is memory bound: split-K gives enough CTAs to fill the GPU (partial sums in
 an fp32 workspace, reduced by a second small kernel that adds the bias and casts). Large M
 uses the same kernel with larger tiles, or the dequantizer then ``F.linear`` (cuBLAS).
@@ -53,7 +66,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["Nvfp4Kernels", "dequantize_nvfp4_triton", "kernels", "nvfp4_linear_triton"]
+__all__ = ["Nvfp4Kernels", "dequantize_nvfp4_triton", "kernels", "nvfp4_linear_triton",
+           "prepare_x"]
 
 @dataclass(frozen=True)
 class Nvfp4Kernels:
@@ -63,6 +77,9 @@ class Nvfp4Kernels:
     reduce: Any
     dequant: Any
     matmul_w8: Any
+    x_prepare: Any
+    matmul_xp: Any
+    matmul_xpt: Any
 
 
 @triton.jit
@@ -285,6 +302,176 @@ def nvfp4_matmul_w8(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
 
 
 @triton.jit
+def x_prepare(x_ptr, xs_ptr, down_ptr, K, KP, stride_xm, stride_sm,
+              BLOCK_K: tl.constexpr, CHUNK: tl.constexpr):
+    """One row of ``x`` per program, once per call: scaled by the power of two that puts the
+    row's largest magnitude in [2^14, 2^15), converted to fp16 (exact, module doc "Prepared
+    activations"), written with each K tile's columns in decode order (position
+    ``j * BLOCK_K/8 + i`` holds column ``8i + j``) and zero-padded to ``KP`` (whole tiles);
+    ``down_ptr[row]`` gets the inverse power of two."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, CHUNK)
+    W8: tl.constexpr = BLOCK_K // 8
+    big = tl.zeros((CHUNK,), dtype=tl.float32)
+    for k0 in range(0, K, CHUNK):
+        v = tl.load(x_ptr + row * stride_xm + k0 + offs, mask=k0 + offs < K, other=0.0)
+        big = tl.maximum(big, tl.abs(v.to(tl.float32)))
+    rmax = tl.max(big, axis=0)
+    expo = (rmax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    shift = tl.minimum(tl.maximum(141 - expo, -126), 126)  # rmax * 2^shift in [2^14, 2^15)
+    up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+    tl.store(down_ptr + row, ((127 - shift) << 23).to(tl.float32, bitcast=True))
+    for k0 in range(0, KP, CHUNK):
+        p = k0 + offs
+        q = p % BLOCK_K
+        src = p - q + 8 * (q % W8) + q // W8
+        v = tl.load(x_ptr + row * stride_xm + src, mask=src < K, other=0.0)
+        tl.store(xs_ptr + row * stride_sm + p, (v.to(tl.float32) * up).to(tl.float16),
+                 mask=p < KP)
+
+
+@triton.jit
+def nvfp4_matmul_xp(xs_ptr, down_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
+                    M, N, K, stride_xm, stride_wn, stride_sn, stride_om, stride_os,
+                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, TILES_PER_SPLIT, PARTIAL: tl.constexpr,
+                    ASM: tl.constexpr):
+    """``nvfp4_matmul_w8`` on prepared activations (``x_prepare``): the 8 x slices of a tile
+    are 8 contiguous loads of fp16, no per-tile scaling, splitting or conversion of x; the
+    row factor ``down`` and ``weight_scale_2 * 2^7`` multiply the accumulator once."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    W8: tl.constexpr = BLOCK_K // 8
+    GROUPS: tl.constexpr = BLOCK_K // 16
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_w = tl.arange(0, W8)
+    offs_g = tl.arange(0, GROUPS)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    first = pid_k * TILES_PER_SPLIT
+    last = tl.minimum(first + TILES_PER_SPLIT, k_tiles)
+    x_rows = xs_ptr + offs_m[:, None] * stride_xm + offs_w[None, :]
+    for t in range(first, last):
+        kw = t * W8 + offs_w
+        kg = t * GROUPS + offs_g
+        words = tl.load(w_ptr + offs_n[None, :] * stride_wn + kw[:, None],
+                        mask=(kw < K // 8)[:, None] & n_ok[None, :], other=0)
+        s = tl.load(s_ptr + offs_n[None, :] * stride_sn + kg[:, None],
+                    mask=(kg < K // 16)[:, None] & n_ok[None, :], other=0)
+        sb = s.to(tl.int16)
+        s16 = (((sb & 0x80) << 8) | ((sb & 0x7F) << 7)).to(tl.float16, bitcast=True) * 32768.0
+        s16 = tl.reshape(tl.broadcast_to(s16[:, None, :], (GROUPS, 2, BLOCK_N)), (W8, BLOCK_N))
+        if ASM:
+            w0, w1, w2, w3, w4, w5, w6, w7 = tl.inline_asm_elementwise(
+                _DECODE8_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", [words, s16],
+                dtype=(tl.float16,) * 8, is_pure=True, pack=2)
+        else:
+            w0 = _nibble16(words, 0, s16)
+            w1 = _nibble16(words, 1, s16)
+            w2 = _nibble16(words, 2, s16)
+            w3 = _nibble16(words, 3, s16)
+            w4 = _nibble16(words, 4, s16)
+            w5 = _nibble16(words, 5, s16)
+            w6 = _nibble16(words, 6, s16)
+            w7 = _nibble16(words, 7, s16)
+        xt = x_rows + t * BLOCK_K
+        acc = tl.dot(tl.load(xt, mask=m_ok[:, None], other=0.0), w0, acc)
+        acc = tl.dot(tl.load(xt + W8, mask=m_ok[:, None], other=0.0), w1, acc)
+        acc = tl.dot(tl.load(xt + 2 * W8, mask=m_ok[:, None], other=0.0), w2, acc)
+        acc = tl.dot(tl.load(xt + 3 * W8, mask=m_ok[:, None], other=0.0), w3, acc)
+        acc = tl.dot(tl.load(xt + 4 * W8, mask=m_ok[:, None], other=0.0), w4, acc)
+        acc = tl.dot(tl.load(xt + 5 * W8, mask=m_ok[:, None], other=0.0), w5, acc)
+        acc = tl.dot(tl.load(xt + 6 * W8, mask=m_ok[:, None], other=0.0), w6, acc)
+        acc = tl.dot(tl.load(xt + 7 * W8, mask=m_ok[:, None], other=0.0), w7, acc)
+    down = tl.load(down_ptr + offs_m, mask=m_ok, other=0.0)
+    acc = acc * (down * (tl.load(g_ptr).to(tl.float32) * 128.0))[:, None]
+    o_mask = m_ok[:, None] & n_ok[None, :]
+    if not PARTIAL:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=o_mask)
+    else:
+        tl.store(out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
+                 acc, mask=o_mask)
+
+
+@triton.jit
+def nvfp4_matmul_xpt(xs_ptr, down_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
+                     M, N, K, stride_xm, stride_wn, stride_sn, stride_om, stride_os,
+                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, TILES_PER_SPLIT, PARTIAL: tl.constexpr,
+                     ASM: tl.constexpr):
+    """``nvfp4_matmul_xp`` with the operands swapped: ``out^T [BLOCK_N, BLOCK_M] += W x^T``,
+    the decoded weight the first operand (on sm_90 the warpgroup MMA reads it from
+    registers, so decoded weights never go through shared memory) and the activations the
+    second (BLOCK_M is the MMA's N: 16 serves M <= 16 without padding to 64 rows)."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    W8: tl.constexpr = BLOCK_K // 8
+    GROUPS: tl.constexpr = BLOCK_K // 16
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_w = tl.arange(0, W8)
+    offs_g = tl.arange(0, GROUPS)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    first = pid_k * TILES_PER_SPLIT
+    last = tl.minimum(first + TILES_PER_SPLIT, k_tiles)
+    x_cols = xs_ptr + offs_m[None, :] * stride_xm + offs_w[:, None]
+    for t in range(first, last):
+        kw = t * W8 + offs_w
+        kg = t * GROUPS + offs_g
+        words = tl.load(w_ptr + offs_n[:, None] * stride_wn + kw[None, :],
+                        mask=n_ok[:, None] & (kw < K // 8)[None, :], other=0)
+        s = tl.load(s_ptr + offs_n[:, None] * stride_sn + kg[None, :],
+                    mask=n_ok[:, None] & (kg < K // 16)[None, :], other=0)
+        sb = s.to(tl.int16)
+        s16 = (((sb & 0x80) << 8) | ((sb & 0x7F) << 7)).to(tl.float16, bitcast=True) * 32768.0
+        s16 = tl.reshape(tl.broadcast_to(s16[:, :, None], (BLOCK_N, GROUPS, 2)), (BLOCK_N, W8))
+        if ASM:
+            w0, w1, w2, w3, w4, w5, w6, w7 = tl.inline_asm_elementwise(
+                _DECODE8_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", [words, s16],
+                dtype=(tl.float16,) * 8, is_pure=True, pack=2)
+        else:
+            w0 = _nibble16(words, 0, s16)
+            w1 = _nibble16(words, 1, s16)
+            w2 = _nibble16(words, 2, s16)
+            w3 = _nibble16(words, 3, s16)
+            w4 = _nibble16(words, 4, s16)
+            w5 = _nibble16(words, 5, s16)
+            w6 = _nibble16(words, 6, s16)
+            w7 = _nibble16(words, 7, s16)
+        xt = x_cols + t * BLOCK_K
+        acc = tl.dot(w0, tl.load(xt, mask=m_ok[None, :], other=0.0), acc)
+        acc = tl.dot(w1, tl.load(xt + W8, mask=m_ok[None, :], other=0.0), acc)
+        acc = tl.dot(w2, tl.load(xt + 2 * W8, mask=m_ok[None, :], other=0.0), acc)
+        acc = tl.dot(w3, tl.load(xt + 3 * W8, mask=m_ok[None, :], other=0.0), acc)
+        acc = tl.dot(w4, tl.load(xt + 4 * W8, mask=m_ok[None, :], other=0.0), acc)
+        acc = tl.dot(w5, tl.load(xt + 5 * W8, mask=m_ok[None, :], other=0.0), acc)
+        acc = tl.dot(w6, tl.load(xt + 6 * W8, mask=m_ok[None, :], other=0.0), acc)
+        acc = tl.dot(w7, tl.load(xt + 7 * W8, mask=m_ok[None, :], other=0.0), acc)
+    down = tl.load(down_ptr + offs_m, mask=m_ok, other=0.0)
+    acc = acc * (down * (tl.load(g_ptr).to(tl.float32) * 128.0))[None, :]
+    o_mask = n_ok[:, None] & m_ok[None, :]
+    if not PARTIAL:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None],
+                 acc.to(out_ptr.dtype.element_ty), mask=o_mask)
+    else:
+        tl.store(out_ptr + pid_k * stride_os + offs_m[None, :] * stride_om + offs_n[:, None],
+                 acc, mask=o_mask)
+
+
+@triton.jit
 def splitk_reduce(part_ptr, b_ptr, out_ptr, MN, N, SPLIT_K,
                   HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -336,7 +523,8 @@ def kernels() -> Nvfp4Kernels:
     if _interpreting() != _BUILT_INTERPRETED:
         module = importlib.reload(sys.modules[__name__])
         return module.kernels()  # type: ignore[no-any-return]
-    return Nvfp4Kernels(nvfp4_matmul, splitk_reduce, nvfp4_dequant, nvfp4_matmul_w8)
+    return Nvfp4Kernels(nvfp4_matmul, splitk_reduce, nvfp4_dequant, nvfp4_matmul_w8, x_prepare,
+                        nvfp4_matmul_xp, nvfp4_matmul_xpt)
 
 
 def _scale_bits(scales: torch.Tensor) -> torch.Tensor:
@@ -348,7 +536,8 @@ def nvfp4_linear_triton(x: torch.Tensor, packed: torch.Tensor, scales: torch.Ten
                         global_scale: torch.Tensor, bias: torch.Tensor | None, *,
                         block_m: int, block_n: int, block_k: int, split_k: int,
                         num_warps: int = 4, num_stages: int = 3,
-                        dot16: bool = False, decode8: bool = False) -> torch.Tensor:
+                        dot16: bool = False, decode8: bool = False,
+                        xprep: bool = False, swap_ab: bool = False) -> torch.Tensor:
     """``x [M, K] @ dequant(packed, scales, global_scale)^T (+ bias)`` -> [M, N] in x's dtype.
 
     ``x`` must be contiguous along K; ``block_k`` a multiple of 32 (two dots of K/2 >= 16),
@@ -363,6 +552,14 @@ def nvfp4_linear_triton(x: torch.Tensor, packed: torch.Tensor, scales: torch.Ten
     split_k = -(-k_tiles // per_split)  # no empty splits
     ks = kernels()
     interp = _interpreting()
+    if xprep:
+        if block_k not in (128, 256, 512):
+            raise ValueError(f"nvfp4-triton: block_k={block_k} with xprep; valid: 128, 256, "
+                             "512 (8 dots of block_k / 8 >= 16 columns)")
+        return _linear_xp(ks, x, packed, scales, global_scale, bias, block_m, block_n, block_k,
+                          split_k, per_split, asm=x.is_cuda and not interp and
+                          torch.version.hip is None, num_warps=num_warps,
+                          num_stages=num_stages, swap_ab=swap_ab)
     if decode8 and k % 8 == 0:
         return _linear_w8(ks, x, packed, scales, global_scale, bias, block_m, block_n, block_k,
                           split_k, per_split, asm=x.is_cuda and not interp and
@@ -416,6 +613,51 @@ def _linear_w8(ks: Nvfp4Kernels, x: torch.Tensor, packed: torch.Tensor, scales: 
     common["HAS_BIAS"] = False
     ks.matmul_w8[grid](x, words, scales, global_scale, bias_arg, part, m, n, k, x.stride(0),
                        words.stride(0), scales.stride(0), n, m * n,
+                       TILES_PER_SPLIT=per_split, PARTIAL=True, **common)
+    block = 1024
+    ks.reduce[(-(-(m * n) // block),)](part, bias_arg, out, m * n, n, SPLIT_K=split_k,
+                                       HAS_BIAS=bias is not None, BLOCK=block)
+    return out
+
+
+def prepare_x(x: torch.Tensor, block_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` as the ``xprep`` kernel reads it: fp16 [M, K rounded up to ``block_k``],
+    each row times a power of two, columns of each K tile in decode order; and the per-row
+    inverse powers of two (fp32 [M])."""
+    m, k = x.shape
+    kp = -(-k // block_k) * block_k
+    xs = torch.empty(m, kp, dtype=torch.float16, device=x.device)
+    down = torch.empty(m, dtype=torch.float32, device=x.device)
+    chunk = max(block_k, min(2048, triton.next_power_of_2(kp)))
+    kernels().x_prepare[(m,)](x, xs, down, k, kp, x.stride(0), xs.stride(0),
+                              BLOCK_K=block_k, CHUNK=chunk)
+    return xs, down
+
+
+def _linear_xp(ks: Nvfp4Kernels, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+               global_scale: torch.Tensor, bias: torch.Tensor | None, block_m: int,
+               block_n: int, block_k: int, split_k: int, per_split: int, *, asm: bool,
+               num_warps: int, num_stages: int, swap_ab: bool) -> torch.Tensor:
+    m, k = x.shape
+    n = packed.shape[0]
+    xs, down = prepare_x(x, block_k)
+    kernel = ks.matmul_xpt if swap_ab else ks.matmul_xp
+    words = packed.view(torch.int32)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    bias_arg = bias if bias is not None else out
+    grid = (-(-n // block_n), -(-m // block_m), split_k)
+    opts: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages} if x.is_cuda else {}
+    common = dict(HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+                  BLOCK_K=block_k, ASM=asm, **opts)
+    if split_k == 1:
+        kernel[grid](xs, down, words, scales, global_scale, bias_arg, out, m, n, k,
+                           xs.stride(0), words.stride(0), scales.stride(0), out.stride(0), 0,
+                           TILES_PER_SPLIT=per_split, PARTIAL=False, **common)
+        return out
+    part = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
+    common["HAS_BIAS"] = False
+    kernel[grid](xs, down, words, scales, global_scale, bias_arg, part, m, n, k,
+                       xs.stride(0), words.stride(0), scales.stride(0), n, m * n,
                        TILES_PER_SPLIT=per_split, PARTIAL=True, **common)
     block = 1024
     ks.reduce[(-(-(m * n) // block),)](part, bias_arg, out, m * n, n, SPLIT_K=split_k,
