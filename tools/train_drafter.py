@@ -292,13 +292,22 @@ def main() -> int:
     device = torch.device(args.device)
     drafter, stats = train(args, device)
     save_drafter(drafter.float().cpu(), args.out, dtype=torch.bfloat16)
-    stats.update(evaluate(args.out, device, args.eval_prompts, args.eval_tokens))
-    size = os.path.getsize(os.path.join(args.out, "model.safetensors"))
+    finish(args.out, stats, device, args.eval_prompts, args.eval_tokens)
+    return 0
+
+
+def finish(out: str, stats: dict, device: torch.device, prompts: int, tokens: int) -> None:
+    """Measure tau of the drafter saved in ``out`` and write ``training.json`` and the card
+    (``stats``: what training recorded)."""
+    from kernelbay_spec_dflash2.config import read_drafter_config
+
+    stats.update(evaluate(out, device, prompts, tokens))
+    size = os.path.getsize(os.path.join(out, "model.safetensors"))
     stats["safetensors_bytes"] = size
-    with open(os.path.join(args.out, "training.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(out, "training.json"), "w", encoding="utf-8") as f:
         json.dump(stats, f, indent=2)
-    c = drafter.config
-    with open(os.path.join(args.out, "README.md"), "w", encoding="utf-8") as f:
+    c = read_drafter_config(out)
+    with open(os.path.join(out, "README.md"), "w", encoding="utf-8") as f:
         f.write(CARD.format(layers=c.num_layers, hidden=c.hidden_size, heads=c.num_heads,
                             inter=c.intermediate_size, ids=list(c.target_layer_ids),
                             window=c.context_window, k=c.block_size, c=c.num_candidates,
@@ -310,7 +319,6 @@ def main() -> int:
                                     "tau_greedy", "eval_prompts", "eval_tokens",
                                     "eval_dtype")}))
     print(json.dumps(stats), flush=True)
-    return 0
 
 
 if __name__ == "__main__":
