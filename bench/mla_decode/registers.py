@@ -53,8 +53,9 @@ def compile_config(kind: str, heads: int, block_n: int, warps: int, stages: int,
     from triton.compiler import ASTSource
 
     record = RECORDS[kind]
+    extra.setdefault("sparse", False)
     const = launch_constants(record, heads, 64, record.page_bytes(64), block_n=block_n,
-                             sparse=False, fast_fp8=True, interpreting=False, **extra)
+                             fast_fp8=True, interpreting=False, **extra)
     names = list(inspect.signature(tk.mla_decode_kernel.fn).parameters)
     ptrs = {"q_ptr": "*bf16", "cache_u8": "*u8", "cache_bf16": "*bf16", "cache_f32": "*fp32",
             "block_tables": "*i32", "tok_seq": "*i32", "tok_len": "*i32", "tok_start": "*i32",

@@ -40,12 +40,15 @@ ATOL = 3e-2
 WRITE_CHUNK = 1 << 18
 CHUNKED = {"auto": None, "yes": True, "no": False}
 #: Launch configurations the sweep times (mla_decode keywords; unnamed ones at their
-#: defaults: 2 stages, registers prefetch quantized tiles, scales applied per element).
+#: defaults: 2 stages, registers prefetch quantized tiles, scales applied per element,
+#: records asked of L2 ``triton_mla.L2_AHEAD`` tiles ahead).
 #: ``grouped`` (scales applied to per-group partial products) and ``reg_prefetch`` only
 #: change quantized records' kernels, so bf16 runs the others.
 TUNE_CONFIGS: tuple[dict, ...] = (
-    {"block_n": 16, "num_warps": 8},
+    {"block_n": 16, "num_warps": 8, "l2_ahead": 0},
+    {"block_n": 32, "num_warps": 8, "l2_ahead": 0},
     {"block_n": 32, "num_warps": 8},
+    {"block_n": 32, "num_warps": 8, "l2_ahead": 8},
     {"block_n": 32, "num_warps": 4},
     {"block_n": 64, "num_warps": 8},
     {"block_n": 32, "num_warps": 8, "num_stages": 3, "reg_prefetch": False},
@@ -138,6 +141,9 @@ def main() -> int:
     parser.add_argument("--grouped", choices=["auto", "yes", "no"], default="auto",
                         help="quantized nope scaled per group after the dots (default: the "
                              "kernel's choice)")
+    parser.add_argument("--l2-ahead", type=int, default=None,
+                        help="tiles ahead whose records are prefetched into L2 (default: the "
+                             "kernel's)")
     parser.add_argument("--no-tune", action="store_true",
                         help="skip the launch-configuration sweep (16 heads, batch 64, "
                              "context >= 8k, every kind)")
@@ -191,7 +197,9 @@ def main() -> int:
                     launch = dict(num_splits=splits, block_n=args.block_n,
                                   num_warps=args.warps, num_stages=args.stages,
                                   chunked=CHUNKED[args.chunked],
-                                  grouped=CHUNKED[args.grouped])
+                                  grouped=CHUNKED[args.grouped],
+                                  l2_ahead=(triton_mla.L2_AHEAD if args.l2_ahead is None
+                                            else args.l2_ahead))
                     label = f"{kind} B={batch} ctx={context} H={heads}"
                     err, ms = _measure(mla_decode, record, cache, meta, query, scale, launch,
                                        args)
@@ -215,12 +223,13 @@ def main() -> int:
                         if kind == "bf16" and tune.get("grouped"):
                             continue
                         cfg = dict(launch, chunked=None, grouped=False, reg_prefetch=True,
-                                   num_stages=2)
+                                   num_stages=2, l2_ahead=triton_mla.L2_AHEAD)
                         cfg.update(tune)
                         cfg_label = (f"{label} grouped={cfg['grouped']} "
                                      f"block_n={cfg['block_n']} warps={cfg['num_warps']} "
                                      f"stages={cfg['num_stages']} "
-                                     f"prefetch={cfg['reg_prefetch']}")
+                                     f"prefetch={cfg['reg_prefetch']} "
+                                     f"l2_ahead={cfg['l2_ahead']}")
                         if time.perf_counter() - started > args.budget_s:
                             notes.append(f"sweep entry skipped (over --budget-s "
                                          f"{args.budget_s:.0f}): {cfg_label}")
@@ -239,7 +248,8 @@ def main() -> int:
                                        "heads": heads, "grouped": cfg["grouped"],
                                        "block_n": cfg["block_n"], "warps": cfg["num_warps"],
                                        "stages": cfg["num_stages"],
-                                       "reg_prefetch": cfg["reg_prefetch"], "ms": t_ms,
+                                       "reg_prefetch": cfg["reg_prefetch"],
+                                       "l2_ahead": cfg["l2_ahead"], "ms": t_ms,
                                        "kv_tb_s": kv_bytes / (t_ms * 1e-3) / 1e12,
                                        "max_rel_err": err})
                         print(f"  {cfg_label}: {t_ms:.3f} ms, "
@@ -290,7 +300,7 @@ def _write(args, props, sms: int, rows: list[dict], tuning: list[dict], notes: l
     meta = {"device": props.name, "sms": sms, "torch": torch.__version__,
             "timing": "eager do_bench" if args.eager else "CUDA graph replay",
             "waves": args.waves or SPLIT_WAVES, "block_n": args.block_n, "warps": args.warps,
-            "stages": args.stages, "grouped": args.grouped,
+            "stages": args.stages, "grouped": args.grouped, "l2_ahead": args.l2_ahead,
             "triton": triton.__version__, "page_size": PAGE, "seconds": seconds,
             "notes": notes, "failures": failures}
     (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows,
@@ -315,15 +325,15 @@ def _write(args, props, sms: int, rows: list[dict], tuning: list[dict], notes: l
                   "defaults; * best of its case; x best bf16 = the fastest bf16 "
                   "configuration's time / this time):", "",
                   "| kind | batch | context | heads | grouped | block_n | warps | stages | "
-                  "prefetch | ms | KV TB/s | x bf16 | x best bf16 |",
+                  "prefetch | L2 ahead | ms | KV TB/s | x bf16 | x best bf16 |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
-                  "--- |"]
+                  "--- | --- |"]
         for r in tuning:
             x = f"{r['speedup_vs_bf16']:.2f}" if r["speedup_vs_bf16"] else "-"
             xb = f"{r['speedup_vs_best_bf16']:.2f}" if r["speedup_vs_best_bf16"] else "-"
             lines.append(f"| {r['kind']} | {r['batch']} | {r['context']} | {r['heads']} | "
                          f"{r['grouped']} | {r['block_n']} | {r['warps']} | {r['stages']} | "
-                         f"{r['reg_prefetch']} | "
+                         f"{r['reg_prefetch']} | {r['l2_ahead']} | "
                          f"{r['ms']:.3f}{' *' if r['best'] else ''} | {r['kv_tb_s']:.2f} | "
                          f"{x} | {xb} |")
     lines += [""] + [f"- {n}" for n in notes] + [f"- FAILED {f}" for f in failures]

@@ -264,7 +264,8 @@ def test_decode_matches_reference_on_gpu(kind: str, heads: int, dims: str) -> No
     ref = mla_attention(case.query, case.cache, record, 64, case.meta, 0.07)[0].float()
     for launch in ({"chunked": False, "block_n": 16}, {"chunked": True, "block_n": 32},
                    {"chunked": False, "block_n": 64}, {"grouped": True, "block_n": 32},
-                   {"chunked": False, "block_n": 32, "reg_prefetch": False, "num_stages": 3}):
+                   {"chunked": False, "block_n": 32, "reg_prefetch": False, "num_stages": 3},
+                   {"l2_ahead": 0}):
         out = mla_decode(case.query, case.cache, record, 64, case.meta, 0.07,
                          **launch)[0]  # type: ignore[arg-type]
         torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2, msg=str(launch))

@@ -223,6 +223,17 @@ def _tile(n0, hi, start, length, seq, t, topk_ptr, topk_stride, block_tables, bt
 
 
 @triton.jit
+def _prefetch_l2(cache_u8, row, BPT: tl.constexpr, LINES: tl.constexpr):
+    """Ask L2 for every 128-byte line of the records at ``row`` (``prefetch.global.L2``, no
+    registers held, nothing waited for): the tile's later loads then find it in L2.
+    ``LINES`` (a power of two) covers a record at any offset; extra lines repeat the last."""
+    off = tl.minimum(tl.arange(0, LINES) * 128, BPT - 1)
+    ptrs = cache_u8 + (row[:, None] + off[None, :])
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _fetch_codes(cache_u8, cache_f32, row, ok, cols, cols_ok, ELEM_OFF: tl.constexpr,
                  SCALE_OFF: tl.constexpr, GROUP: tl.constexpr, SCALE: tl.constexpr,
                  C_PAD: tl.constexpr, COUNT: tl.constexpr):
@@ -282,7 +293,8 @@ def mla_decode_kernel(
     BPT: tl.constexpr, NOPE_OFF: tl.constexpr, ROPE_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
     GROUP: tl.constexpr, NOPE_SCALE: tl.constexpr, ROPE_SCALE: tl.constexpr,
     SPARSE: tl.constexpr, FAST_FP8: tl.constexpr, DOT: tl.constexpr, CHUNKED: tl.constexpr,
-    GROUPED: tl.constexpr, REG_PREFETCH: tl.constexpr,
+    GROUPED: tl.constexpr, REG_PREFETCH: tl.constexpr, L2_AHEAD: tl.constexpr,
+    L2_LINES: tl.constexpr,
 ):
     """Partial attention of query token ``t`` over KV split ``split`` for heads
     ``hb * BLOCK_H ...``, program ``(t * num_splits + split) * head_blocks + hb``: writes the normalised partial output
@@ -290,6 +302,8 @@ def mla_decode_kernel(
     the dot operand type: bfloat16 on the GPU, float32 under the interpreter (whose numpy
     dot has no bfloat16). ``CHUNKED`` holds the nope part as ``NC`` chunks of ``CH`` columns
     (batched dots, one chunk per warp) instead of one ``[BLOCK_H, NC * CH]`` block.
+    ``L2_AHEAD`` > 0 (GPU only): each iteration asks L2 for the records of the tile that
+    many tiles ahead, so far more bytes are in flight than registers or shared memory hold.
     ``GROUPED`` (chunked, quantized nope, ``CH == GROUP``): the codes go to the dots
     unscaled; each group's scale multiplies its partial scores ``[BLOCK_H, BLOCK_N]`` and
     the probabilities of its value product, so no element of the tile is scaled."""
@@ -346,7 +360,20 @@ def mla_decode_kernel(
                             SPARSE)
         code_n, raw_n = _fetch_codes(cache_u8, cache_f32, row_n, ok_n, dcols, dcols_ok,
                                      NOPE_OFF, SCALE_OFF, GROUP, NOPE_SCALE, NC * CH, RANK)
+    if L2_AHEAD > 0:
+        # The first L2_AHEAD tiles; each iteration then asks for the tile L2_AHEAD ahead.
+        for k in tl.static_range(L2_AHEAD):
+            _prefetch_l2(cache_u8, _tile(lo + k * BLOCK_N, hi, start, length, seq, t, topk_ptr,
+                                         topk_stride, block_tables, bt_stride, BLOCK_N,
+                                         PAGE_SIZE, PAGE_BYTES, BPT, SPARSE)[0],
+                         BPT, L2_LINES)
     for n0 in range(lo, hi, BLOCK_N):
+        if L2_AHEAD > 0:
+            # Keys past hi are masked to position 0 of the sequence: a valid address.
+            _prefetch_l2(cache_u8, _tile(n0 + L2_AHEAD * BLOCK_N, hi, start, length, seq, t,
+                                         topk_ptr, topk_stride, block_tables, bt_stride,
+                                         BLOCK_N, PAGE_SIZE, PAGE_BYTES, BPT, SPARSE)[0],
+                         BPT, L2_LINES)
         if PREFETCH:
             row = row_n
             ok = ok_n

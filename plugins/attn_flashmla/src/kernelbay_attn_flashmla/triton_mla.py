@@ -34,6 +34,8 @@ MIN_SPLIT_KEYS = 256
 MAX_SPLITS = 128
 #: Nope columns per batched-dot chunk (one warp's share of the latent width).
 NOPE_CHUNK = 64
+#: Tiles ahead of the one computed on whose records each decode iteration asks L2 for (GPU).
+L2_AHEAD = 4
 #: Programs per SM the split count aims for (several in flight hide the gather latency).
 SPLIT_WAVES = 4
 
@@ -169,7 +171,7 @@ def default_warps(record: MLARecord) -> int:
 def launch_constants(record: MLARecord, heads: int, page_size: int, page_bytes: int, *,
                      block_n: int | None = None, chunked: bool | None = None,
                      grouped: bool | None = None, reg_prefetch: bool = True,
-                     sparse: bool = False,
+                     l2_ahead: int = L2_AHEAD, sparse: bool = False,
                      fast_fp8: bool = True, interpreting: bool = False) -> dict[str, Any]:
     """The decode kernel's constexprs for ``record`` at ``heads`` query heads (also used to
     compile launch configurations without a GPU, ``bench/mla_decode/registers.py``).
@@ -202,6 +204,8 @@ def launch_constants(record: MLARecord, heads: int, page_size: int, page_bytes: 
         DOT=tl.float32 if interpreting else tl.bfloat16,
         CHUNKED=bool(chunked or grouped), GROUPED=grouped,
         REG_PREFETCH=reg_prefetch,
+        L2_AHEAD=0 if interpreting or not fast_fp8 else l2_ahead,
+        L2_LINES=_pow2(-(-record.bytes_per_token // 128) + 1),
     )
 
 
@@ -211,7 +215,8 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                num_sms: int | None = None, block_n: int | None = None,
                num_warps: int | None = None, num_stages: int = 2,
                chunked: bool | None = None, grouped: bool | None = None,
-               reg_prefetch: bool = True) -> tuple[Tensor, Tensor]:
+               reg_prefetch: bool = True, l2_ahead: int = L2_AHEAD
+               ) -> tuple[Tensor, Tensor]:
     """Absorbed MLA attention over paged records on the GPU (or the Triton interpreter).
 
     Same inputs and results as ``mla.mla_attention``: ``(out [T, H, kv_lora_rank] in
@@ -220,7 +225,8 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     ``block_n`` (keys per tile), ``num_warps``, ``num_stages``, ``chunked`` (the nope
     part as per-warp chunks of ``NOPE_CHUNK`` columns, see the kernel), ``grouped`` (see
     ``launch_constants``) and ``reg_prefetch`` (quantized flat tiles: the next tile's codes
-    loaded into registers ahead; off, the compiler's pipelining decides) override the
+    loaded into registers ahead; off, the compiler's pipelining decides) and ``l2_ahead``
+    (tiles ahead whose records are prefetched into L2; 0: none) override the
     launch configuration (for tuning; defaults depend on the latent width). The per-token tables
     are reused while the same ``metadata`` object comes back (every layer of a step), so a
     metadata object must not be changed in place after a call.
@@ -233,6 +239,7 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     rank, d_pad = record.kv_lora_rank, _pow2(record.kv_lora_rank)
     consts = launch_constants(record, heads, page_size, page_bytes, block_n=block_n,
                               chunked=chunked, grouped=grouped, reg_prefetch=reg_prefetch,
+                              l2_ahead=l2_ahead,
                               sparse=topk_indices is not None,
                               fast_fp8=query.is_cuda and not _interpreting(),
                               interpreting=_interpreting())
