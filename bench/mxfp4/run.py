@@ -9,18 +9,21 @@ median), so that launch overhead is what a graph-captured decode step pays:
 * ``mxfp4``: the ``mxfp4-triton`` linear method (on CUDA ``mxfp4-triton-cuda``, chosen by
   forcing it, ``KERNELBAY_FORCE_LINEAR``'s policy entry) with its default config, W4A16;
 * ``w4a4``: the same GEMM fed by the dynamic MXFP4 activation quantizer (two kernels);
-* with ``--configs all``: every ``candidate_configs`` entry of the GEMM per shape, so one GPU
-  run shows which config to make the default (the best is reported per shape).
+* with ``--configs all``: every ``candidate_configs`` entry of the GEMM (paths ``decode``,
+  ``scaled`` = ``tl.dot_scaled``, ``dequant`` = bf16 weight + torch matmul) for the M of
+  ``--sweep-ms``, so one GPU run shows which config to make the default (the best is
+  reported per shape).
 
 Before timing, every kernel/config is checked once per shape against the reference
 (``kernelbay.formats.dequantize_mx`` + a float64 matmul): |y - ref| <= one bf16 rounding +
-K * 2^-22 * (|x| @ |W|^T). A mismatch stops the script with exit status 1.
+K * 2^-22 * (|x| @ |W|^T). A mismatch is printed (WRONG RESULT), recorded in the row, and
+makes the script exit with status 1 after writing the results.
 
 Reported: time per call (us), ratio bf16 / mxfp4 (> 1: faster), and GB/s of bytes moved
 (weights + scales + activations + output; bf16 weights are 2 bytes per element, MXFP4 0.53).
 
     python bench/mxfp4/run.py --out DIR                 # default configs, about 1 minute
-    python bench/mxfp4/run.py --configs all --out DIR   # tuning sweep, a few minutes
+    python bench/mxfp4/run.py --configs all --out DIR   # tuning sweep, about 2.5 minutes
     TRITON_INTERPRET=1 python bench/mxfp4/run.py --smoke --configs all --out DIR  # no GPU
 """
 
@@ -44,6 +47,8 @@ HERE = Path(__file__).resolve().parent
 
 
 DEVICE = {"name": "cuda"}
+#: Every wrong result seen (the script exits 1 after writing the results when not empty).
+WRONG: list[str] = []
 
 
 def bench(fn: Any, rep: int) -> float:
@@ -61,7 +66,8 @@ def bench(fn: Any, rep: int) -> float:
 
 
 def check(name: str, y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
-    """Compare with the reference; exit 1 on a mismatch. Returns the max error / bound."""
+    """Compare with the reference; record a mismatch in ``WRONG`` (reported loudly, exit 1 at
+    the end). Returns the max error / bound (inf when not finite)."""
     ref = x.double() @ w.double().T
     k = x.shape[-1]
     bound = k * 2.0**-22 * (x.abs().double() @ w.abs().double().T) + 2.0**-126 * k
@@ -69,9 +75,11 @@ def check(name: str, y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float
         bound = bound + ref.abs() * 2.0**-8  # one rounding to bf16
     err = (y.double() - ref).abs()
     ratio = float((err / bound).max())
-    if not torch.isfinite(y).all() or ratio > 1.0:
-        print(f"WRONG RESULT: {name}: max |y - ref| / bound = {ratio:.3g}", file=sys.stderr)
-        sys.exit(1)
+    if not torch.isfinite(y).all() or not ratio <= 1.0:
+        print(f"WRONG RESULT: {name}: max |y - ref| / bound = {ratio:.3g}", file=sys.stderr,
+              flush=True)
+        WRONG.append(name)
+        return float("inf")
     return ratio
 
 
@@ -100,8 +108,12 @@ def main() -> int:
     parser.add_argument("--configs", choices=("default", "all"), default="default")
     parser.add_argument("--ms", default=",".join(map(str, MS)), help="comma-separated M")
     parser.add_argument("--shapes", default="all", help="'all' or N1xK1,N2xK2")
+    parser.add_argument("--sweep-ms", default="1,16,64,256",
+                        help="comma-separated M whose configs --configs all times")
     parser.add_argument("--rep", type=int, default=40, help="ms of replays per timing")
-    parser.add_argument("--budget", type=float, default=480.0,
+    parser.add_argument("--sweep-rep", type=int, default=20,
+                        help="ms of replays per config timing of the sweep")
+    parser.add_argument("--budget", type=float, default=170.0,
                         help="seconds after which the config sweep stops (noted in results)")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script without a GPU: TRITON_INTERPRET=1, tiny shape")
@@ -111,7 +123,7 @@ def main() -> int:
             print("--smoke needs TRITON_INTERPRET=1 in the environment", file=sys.stderr)
             return 2
         DEVICE["name"] = "cpu"
-        args.shapes, args.ms = "96x128", "1,17"
+        args.shapes, args.ms, args.sweep_ms = "96x128", "1,17", "1,17"
     elif not torch.cuda.is_available():
         print("bench/mxfp4 needs a GPU (CUDA or ROCm)", file=sys.stderr)
         return 2
@@ -135,6 +147,7 @@ def main() -> int:
         "timing": "triton.testing.do_bench_cudagraph, median",
         "configs": args.configs,
         "sweep_cut_by_budget": sweep_cut,
+        "wrong": list(WRONG),
         "seconds": round(time.time() - start, 1),
         "rows": rows,
     }
@@ -143,6 +156,9 @@ def main() -> int:
     (out / "results.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     (out / "results.md").write_text(markdown(result), encoding="utf-8")
     print(f"wrote {out / 'results.json'} and {out / 'results.md'}")
+    if WRONG:
+        print(f"WRONG RESULTS ({len(WRONG)}): " + "; ".join(WRONG), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -151,13 +167,18 @@ def run_shape(n: int, k: int, ms: tuple[int, ...], args: argparse.Namespace, sta
     """Check and time every M of one (N, K)."""
     from kernelbay.formats import dequantize_mx, quantize_mx
     from kernelbay_quant_mxfp4_rocm import triton_mx
-    from kernelbay_quant_mxfp4_rocm.triton_gemm import default_config, mxfp4_gemm
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import (
+        default_config,
+        mxfp4_gemm,
+        prepare_weight_scales,
+    )
 
     torch.manual_seed(n + k)
     dev = DEVICE["name"]
     packed, scales = quantize_mx(torch.randn(n, k, device=dev) * 0.02, "e2m1", "even")
     w_deq = dequantize_mx(packed, scales, "e2m1")  # float32, exact
     w_bf16 = w_deq.bfloat16()  # exact too (two significant bits)
+    state["scale_max"] = prepare_weight_scales(scales)
     method, selection = forced_method(n, k)
     state["method"] = selection.backend.name
     layer = torch.nn.Module()
@@ -171,14 +192,15 @@ def run_shape(n: int, k: int, ms: tuple[int, ...], args: argparse.Namespace, sta
         row["check_mxfp4"] = check(f"{state['method']} N={n} K={k} M={m}",
                                    method.apply(layer, x), x, w_deq)
         xq, xs = triton_mx.quantize_mx(x, "e2m1", "even")
-        y4 = mxfp4_gemm(xq, packed, scales, x_scale=xs, out_dtype=torch.float32)
+        y4 = mxfp4_gemm(xq, packed, scales, x_scale=xs, out_dtype=torch.float32,
+                        scale_max=state["scale_max"])
         row["check_w4a4"] = check(f"w4a4 N={n} K={k} M={m}", y4,
                                   dequantize_mx(xq, xs, "e2m1"), w_deq)
         row["bf16_us"] = bench(lambda x=x: F.linear(x, w_bf16), args.rep)
         row["mxfp4_us"] = bench(lambda x=x: method.apply(layer, x), args.rep)
-        row["w4a4_us"] = bench(_w4a4(x, packed, scales), args.rep)
+        row["w4a4_us"] = bench(_w4a4(x, packed, scales, state["scale_max"]), args.rep)
         row["default_config"] = default_config(m, n, k).describe()
-        if args.configs == "all":
+        if args.configs == "all" and m in {int(v) for v in args.sweep_ms.split(",")}:
             sweep(row, x, packed, scales, w_deq, args, start, state)
         weight_bytes = n * k // 2 + n * k // 32
         io_bytes = 2 * m * k + 2 * m * n
@@ -205,18 +227,22 @@ def sweep(row: dict[str, Any], x: torch.Tensor, packed: torch.Tensor, scales: to
 
     m, k = x.shape
     n = packed.shape[0]
+    top = state["scale_max"]
     tried: list[dict[str, Any]] = []
     for cfg in candidate_configs(m, n, k):
         if time.time() - start > args.budget:
             state["sweep_cut"] = True
             break
         try:
-            y = mxfp4_gemm(x, packed, scales, config=cfg)
+            y = mxfp4_gemm(x, packed, scales, config=cfg, scale_max=top)
         except Exception as exc:  # a config the compiler refuses (resources): record it
             tried.append({**config_dict(cfg), "name": cfg.describe(), "error": str(exc)[:200]})
             continue
-        check(f"config {cfg.describe()} N={n} K={k} M={m}", y, x, w_deq)
-        us = bench(lambda cfg=cfg: mxfp4_gemm(x, packed, scales, config=cfg), args.rep)
+        if check(f"config {cfg.describe()} N={n} K={k} M={m}", y, x, w_deq) > 1.0:
+            tried.append({**config_dict(cfg), "name": cfg.describe(), "error": "wrong result"})
+            continue
+        us = bench(lambda cfg=cfg: mxfp4_gemm(x, packed, scales, config=cfg, scale_max=top),
+                   args.sweep_rep)
         tried.append({**config_dict(cfg), "name": cfg.describe(), "us": us})
     row["configs"] = tried
     timed = [t for t in tried if "us" in t]
@@ -225,13 +251,13 @@ def sweep(row: dict[str, Any], x: torch.Tensor, packed: torch.Tensor, scales: to
         row["best_config"], row["best_us"] = best["name"], best["us"]
 
 
-def _w4a4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> Any:
+def _w4a4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, top: int) -> Any:
     from kernelbay_quant_mxfp4_rocm import triton_mx
     from kernelbay_quant_mxfp4_rocm.triton_gemm import mxfp4_gemm
 
     def run() -> torch.Tensor:
         xq, xs = triton_mx.quantize_mx(x, "e2m1", "even")
-        return mxfp4_gemm(xq, packed, scales, x_scale=xs)
+        return mxfp4_gemm(xq, packed, scales, x_scale=xs, scale_max=top)
 
     return run
 
@@ -259,6 +285,8 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(line)
     if result.get("sweep_cut_by_budget"):
         lines += ["", "The config sweep stopped at --budget seconds; later shapes are partial."]
+    if result.get("wrong"):
+        lines += ["", "WRONG RESULTS: " + "; ".join(result["wrong"])]
     return "\n".join(lines) + "\n"
 
 

@@ -163,7 +163,7 @@ def random_weight(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 CONFIGS = [None, (16, 32, 64, 2), (16, 16, 32, 3), (32, 32, 64, 1), (16, 64, 128, 1),
-           (16, 32, 64, 2, 4, 3, True), (16, 16, 32, 1, 4, 3, True)]
+           (16, 32, 64, 2, 4, 3, "scaled"), (16, 16, 32, 1, 4, 3, "dequant")]
 
 
 @pytest.mark.parametrize("shape", [(1, 40, 96), (5, 33, 128), (16, 16, 64), (19, 48, 160)])
@@ -203,29 +203,82 @@ def test_gemm_mx_activations_match_reference(elem: Any) -> None:
         assert ((y.double() - ref.double()).abs() <= gemm_bound(xq, w)).all()
 
 
-def test_gemm_scale_extremes_and_nan() -> None:
-    from kernelbay_quant_mxfp4_rocm.triton_gemm import mxfp4_gemm, prepare_weight_scales
+@pytest.mark.parametrize("fast", [False, True])
+def test_gemm_scale_extremes_and_nan(fast: bool, path: str = "decode", low: int = 0,
+                                     high: int | None = None) -> None:
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import (
+        GemmConfig,
+        mxfp4_gemm,
+        prepare_weight_scales,
+    )
 
     g = torch.Generator().manual_seed(23)
     n, k = 24, 64
     wp = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
-    ws = torch.randint(0, 241, (n, k // 32), generator=g, dtype=torch.uint8)
-    ws[0] = 0  # 2^-127: subnormal dequantized weights
-    ws[1] = 240
+    top = high or (128 if fast else 252)  # 252: 6 * 2^125 is finite (the decode test has inf)
+    ws = torch.randint(low, top + 1, (n, k // 32), generator=g, dtype=torch.uint8)
+    ws[0] = low  # 2^-127: subnormal dequantized weights
+    ws[1] = top  # 2^125 (general decode) / 2^1 (the single-multiply one's limit)
     ws[2, 1] = 255  # NaN scale: NaN outputs in row 2
-    prepare_weight_scales(ws)
+    scale_max = prepare_weight_scales(ws)
+    assert scale_max == top or path != "decode"
     w = dequantize_mx(wp, ws, "e2m1")
     x = torch.randn(3, k, generator=g).bfloat16()
-    y = mxfp4_gemm(x.to(DEVICE), wp.to(DEVICE), ws.to(DEVICE), out_dtype=torch.float32).cpu()
+    if top > 200:
+        x = x * 2.0**-100  # keep the 2^125 rows' sums finite
+    config = GemmConfig(16, 16, 32, 1, 4, 3, path)
+    y = mxfp4_gemm(x.to(DEVICE), wp.to(DEVICE), ws.to(DEVICE), out_dtype=torch.float32,
+                   scale_max=scale_max, config=config).cpu()
     ref = x.float() @ w.T
     assert y[:, 2].isnan().all() and not y[:, [0, 1, *range(3, n)]].isnan().any()
     ok = ~ref.isnan()
     assert ((y - ref).abs()[ok].double() <= gemm_bound(x.float(), w.nan_to_num())[ok]).all()
-    if DEVICE == "cpu":  # (a GPU's MMA may flush these subnormal products)
-        assert y[:, 0].abs().max() > 0  # 2^-127-scaled rows are not flushed to zero
-    ws[3, 0] = 241
-    with pytest.raises(ValueError, match=r"weight_scale: E8M0 byte 241 .* above 240"):
-        prepare_weight_scales(ws)
+    assert prepare_weight_scales(torch.full((2, 2), 255, dtype=torch.uint8)) == 0
+    with pytest.raises(TypeError, match="weight_scale: want E8M0 bytes as uint8"):
+        prepare_weight_scales(ws.int())
+
+
+def all_codes_weight(scale_bytes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row per scale byte, each row every E2M1 code pair (256 bytes = K 512), so every
+    code meets every byte in every position of a 32-block."""
+    n = scale_bytes.numel()
+    wp = torch.arange(256, dtype=torch.uint8).repeat(n, 1)
+    wp = torch.stack([row.roll(int(i) * 7) for i, row in enumerate(wp)])
+    return wp, scale_bytes.to(torch.uint8)[:, None].repeat(1, 16)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_decode_every_code_and_scale_byte(fast: bool) -> None:
+    """The in-register decode (``dequantize_weight``: the GEMM's decode on the device's
+    path: PTX on CUDA, plain Triton elsewhere) equals ``dequantize_mx`` bit for bit for
+    every code x every scale byte (0..254; 255 is NaN), incl. subnormal and overflowing
+    products and signed zeros."""
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import dequantize_weight
+
+    top = 128 if fast else 255
+    wp, ws = all_codes_weight(torch.arange(0, top + 1))
+    want = dequantize_mx(wp, ws, "e2m1")
+    got = dequantize_weight(wp.to(DEVICE), ws.to(DEVICE),
+                            scale_max=top if fast else None).cpu()
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan) and bool(nan[-1].all()) == (top == 255)
+    # bit for bit (signed zeros, subnormals, +-inf for 6 * 2^127) outside NaN
+    assert torch.equal(got.float()[~nan].view(torch.int32), want[~nan].view(torch.int32))
+
+
+def test_decode_subnormal_scale_in_the_gemm() -> None:
+    """Bytes 0 and 1 (2^-127, 2^-126) decode to bf16 subnormals, 252 to 6 * 2^125."""
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import mxfp4_gemm
+
+    wp, ws = all_codes_weight(torch.tensor([0, 1, 127, 200, 252]))
+    w = dequantize_mx(wp, ws, "e2m1")
+    x = torch.zeros(2, 512, dtype=torch.bfloat16)
+    x[0, ::2] = 2.0**-20  # float32 partial sums of the 2^125 row stay finite
+    x[1, ::3] = 2.0**-3
+    y = mxfp4_gemm(x.to(DEVICE), wp.to(DEVICE), ws.to(DEVICE), out_dtype=torch.float32).cpu()
+    ref = x.double() @ w.double().T
+    assert ((y.double() - ref).abs() <= gemm_bound(x.float(), w.nan_to_num())).all()
 
 
 def test_gemm_argument_errors() -> None:
@@ -303,3 +356,67 @@ def test_gpu_gemm_realistic(m: int) -> None:
     xq = dequantize_mx(xd, xs, "e2m1")
     y4 = mxfp4_gemm(xd, wp, ws, x_scale=xs, out_dtype=torch.float32)
     assert ((y4.double() - xq.double() @ w.double().T).abs() <= gemm_bound(xq, w)).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fast", [False, True])
+def test_gpu_decode_every_code_and_scale_byte(fast: bool) -> None:
+    """The PTX decode (CUDA's path) bit for bit against the reference."""
+    test_decode_every_code_and_scale_byte(fast)
+    test_decode_subnormal_scale_in_the_gemm()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["decode", "dequant"])
+@pytest.mark.parametrize("fast", [False, True])
+def test_gpu_gemm_scale_extremes_and_nan(path: str, fast: bool) -> None:
+    test_gemm_scale_extremes_and_nan(fast, path)
+
+
+@pytest.mark.gpu
+def test_gpu_dot_scaled_scale_range() -> None:
+    """``tl.dot_scaled`` (the sweep's ``scaled`` path) for scale bytes 100..140 and NaN (the
+    range real weights use); the extremes are not claimed for it."""
+    test_gemm_scale_extremes_and_nan(False, "scaled", low=100, high=140)
+
+
+def _gpu_configs() -> list[tuple[int, Any]]:
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import candidate_configs, default_config
+
+    n, k = 2048, 8192
+    out = []
+    for m in (16, 256):
+        cfgs = [default_config(m, n, k), *candidate_configs(m, n, k)]
+        out += [(m, c) for c in dict.fromkeys(cfgs)]
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", _gpu_configs(), ids=lambda c: f"M{c[0]}-{c[1].describe()}")
+def test_gpu_gemm_every_candidate_config(case: tuple[int, Any]) -> None:
+    """Every config the benchmark sweep may pick, W4A16 (single-multiply and general decode)
+    and W4A4, at a realistic shape with a ragged M."""
+    from kernelbay_quant_mxfp4_rocm import triton_mx
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import mxfp4_gemm, prepare_weight_scales
+
+    m, cfg = case
+    n, k = 2048, 8192
+    wp, ws = random_weight(n, k, seed=35)
+    w = dequantize_mx(wp, ws, "e2m1").cuda()
+    wp, ws = wp.cuda(), ws.cuda()
+    top = prepare_weight_scales(ws)
+    for rows in (m - 3, m):
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).bfloat16()
+        x = x.cuda()
+        ref = torch.matmul(x.double(), w.double().T)
+        for scale_max in (top, None):
+            y = mxfp4_gemm(x, wp, ws, out_dtype=torch.float32, config=cfg, scale_max=scale_max)
+            assert ((y.double() - ref).abs() <= gemm_bound(x.float(), w)).all(), scale_max
+        y16 = mxfp4_gemm(x, wp, ws, config=cfg, scale_max=top)
+        assert ((y16.double() - ref).abs()
+                <= gemm_bound(x.float(), w) + ref.abs() * 2.0**-8).all()
+        xd, xs = triton_mx.quantize_mx(x, "e2m1", "even")
+        xq = dequantize_mx(xd, xs, "e2m1")
+        y4 = mxfp4_gemm(xd, wp, ws, x_scale=xs, out_dtype=torch.float32, config=cfg,
+                        scale_max=top)
+        assert ((y4.double() - xq.double() @ w.double().T).abs() <= gemm_bound(xq, w)).all()

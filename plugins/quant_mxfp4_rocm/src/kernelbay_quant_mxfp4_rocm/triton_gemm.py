@@ -3,28 +3,32 @@
 """Triton MXFP4-weight GEMM: ``y = x @ dequantize_mx(W)^T`` with the weight dequantized in
 registers. Imported lazily by the methods (this module imports triton).
 
-Operands: ``w`` packed E2M1 uint8 [N, K/2] (element 2i in the low nibble), ``w_scale`` E8M0
-bytes uint8 [N, K/32]; activations ``x`` one of
+Operands: ``w`` packed E2M1 uint8 [N, K/2] (element 2i in the low nibble; read as int16
+halfwords, no repacking), ``w_scale`` E8M0 bytes uint8 [N, K/32]; activations ``x`` one of
 
 * bf16 [M, K] (W4A16),
 * MXFP4 packed uint8 [M, K/2] + E8M0 bytes [M, K/32] (W4A4, from ``triton_mx.quantize_mx``),
 * MXFP8 ``float8_e4m3fn`` [M, K] + E8M0 bytes [M, K/32] (W4A8).
 
-Math: the packing splits K into even and odd elements, so each K tile is two products,
-``x[:, 0::2] @ W_lo^T + x[:, 1::2] @ W_hi^T`` (no interleaving in registers). A weight code
-``s e1 e0 m`` is placed in an fp16's sign / low exponent / top mantissa bits, which reads as
-``e2m1 * 2^-14`` (subnormal codes included), and multiplied by the float32 ``2^(14 + X)``
-(scale bytes up to 240, i.e. X <= 113; ``prepare_weight_scales`` checks it once per weight,
-byte 255 gives NaN as the reference does). The product is the reference's
-``decode_e2m1 * decode_e8m0`` exactly, and exact in bf16 (two significant bits), so the
-tensor-core products are exact and accumulate in float32: the result is the reference's
-``dequantize_mx`` + float32 matmul up to float32 summation order. MX activations are
-decoded the same way (exact in bf16, except E4M3 subnormals of blocks with X < -118, below
-bf16's range).
+Paths (``GemmConfig.path``):
 
-Paths (one kernel, configs differ): M <= 16 runs a 16-row tile over many N tiles with
-split-K (partial float32 sums reduced by a second small kernel) for the weight-streaming,
-memory-bound case; larger M runs square-ish tiles without split-K.
+* ``decode``: each K tile of the weight is decoded to exact bf16 by
+  ``triton_decode.decode_e2m1`` (two lanes per instruction in PTX on CUDA, plain Triton
+  elsewhere; ``KERNELBAY_MXFP4_PLAIN_DECODE=1`` forces the plain one on CUDA, to compare) and fed to one ``tl.dot`` with float32 accumulation; MXFP4 activations are
+  decoded by the same function. M <= 16 runs a 16-row tile over many N tiles with split-K
+  (float32 partials summed in a fixed order by a second small kernel).
+* ``scaled``: Triton's ``tl.dot_scaled`` (its own MX upcast on GPUs without MX MMA), for
+  comparison in the tuning sweep.
+* ``dequant``: the whole weight decoded to bf16 once per call (``decode_kernel``), then
+  torch's matmul: for large M, where one pass over a bf16 weight costs less than decoding per
+  tile.
+
+Exactness: every dequantized weight value has two significant bits, so it is a bf16 exactly
+when it is a float32, and the decode reproduces the reference's float32 values bit for bit
+(NaN for byte 255); the tensor-core products are exact and accumulate in float32, so the
+result is the reference's ``dequantize_mx`` + float32 matmul up to float32 summation order.
+MX activations are decoded the same way (exact in bf16, except E4M3 subnormals of blocks with
+X < -118, below bf16's range).
 """
 
 from __future__ import annotations
@@ -36,16 +40,18 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
+from kernelbay_quant_mxfp4_rocm.triton_decode import decode_e2m1, decode_kernel
+
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["GemmConfig", "candidate_configs", "default_config", "mxfp4_gemm",
-           "prepare_weight_scales"]
+__all__ = ["GemmConfig", "candidate_configs", "default_config", "dequantize_weight",
+           "mxfp4_gemm", "prepare_weight_scales"]
 
-#: Largest E8M0 weight scale byte the in-register dequantization handles (2^(14 + X) must be
-#: a float32: X <= 113).
-MAX_WEIGHT_SCALE_BYTE = 240
+#: Largest E8M0 weight byte of the single-multiply decode (2^(b - 1) must be a bf16).
+FAST_SCALE_MAX_BYTE = 128
 _A_BF16, _A_MXFP4, _A_MXFP8 = 0, 1, 2
+PATHS = ("decode", "scaled", "dequant")
 
 
 @dataclass(frozen=True)
@@ -58,27 +64,15 @@ class GemmConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
-    #: Load the weight scales once per 32 columns and broadcast them in registers (fewer,
-    #: wider loads; a reshape the compiler lays out) instead of one gather per element.
-    scale_bcast: bool = False
+    #: ``decode`` (in-register decode + ``tl.dot``), ``scaled`` (``tl.dot_scaled``) or
+    #: ``dequant`` (bf16 weight, then torch's matmul).
+    path: str = "decode"
 
     def describe(self) -> str:
-        """Compact text, e.g. ``m16n64k256s4w4p4`` (``b`` suffix: ``scale_bcast``)."""
+        """Compact text, e.g. ``m16n64k256s4w4p4`` (suffix ``-scaled`` / ``-dequant``)."""
+        tail = "" if self.path == "decode" else f"-{self.path}"
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
-                f"w{self.num_warps}p{self.num_stages}{'b' if self.scale_bcast else ''}")
-
-
-@triton.jit
-def _decode_w(p, s14):
-    """Weight nibbles (int32 0..15) times their per-block 2^(14 + X) -> bf16, exact."""
-    half = (((p & 8) << 12) | ((p & 7) << 9)).to(tl.int16).to(tl.float16, bitcast=True)
-    return (half.to(tl.float32) * s14).to(tl.bfloat16)
-
-
-@triton.jit
-def _weight_multiplier(b):
-    """E8M0 weight bytes (int32, at most 240 or 255) -> 2^(14 + X) as float32; 255: NaN."""
-    return tl.where(b == 255, 0x7FC00000, (b + 14) << 23).to(tl.float32, bitcast=True)
+                f"w{self.num_warps}p{self.num_stages}{tail}")
 
 
 @triton.jit
@@ -86,13 +80,6 @@ def _scale_pow2(b):
     """E8M0 bytes (int32) -> 2^(b - 127) as float32 (b = 0: the subnormal 2^-127; 255: NaN)."""
     v = tl.where(b == 0, 0x00400000, b << 23).to(tl.float32, bitcast=True)
     return tl.where(b == 255, float("nan"), v)
-
-
-@triton.jit
-def _decode_a_e2m1(p, sx):
-    """Activation nibbles times 2^X (float32 ``sx``) -> bf16 (exact: 2 significant bits)."""
-    half = (((p & 8) << 12) | ((p & 7) << 9)).to(tl.int16).to(tl.float16, bitcast=True)
-    return (half.to(tl.float32) * 16384.0 * sx).to(tl.bfloat16)
 
 
 @triton.jit
@@ -118,7 +105,9 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
                        A_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
                        INTERPRET: tl.constexpr, OUT_BF16_BITS: tl.constexpr,
-                       SCALE_BCAST: tl.constexpr):
+                       ASM: tl.constexpr, FAST: tl.constexpr, SCALED: tl.constexpr):
+    # w_ptr: int16 halfwords [N, K/4] (decode) or bytes [N, K/2] (SCALED); a_ptr for MXFP4
+    # activations: int16 halfwords [M, K/4] (decode) or bytes (SCALED).
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     grid_n = tl.cdiv(N, BLOCK_N)
@@ -126,6 +115,11 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
     pid_n = pid % grid_n
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    KW: tl.constexpr = BLOCK_K // 4
+    KS: tl.constexpr = BLOCK_K // 32
+    rw = tl.arange(0, KW)
+    rs = tl.arange(0, KS)
+    rk = tl.arange(0, BLOCK_K)
     rh = tl.arange(0, BLOCK_K // 2)
     m_ok = rm < M
     n_ok = rn < N
@@ -136,52 +130,65 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
     k_hi = tl.minimum(k_lo + k_span, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        kh = k0 // 2 + rh  # packed column / pair index
+        kw = k0 // 4 + rw
+        ks = k0 // 32 + rs
+        kk = k0 + rk
+        kh = k0 // 2 + rh
         if EVEN_K:
-            a_mask = m_ok[:, None]
-            w_mask = n_ok[None, :]
+            s_ok = n_ok[:, None]
+            as_ok = m_ok[:, None]
+            w_ok = n_ok[:, None]
+            aw_ok = m_ok[:, None]
+            ak_ok = m_ok[:, None]
+            ah_ok = m_ok[:, None]
+            wh_ok = n_ok[:, None]
         else:
-            kh_ok = kh < K // 2
-            a_mask = m_ok[:, None] & kh_ok[None, :]
-            w_mask = n_ok[None, :] & kh_ok[:, None]
-        pw = tl.load(w_ptr + rn64[None, :] * stride_wn + kh[:, None], mask=w_mask,
-                     other=0).to(tl.int32)
-        if SCALE_BCAST:  # one 2^(14 + X) per 32 columns, broadcast to the 16 bytes
-            kb = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-            sb = tl.load(ws_ptr + rn64[None, :] * stride_wsn + kb[:, None],
-                         mask=n_ok[None, :] & (kb[:, None] < K // 32), other=0).to(tl.int32)
-            sf = _weight_multiplier(sb)
-            s14 = tl.reshape(tl.broadcast_to(sf[:, None, :], (BLOCK_K // 32, 16, BLOCK_N)),
-                             (BLOCK_K // 2, BLOCK_N))
-        else:
-            bw = tl.load(ws_ptr + rn64[None, :] * stride_wsn + (kh // 16)[:, None],
-                         mask=w_mask, other=0).to(tl.int32)
-            s14 = _weight_multiplier(bw)
-        w_lo = _decode_w(pw & 15, s14)
-        w_hi = _decode_w(pw >> 4, s14)
-        if A_KIND == 0:
-            a_row = a_ptr + rm64[:, None] * stride_am + 2 * kh[None, :]
-            x_ev = tl.load(a_row, mask=a_mask, other=0.0).to(tl.bfloat16)
-            x_od = tl.load(a_row + 1, mask=a_mask, other=0.0).to(tl.bfloat16)
-        else:
-            ba = tl.load(as_ptr + rm64[:, None] * stride_asm + (kh // 16)[None, :], mask=a_mask,
-                         other=127).to(tl.int32)
-            sx = _scale_pow2(ba)
-            if A_KIND == 1:
-                pa = tl.load(a_ptr + rm64[:, None] * stride_am + kh[None, :], mask=a_mask,
-                             other=0).to(tl.int32)
-                x_ev = _decode_a_e2m1(pa & 15, sx)
-                x_od = _decode_a_e2m1(pa >> 4, sx)
+            s_ok = n_ok[:, None] & (ks[None, :] < K // 32)
+            as_ok = m_ok[:, None] & (ks[None, :] < K // 32)
+            w_ok = n_ok[:, None] & (kw[None, :] < K // 4)
+            aw_ok = m_ok[:, None] & (kw[None, :] < K // 4)
+            ak_ok = m_ok[:, None] & (kk[None, :] < K)
+            ah_ok = m_ok[:, None] & (kh[None, :] < K // 2)
+            wh_ok = n_ok[:, None] & (kh[None, :] < K // 2)
+        sb = tl.load(ws_ptr + rn64[:, None] * stride_wsn + ks[None, :], mask=s_ok, other=0)
+        if A_KIND != 0:
+            xb = tl.load(as_ptr + rm64[:, None] * stride_asm + ks[None, :], mask=as_ok,
+                         other=127)
+        if SCALED:
+            wq = tl.load(w_ptr + rn64[:, None] * stride_wn + kh[None, :], mask=wh_ok, other=0)
+            if A_KIND == 0:
+                xa = tl.load(a_ptr + rm64[:, None] * stride_am + kk[None, :], mask=ak_ok,
+                             other=0.0)
+                acc = tl.dot_scaled(xa, None, "bf16", tl.trans(wq), sb, "e2m1", acc=acc)
+            elif A_KIND == 1:
+                xa = tl.load(a_ptr + rm64[:, None] * stride_am + kh[None, :], mask=ah_ok,
+                             other=0)
+                acc = tl.dot_scaled(xa, xb, "e2m1", tl.trans(wq), sb, "e2m1", acc=acc)
             else:
-                a_row = a_ptr + rm64[:, None] * stride_am + 2 * kh[None, :]
-                x_ev = _decode_a_e4m3(tl.load(a_row, mask=a_mask, other=0).to(tl.int32), sx)
-                x_od = _decode_a_e4m3(tl.load(a_row + 1, mask=a_mask, other=0).to(tl.int32), sx)
-        if INTERPRET:  # the interpreter's bf16 dot is wrong; the values are exact in both
-            acc = tl.dot(x_ev.to(tl.float32), w_lo.to(tl.float32), acc)
-            acc = tl.dot(x_od.to(tl.float32), w_hi.to(tl.float32), acc)
+                xa = tl.load(a_ptr + rm64[:, None] * stride_am + kk[None, :], mask=ak_ok,
+                             other=0).to(tl.float8e4nv, bitcast=True)
+                acc = tl.dot_scaled(xa, xb, "e4m3", tl.trans(wq), sb, "e2m1", acc=acc)
         else:
-            acc = tl.dot(x_ev, w_lo, acc)
-            acc = tl.dot(x_od, w_hi, acc)
+            words = tl.load(w_ptr + rn64[:, None] * stride_wn + kw[None, :], mask=w_ok,
+                            other=0)
+            w = decode_e2m1(words, sb.to(tl.int32), BLOCK_N, KW, ASM, FAST)
+            if A_KIND == 0:
+                xa = tl.load(a_ptr + rm64[:, None] * stride_am + kk[None, :], mask=ak_ok,
+                             other=0.0).to(tl.bfloat16)
+            elif A_KIND == 1:
+                aw = tl.load(a_ptr + rm64[:, None] * stride_am + kw[None, :], mask=aw_ok,
+                             other=0)
+                xa = decode_e2m1(aw, xb.to(tl.int32), BLOCK_M, KW, ASM, False)
+            else:
+                sx = _scale_pow2(xb.to(tl.int32))
+                sx = tl.reshape(tl.broadcast_to(sx[:, :, None], (BLOCK_M, KS, 32)),
+                                (BLOCK_M, BLOCK_K))
+                xa = _decode_a_e4m3(tl.load(a_ptr + rm64[:, None] * stride_am + kk[None, :],
+                                            mask=ak_ok, other=0).to(tl.int32), sx)
+            if INTERPRET:  # the interpreter's bf16 dot is wrong; the values are exact in both
+                acc = tl.dot(xa.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
+            else:
+                acc = tl.dot(xa.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)), acc)
     o_ptr = out_ptr + pid_k.to(tl.int64) * stride_os + rm64[:, None] * stride_om + rn64[None, :]
     if OUT_BF16_BITS:  # noqa: SIM108 (a constexpr branch, not a runtime select)
         out = _bf16_bits_rne(acc)
@@ -205,70 +212,132 @@ def _split_k_reduce_kernel(p_ptr, out_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.
     tl.store(out_ptr + offs, out, mask=ok)
 
 
-def prepare_weight_scales(weight_scale: torch.Tensor, name: str = "weight_scale") -> None:
-    """Check once that every finite E8M0 weight scale byte is at most 240 (X <= 113), the
-    range the in-register dequantization is exact for; raise ``ValueError`` naming the tensor
-    and the byte otherwise (such a weight would hold values above 2^114)."""
+def prepare_weight_scales(weight_scale: torch.Tensor, name: str = "weight_scale") -> int:
+    """Check the E8M0 weight scale bytes once (uint8) and return the largest finite byte (0
+    when there is none), which callers pass to ``mxfp4_gemm(scale_max=...)`` so that the
+    single-multiply decode is used where it is exact (every byte <= 128)."""
     import torch
 
     if weight_scale.dtype != torch.uint8:
         raise TypeError(f"{name}: want E8M0 bytes as uint8, got {weight_scale.dtype}")
     finite = weight_scale[weight_scale != 255]
-    top = int(finite.max()) if finite.numel() else 0
-    if top > MAX_WEIGHT_SCALE_BYTE:
-        raise ValueError(f"{name}: E8M0 byte {top} (scale 2^{top - 127}) is above "
-                         f"{MAX_WEIGHT_SCALE_BYTE}, the largest the Triton MXFP4 GEMM "
-                         "dequantizes exactly")
+    return int(finite.max()) if finite.numel() else 0
 
 
 def _pow2_floor(v: int) -> int:
     return 1 << (max(v, 1).bit_length() - 1)
 
 
+def _block_k(k: int, want: int) -> int:
+    bk = want
+    while bk > 32 and k % bk:
+        bk //= 2
+    return bk
+
+
 def default_config(m: int, n: int, k: int, sm_count: int = 132) -> GemmConfig:
-    """The config used when none is given: a 16-row split-K tile for M <= 16 (enough
-    programs for two per SM), 64x64 tiles up to M = 64, 128x128 beyond."""
+    """The config used when none is given: a 16-row split-K tile for M <= 16 with enough
+    programs for about three per SM, 64-row tiles up to M = 64, and beyond that the weight
+    decoded to bf16 once for torch's matmul (decoding per 128-row tile costs more)."""
     if m <= 16:
-        block_k = 256 if k % 256 == 0 else (128 if k % 128 == 0 else 64 if k % 64 == 0 else 32)
+        block_k = _block_k(k, 256)
         tiles = triton.cdiv(n, 64)
-        split = _pow2_floor(max(1, (2 * sm_count) // max(tiles, 1)))
+        split = _pow2_floor(max(1, (3 * sm_count) // max(tiles, 1)))
         split = min(split, max(1, k // (block_k * 4)))
         return GemmConfig(16, 64, block_k, split, 4, 4)
     if m <= 64:
-        return GemmConfig(64, 64, 128 if k % 128 == 0 else 32, 1, 4, 3)
-    return GemmConfig(128, 128, 64 if k % 64 == 0 else 32, 1, 8, 3)
+        return GemmConfig(64, 128, _block_k(k, 128), 1, 4, 3)
+    return GemmConfig(128, 128, 64, 1, 8, 3, "dequant")
 
 
 def candidate_configs(m: int, n: int, k: int) -> list[GemmConfig]:
     """Configs a tuning run tries for one shape (each valid for it: BLOCK_K divides K and
-    every split gets at least two K tiles): about 36 for M <= 16, 12 beyond."""
+    every split gets at least two K tiles): 8 for M <= 16, 5 beyond, chosen so that the
+    benchmark's sweep stays within a few minutes (every config compiles once per M class)."""
     out: list[GemmConfig] = []
     if m <= 16:
-        for bn in (32, 64, 128):
-            for bk in (256, 512):
-                for split in (1, 2, 4):
-                    if k % bk == 0 and k // (bk * split) >= 2:
-                        out.append(GemmConfig(16, bn, bk, split, 4, 4))
-                        out.append(GemmConfig(16, bn, bk, split, 4, 4, scale_bcast=True))
+        for bn, bk, split, path in ((32, 256, 4, "decode"), (64, 256, 2, "decode"),
+                                    (64, 256, 4, "decode"), (128, 256, 2, "decode"),
+                                    (64, 512, 2, "decode"), (128, 128, 4, "decode"),
+                                    (64, 256, 2, "scaled")):
+            if k % bk == 0 and k // (bk * split) >= 2:
+                out.append(GemmConfig(16, bn, bk, split, 4, 4, path))
+        out.append(GemmConfig(16, 64, 64, 1, 4, 3, "dequant"))
         return out
-    for bm in (64, 128):
-        for bn in (64, 128):
-            for bk in (64, 128):
-                if k % bk:
-                    continue
-                out.append(GemmConfig(bm, bn, bk, 1, 4, 3))
-                if bm == 128:
-                    out.append(GemmConfig(bm, bn, bk, 1, 8, 3))
+    for bm, bn, bk, warps, path in ((64, 128, 128, 4, "decode"), (128, 128, 64, 8, "decode"),
+                                    (128, 128, 128, 8, "decode"),
+                                    (128, 128, 128, 8, "scaled")):
+        if k % bk == 0:
+            out.append(GemmConfig(bm, bn, bk, 1, warps, 3, path))
+    out.append(GemmConfig(128, 128, 64, 1, 8, 3, "dequant"))
+    return out
+
+
+def kernel_constexprs(cfg: GemmConfig, a_kind: int, *, k_even: bool, split: bool,
+                      interpret: bool, out_bits: bool, fast: bool = True) -> dict[str, object]:
+    """The compile-time arguments of ``_mxfp4_gemm_kernel`` for one config."""
+    return {"A_KIND": a_kind, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+            "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k if split else 1,
+            "EVEN_K": k_even, "INTERPRET": interpret, "OUT_BF16_BITS": out_bits,
+            "ASM": not interpret and _asm_target(), "FAST": fast,
+            "SCALED": cfg.path == "scaled"}
+
+
+def _asm_target() -> bool:
+    """The PTX decode applies: compiling for an NVIDIA GPU (sm_80+), not the interpreter."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    if os.environ.get("KERNELBAY_MXFP4_PLAIN_DECODE") == "1":  # the portable decode, to compare
+        return False
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return False
+    return torch.version.hip is None
+
+
+def _halves(t: torch.Tensor) -> torch.Tensor:
+    """A packed uint8 [R, K/2] tensor as int16 halfwords [R, K/4] (copied when its rows are
+    not 2-byte aligned)."""
+    import torch
+
+    if t.stride(-1) != 1 or t.storage_offset() % 2 or t.stride(0) % 2:
+        t = t.contiguous()
+    return t.view(torch.int16)
+
+
+def dequantize_weight(weight: torch.Tensor, weight_scale: torch.Tensor, *,
+                      scale_max: int | None = None) -> torch.Tensor:
+    """The packed weight [N, K/2] with its E8M0 bytes [N, K/32] as bf16 [N, K], decoded on the
+    device by ``triton_decode.decode_kernel`` (exactly the reference's values)."""
+    import torch
+
+    n, k = weight.shape[0], weight.shape[1] * 2
+    out = torch.empty(n, k, dtype=torch.bfloat16, device=weight.device)
+    if n == 0 or k == 0:
+        return out
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    halves = _halves(weight)
+    scales = weight_scale if weight_scale.stride(-1) == 1 else weight_scale.contiguous()
+    block_r, block_kh = (16, 16) if interpret else (32, 128)
+    grid = (triton.cdiv(n, block_r), triton.cdiv(k // 4, block_kh))
+    decode_kernel[grid](halves, scales, out.view(torch.int16) if interpret else out, n, k // 4,
+                        halves.stride(0), scales.stride(0), k, BLOCK_R=block_r,
+                        BLOCK_KH=block_kh, ASM=not interpret and _asm_target(),
+                        FAST=scale_max is not None and scale_max <= FAST_SCALE_MAX_BYTE,
+                        OUT_BITS=interpret)
     return out
 
 
 def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *,
                x_scale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-               config: GemmConfig | None = None) -> torch.Tensor:
+               config: GemmConfig | None = None, scale_max: int | None = None) -> torch.Tensor:
     """``x @ dequantize_mx(weight, weight_scale, "e2m1")^T`` for 2-D ``x`` (see the module
     comment for the three activation kinds; ``x_scale`` given means MX activations).
 
-    Output [M, N] in ``out_dtype`` (default: bf16, or ``x``'s dtype when that is bf16/fp32).
+    ``scale_max``: the largest finite weight scale byte (``prepare_weight_scales``); at most
+    128 selects the single-multiply decode, None the general one (exact for every byte).
+    Output [M, N] in ``out_dtype`` (default: bf16).
     """
     import torch
 
@@ -304,13 +373,36 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     out = torch.empty(m, n, dtype=out_dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    weight = weight if weight.stride(-1) == 1 else weight.contiguous()
-    weight_scale = weight_scale if weight_scale.stride(-1) == 1 else weight_scale.contiguous()
-    xs = weight_scale if x_scale is None else x_scale.contiguous()
     cfg = config or default_config(m, n, k)
-    if k % 32 or cfg.block_k % 32 or cfg.block_k < 32:
+    if cfg.path not in PATHS:
+        raise ValueError(f"mxfp4_gemm: config path {cfg.path!r} is not one of {list(PATHS)}")
+    if cfg.block_k % 32 or cfg.block_k < 32:
         raise ValueError(f"mxfp4_gemm: block_k={cfg.block_k} must be a multiple of 32")
+    weight_scale = weight_scale if weight_scale.stride(-1) == 1 else weight_scale.contiguous()
+    if cfg.path == "dequant":
+        w = dequantize_weight(weight, weight_scale, scale_max=scale_max)
+        xd = x
+        if x_scale is not None:
+            from kernelbay.formats import dequantize_mx
+
+            # exact in bf16 as in the fused kernel (see the module comment)
+            if kind == _A_MXFP4:
+                xd = dequantize_mx(x, x_scale, "e2m1").to(torch.bfloat16)
+            else:
+                xd = dequantize_mx(x.view(torch.float8_e4m3fn), x_scale, "e4m3")
+                xd = xd.to(torch.bfloat16)
+        if out_dtype == torch.bfloat16:  # torch's matmul: float32 sums, one rounding
+            return torch.matmul(xd, w.T)
+        return torch.matmul(xd.float(), w.float().T).to(out_dtype)
+    scaled = cfg.path == "scaled"
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    if kind == _A_MXFP4 and not scaled:
+        x = _halves(x)
+    xs = weight_scale if x_scale is None else x_scale.contiguous()
+    if scaled:
+        w_arg = weight if weight.stride(-1) == 1 else weight.contiguous()
+    else:
+        w_arg = _halves(weight)
     split = max(1, min(cfg.split_k, triton.cdiv(k, cfg.block_k)))
     target = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32,
                                                 device=x.device)
@@ -319,13 +411,14 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     out_bits = interpret and split == 1 and out_dtype == torch.bfloat16
     if out_bits:
         target = out.view(torch.int16)
+    const = kernel_constexprs(cfg, kind, k_even=k % (cfg.block_k * split) == 0,
+                              split=split > 1, interpret=interpret, out_bits=out_bits,
+                              fast=scale_max is not None and scale_max <= FAST_SCALE_MAX_BYTE)
+    const["SPLIT_K"] = split
     _mxfp4_gemm_kernel[grid](
-        x, xs, weight, weight_scale, target, m, n, k,
-        x.stride(0), xs.stride(0), weight.stride(0), weight_scale.stride(0),
-        n, m * n if split > 1 else 0,
-        A_KIND=kind, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=split, EVEN_K=k % (cfg.block_k * split) == 0,
-        INTERPRET=interpret, OUT_BF16_BITS=out_bits, SCALE_BCAST=cfg.scale_bcast,
+        x, xs, w_arg, weight_scale, target, m, n, k,
+        x.stride(0), xs.stride(0), w_arg.stride(0), weight_scale.stride(0),
+        n, m * n if split > 1 else 0, **const,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
@@ -336,6 +429,6 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     return out
 
 
-def config_dict(config: GemmConfig) -> dict[str, int]:
+def config_dict(config: GemmConfig) -> dict[str, object]:
     """The config as a plain dict (for benchmark records)."""
     return asdict(config)

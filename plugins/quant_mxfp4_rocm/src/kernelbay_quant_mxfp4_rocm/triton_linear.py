@@ -78,11 +78,13 @@ class Mxfp4TritonLinear(Mxfp4EmulationLinear):
                 f"(scale rule {s.option('scale_mode', 'even')})")
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        """Check the weight scales once (``triton_gemm.prepare_weight_scales``); the packed
-        weight stays as loaded."""
+        """Check the weight scales once and keep their largest finite byte on the layer
+        (``mxfp4_scale_max``: at most 128 selects the GEMM's single-multiply decode); the
+        packed weight stays as loaded (the GEMM reads the checkpoint layout)."""
         from kernelbay_quant_mxfp4_rocm.triton_gemm import prepare_weight_scales
 
-        prepare_weight_scales(_tensor(layer, "weight_scale"), f"{self.name}: weight_scale")
+        top = prepare_weight_scales(_tensor(layer, "weight_scale"), f"{self.name}: weight_scale")
+        object.__setattr__(layer, "mxfp4_scale_max", top)  # a plain int beside the tensors
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         import torch
@@ -91,22 +93,20 @@ class Mxfp4TritonLinear(Mxfp4EmulationLinear):
         from kernelbay_quant_mxfp4_rocm.triton_gemm import mxfp4_gemm
 
         weight, scale = _tensor(layer, "weight"), _tensor(layer, "weight_scale")
+        top = getattr(layer, "mxfp4_scale_max", None)
         bias = self.rank_bias(layer)
         x2 = x.reshape(-1, x.shape[-1])
         elem = self._activation_elem
-        if elem is None:
-            if bias is None:
-                y = mxfp4_gemm(x2, weight, scale)
-            else:  # one rounding to bf16 after the bias, as F.linear
-                y32 = mxfp4_gemm(x2, weight, scale, out_dtype=torch.float32)
-                y = (y32 + bias.float()).to(x.dtype)
-        else:
+        xs = None
+        if elem is not None:
             rule = self.request.scheme.option("scale_mode", "even") or "even"
-            xq, xs = triton_mx.quantize_mx(x2, elem, rule)
-            y = mxfp4_gemm(xq, weight, scale, x_scale=xs, out_dtype=torch.float32)
-            if bias is not None:
-                y = y + bias.float()
-            y = y.to(x.dtype)
+            x2, xs = triton_mx.quantize_mx(x2, elem, rule)
+        if bias is None:  # float32 sums rounded once to x's dtype
+            y = mxfp4_gemm(x2, weight, scale, x_scale=xs, out_dtype=x.dtype, scale_max=top)
+        else:  # one rounding after the bias, as F.linear
+            y32 = mxfp4_gemm(x2, weight, scale, x_scale=xs, out_dtype=torch.float32,
+                             scale_max=top)
+            y = (y32 + bias.float()).to(x.dtype)
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     def dequantized_weight(self, layer: torch.nn.Module) -> torch.Tensor:

@@ -89,8 +89,11 @@ class Mxfp4MoETriton(Mxfp4MoEEmulation):
 
         packed13, packed2 = self.stack_experts(layer, "weight")
         scales13, scales2 = self.stack_experts(layer, "weight_scale")
-        prepare_weight_scales(scales13, f"{self.name}: gate/up weight_scale")
-        prepare_weight_scales(scales2, f"{self.name}: down weight_scale")
+        # the largest scale byte of each stack selects the GEMM's decode (scale_max)
+        top13 = prepare_weight_scales(scales13, f"{self.name}: gate/up weight_scale")
+        top2 = prepare_weight_scales(scales2, f"{self.name}: down weight_scale")
+        object.__setattr__(layer, "mxfp4_scale_max13", top13)
+        object.__setattr__(layer, "mxfp4_scale_max2", top2)
         for name, value in (("w13", packed13), ("w13_scale", scales13), ("w2", packed2),
                             ("w2_scale", scales2)):
             setattr(layer, name, torch.nn.Parameter(value.contiguous(), requires_grad=False))
@@ -109,6 +112,8 @@ class Mxfp4MoETriton(Mxfp4MoEEmulation):
                                "apply_moe; the stacked experts are made there")
         w13, s13 = _tensor(layer, "w13"), _tensor(layer, "w13_scale")
         w2, s2 = _tensor(layer, "w2"), _tensor(layer, "w2_scale")
+        top13 = getattr(layer, "mxfp4_scale_max13", None)
+        top2 = getattr(layer, "mxfp4_scale_max2", None)
         inter = int(w2.shape[-1]) * 2
         elem = self._activation_elem
         rule = self.request.scheme.option("scale_mode", "even") or "even"
@@ -117,12 +122,13 @@ class Mxfp4MoETriton(Mxfp4MoEEmulation):
 
         def expert_mlp(expert: int, tokens: torch.Tensor) -> torch.Tensor:
             if elem is None:
-                gu = mxfp4_gemm(x[tokens], w13[expert], s13[expert])
+                gu = mxfp4_gemm(x[tokens], w13[expert], s13[expert], scale_max=top13)
                 h = F.silu(gu[:, :inter]) * gu[:, inter:]
-                return mxfp4_gemm(h, w2[expert], s2[expert])
+                return mxfp4_gemm(h, w2[expert], s2[expert], scale_max=top2)
             gu = mxfp4_gemm(xq[tokens], w13[expert], s13[expert], x_scale=xs[tokens],
-                            out_dtype=torch.float32)
+                            out_dtype=torch.float32, scale_max=top13)
             hq, hs = triton_mx.swiglu_quantize_mx(gu[:, :inter], gu[:, inter:], elem, rule)
-            return mxfp4_gemm(hq, w2[expert], s2[expert], x_scale=hs, out_dtype=torch.float32)
+            return mxfp4_gemm(hq, w2[expert], s2[expert], x_scale=hs, out_dtype=torch.float32,
+                              scale_max=top2)
 
         return combine_experts(x, topk_ids, topk_weights, int(w2.shape[1]), expert_mlp)

@@ -1,0 +1,149 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# (Triton kernels are written in its untyped DSL.)
+"""In-register decoding of packed E2M1 codes with their E8M0 block scales to exact bf16, the
+inner loop of the MXFP4 GEMM. Imported lazily (this module imports triton).
+
+Input: the packed uint8 layout ``[R, K/2]`` (element ``2i`` in the low nibble of byte ``i``:
+the checkpoint layout, no repacking) read as int16 halfwords ``[R, K/4]``, each holding the
+codes of four consecutive elements in its nibbles 0..3, and the E8M0 bytes ``[R, K/32]``.
+Output: ``[R, K]`` in the natural K order, ``decode_e2m1 * 2^(b - 127)`` exactly as
+``kernelbay.formats.dequantize_mx`` computes it in float32 (every such value has two
+significant bits, so it is a bf16 whenever it is a float32; byte 255 gives NaN).
+
+The codes of a halfword are split by three shifts and two ``tl.join``: the joined dimensions
+are the ones the MMA operand layout keeps in registers, so the compiler decodes directly in
+the ``tl.dot`` operand layout (no shared-memory round trip of the decoded tile; an
+``arange`` of shift amounts, or a third join, loses this: see ``bench/mxfp4/inspect_kernel.py``).
+
+Two implementations of the same function:
+
+* ``ASM`` (CUDA, sm_80+): PTX on two elements per 32-bit register (``pack=2`` of 16-bit
+  operands): two shifts, an ``and`` and a ``lop3`` move each lane's ``s e1 e0 m`` to bf16's
+  bits 15 / 8..6, which reads as ``e2m1 * 2^-126`` (code 1 the bf16 subnormal 2^-127), and
+  one packed ``fma.rn.bf16x2`` by ``2^(b - 1)`` plus ``-0`` gives ``e2m1 * 2^(b - 127)``
+  exactly, signed zeros included. The multiplier is a bf16 for ``b <= 128`` (``FAST``: the
+  caller knows every byte of the weight is at most 128, i.e. block scales up to 2^1, which
+  covers real weights); otherwise a second fma by ``2^max(b - 128, 0)`` follows, with the
+  first factor capped at 2^127. Both products are exact (two significant bits, inside
+  bf16's range including its subnormals; 6 * 2^127 overflows to inf as in float32). Each
+  lane is computed from its own element's code and scale, so the result does not depend on
+  how the compiler pairs elements into registers.
+* plain Triton (the interpreter, ROCm): per element, the nibble as fp16 bits
+  ``(c & 8) << 12 | (c & 7) << 9`` (``e2m1 * 2^-14`` exactly, code 1 an fp16 subnormal),
+  widened to float32 and multiplied by ``2^(min(b, 240) - 113)`` and ``2^max(b - 240, 0)``;
+  returned as float32 (the interpreter's bf16 conversion flushes subnormals).
+
+Instruction counts of the GEMM's K loop (SASS, sm_90, per weight element per thread, from
+``inspect_kernel.py``): 6.6 (FAST) / 7.2 (general) for a 16x64x256 tile, against 11-14 for
+the previous decode (fp16 -> float32 -> multiply -> bf16 per element, scale gathers).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["decode_e2m1", "decode_kernel"]
+
+# PTX for two elements (pack=2 of 16-bit operands: each register holds two elements, the
+# first in the low half): $0 the two bf16 results, $1 the two elements' codes (bits 0..3 of
+# each half, higher bits ignored), $2 their first multipliers (bf16 bits), $3 the second
+# (GENERAL only). Each lane is computed from its own element's code and scale, so the result
+# does not depend on which elements the compiler pairs.
+_HEAD = """{
+.reg .b32 x, y, nz;
+mov.b32 nz, 0x80008000;
+shl.b32 x, $1, 6;
+shl.b32 y, $1, 12;
+and.b32 y, y, 0x80008000;
+lop3.b32 x, x, 0x01C001C0, y, 0xEA;
+"""
+# shl 6: s e1 e0 m -> bits 9..6 (the mask keeps e1 e0 m at bf16 bits 8..6); shl 12: s -> bit
+# 15; lop3 0xEA is (a & b) | c. The lanes now read as e2m1 * 2^-126 (code 1 the subnormal
+# 2^-127); fma by the multiplier plus -0 is the exact product with signed zeros.
+ASM_FAST = tl.constexpr(_HEAD + "fma.rn.bf16x2 $0, x, $2, nz;\n}")
+ASM_GENERAL = tl.constexpr(_HEAD + "fma.rn.bf16x2 x, x, $2, nz;\nfma.rn.bf16x2 $0, x, $3, nz;\n}")
+
+
+@triton.jit
+def _codes(halves, R: tl.constexpr, KH: tl.constexpr):
+    """uint16 [R, 4 KH]: element k's code in bits 0..3 (higher bits: garbage), from the
+    int16 halfwords [R, KH] that hold four codes each. Built by two joins, whose new
+    dimensions the MMA operand layout keeps in registers; any other construction (an
+    ``arange`` of shifts, a third join) makes the compiler decode in another layout and move
+    the result through shared memory."""
+    h = halves.to(tl.uint16, bitcast=True)  # logical shifts: no sign extension
+    lo = tl.join(h, h >> 8)  # elements 0, 2 of the halfword
+    hi = tl.join(h >> 4, h >> 12)  # elements 1, 3
+    return tl.reshape(tl.join(lo, hi), (R, KH * 4))
+
+
+@triton.jit
+def _bf16_pow2(field):
+    """A bf16 exponent field (int32, 1..254, or -1 for NaN) -> the bits of that power of
+    two (int16)."""
+    return tl.where(field < 0, 0x7FC0, field << 7).to(tl.int16)
+
+
+@triton.jit
+def decode_e2m1(halves, sbytes, R: tl.constexpr, KH: tl.constexpr, ASM: tl.constexpr,
+                FAST: tl.constexpr):
+    """``halves`` int16 [R, KH] (the packed bytes read two at a time: four codes each),
+    ``sbytes`` int32 E8M0 bytes [R, KH // 8] -> [R, 4 KH] in K order (see the module
+    comment): bf16 (``ASM``) or float32 holding bf16 values (plain). ``FAST`` (ASM only):
+    every byte is at most 128."""
+    BK: tl.constexpr = KH * 4
+    if ASM:
+        code = _codes(halves, R, KH)
+        p1 = _bf16_pow2(tl.where(sbytes == 255, -1, tl.minimum(sbytes + 126, 254)))
+        p1 = tl.reshape(tl.broadcast_to(p1[:, :, None], (R, KH // 8, 32)), (R, BK))
+        if FAST:
+            out = tl.inline_asm_elementwise(ASM_FAST, "=r,r,r", [code, p1],
+                                            dtype=tl.bfloat16, is_pure=True, pack=2)
+        else:
+            p2 = _bf16_pow2(tl.maximum(sbytes - 128, 0) + 127)
+            p2 = tl.reshape(tl.broadcast_to(p2[:, :, None], (R, KH // 8, 32)), (R, BK))
+            out = tl.inline_asm_elementwise(ASM_GENERAL, "=r,r,r,r", [code, p1, p2],
+                                            dtype=tl.bfloat16, is_pure=True, pack=2)
+    else:
+        shifts = tl.arange(0, 4) * 4
+        nib = ((halves.to(tl.int32) & 0xFFFF)[:, :, None] >> shifts[None, None, :]) & 15
+        nib = tl.reshape(nib, (R, BK))
+        half = (((nib & 8) << 12) | ((nib & 7) << 9)).to(tl.int16).to(tl.float16, bitcast=True)
+        s1 = ((tl.minimum(sbytes, 240) + 14) << 23).to(tl.float32, bitcast=True)
+        s2 = ((tl.maximum(sbytes - 240, 0) + 127) << 23).to(tl.float32, bitcast=True)
+        s1 = tl.where(sbytes == 255, float("nan"), s1)
+        s1 = tl.reshape(tl.broadcast_to(s1[:, :, None], (R, KH // 8, 32)), (R, BK))
+        s2 = tl.reshape(tl.broadcast_to(s2[:, :, None], (R, KH // 8, 32)), (R, BK))
+        # float32 (exact, a bf16 value): the interpreter's bf16 conversion flushes subnormals
+        out = half.to(tl.float32) * s1 * s2
+    return out
+
+
+@triton.jit
+def decode_kernel(w_ptr, s_ptr, out_ptr, N, KH, stride_w, stride_s, stride_o,
+                  BLOCK_R: tl.constexpr, BLOCK_KH: tl.constexpr, ASM: tl.constexpr,
+                  FAST: tl.constexpr, OUT_BITS: tl.constexpr):
+    """Dequantize a packed weight (int16 halfwords [N, KH], bytes [N, KH / 8]) to bf16
+    [N, 4 KH] with ``decode_e2m1`` (the GEMM's dequantize-then-matmul path, and the
+    decoder's tests). ``OUT_BITS``: store int16 bits (the interpreter cannot store bf16
+    exactly)."""
+    rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rk = tl.program_id(1) * BLOCK_KH + tl.arange(0, BLOCK_KH)
+    rs = tl.program_id(1) * (BLOCK_KH // 8) + tl.arange(0, BLOCK_KH // 8)
+    ok = rr[:, None] < N
+    r64 = rr.to(tl.int64)
+    halves = tl.load(w_ptr + r64[:, None] * stride_w + rk[None, :],
+                     mask=ok & (rk[None, :] < KH), other=0)
+    sb = tl.load(s_ptr + r64[:, None] * stride_s + rs[None, :],
+                 mask=ok & (rs[None, :] < KH // 8), other=127).to(tl.int32)
+    w = decode_e2m1(halves, sb, BLOCK_R, BLOCK_KH, ASM, FAST)
+    ro = tl.program_id(1) * (BLOCK_KH * 4) + tl.arange(0, BLOCK_KH * 4)
+    o_ptr = out_ptr + r64[:, None] * stride_o + ro[None, :]
+    o_mask = ok & (ro[None, :] < KH * 4)
+    if OUT_BITS:
+        # exact values: float32 bits >> 16 are the bf16 bits (no rounding happens)
+        tl.store(o_ptr, (w.to(tl.float32).to(tl.int32, bitcast=True) >> 16).to(tl.int16),
+                 mask=o_mask)
+    else:
+        tl.store(o_ptr, w, mask=o_mask)
