@@ -18,8 +18,8 @@ the ``tl.dot`` operand layout (no shared-memory round trip of the decoded tile; 
 Two implementations of the same function:
 
 * ``ASM`` (CUDA, sm_80+): PTX on two elements per 32-bit register (``pack=2`` of 16-bit
-  operands): two shifts, an ``and`` and a ``lop3`` move each lane's ``s e1 e0 m`` to bf16's
-  bits 15 / 8..6, which reads as ``e2m1 * 2^-126`` (code 1 the bf16 subnormal 2^-127), and
+  operands, each lane's code shifted to bits 12..15): an ``and``, a shift and a ``lop3``
+  move each lane's ``s e1 e0 m`` to bf16's bits 15 / 8..6, which reads as ``e2m1 * 2^-126`` (code 1 the bf16 subnormal 2^-127), and
   one packed ``fma.rn.bf16x2`` by ``2^(b - 1)`` plus ``-0`` gives ``e2m1 * 2^(b - 127)``
   exactly, signed zeros included. The multiplier is a bf16 for ``b <= 128`` (``FAST``: the
   caller knows every byte of the weight is at most 128, i.e. block scales up to 2^1, which
@@ -34,7 +34,7 @@ Two implementations of the same function:
   returned as float32 (the interpreter's bf16 conversion flushes subnormals).
 
 Instruction counts of the GEMM's K loop (SASS, sm_90, per weight element per thread, from
-``inspect_kernel.py``): 6.6 (FAST) / 7.2 (general) for a 16x64x256 tile, against 11-14 for
+``inspect_kernel.py``): 5.9 (FAST) for a 16x64x256 tile and 5.5 for 16x128x256, against 11-14 for
 the previous decode (fp16 -> float32 -> multiply -> bf16 per element, scale gathers).
 """
 
@@ -46,20 +46,20 @@ import triton.language as tl
 __all__ = ["decode_e2m1", "decode_kernel"]
 
 # PTX for two elements (pack=2 of 16-bit operands: each register holds two elements, the
-# first in the low half): $0 the two bf16 results, $1 the two elements' codes (bits 0..3 of
-# each half, higher bits ignored), $2 their first multipliers (bf16 bits), $3 the second
+# first in the low half): $0 the two bf16 results, $1 the two elements' codes (bits 12..15
+# of each half, lower bits ignored), $2 their first multipliers (bf16 bits), $3 the second
 # (GENERAL only). Each lane is computed from its own element's code and scale, so the result
 # does not depend on which elements the compiler pairs.
 _HEAD = """{
-.reg .b32 x, y, nz;
+.reg .b32 a, b, x, nz;
 mov.b32 nz, 0x80008000;
-shl.b32 x, $1, 6;
-shl.b32 y, $1, 12;
-and.b32 y, y, 0x80008000;
-lop3.b32 x, x, 0x01C001C0, y, 0xEA;
+and.b32 a, $1, 0xF000F000;
+shr.b32 b, a, 6;
+lop3.b32 x, a, b, 0x81C081C0, 0xA8;
 """
-# shl 6: s e1 e0 m -> bits 9..6 (the mask keeps e1 e0 m at bf16 bits 8..6); shl 12: s -> bit
-# 15; lop3 0xEA is (a & b) | c. The lanes now read as e2m1 * 2^-126 (code 1 the subnormal
+# Each lane holds its code in bits 12..15 (s e1 e0 m, bits below: garbage, cleared by the
+# and). a >> 6 moves e1 e0 m to bf16's bits 8..6; lop3 0xA8 is (a | b) & c, keeping the sign
+# at bit 15 and e1 e0 m at 8..6. The lanes now read as e2m1 * 2^-126 (code 1 the subnormal
 # 2^-127); fma by the multiplier plus -0 is the exact product with signed zeros.
 ASM_FAST = tl.constexpr(_HEAD + "fma.rn.bf16x2 $0, x, $2, nz;\n}")
 ASM_GENERAL = tl.constexpr(_HEAD + "fma.rn.bf16x2 x, x, $2, nz;\nfma.rn.bf16x2 $0, x, $3, nz;\n}")
@@ -67,14 +67,14 @@ ASM_GENERAL = tl.constexpr(_HEAD + "fma.rn.bf16x2 x, x, $2, nz;\nfma.rn.bf16x2 $
 
 @triton.jit
 def _codes(halves, R: tl.constexpr, KH: tl.constexpr):
-    """uint16 [R, 4 KH]: element k's code in bits 0..3 (higher bits: garbage), from the
+    """uint16 [R, 4 KH]: element k's code in bits 12..15 (lower bits: garbage), from the
     int16 halfwords [R, KH] that hold four codes each. Built by two joins, whose new
     dimensions the MMA operand layout keeps in registers; any other construction (an
     ``arange`` of shifts, a third join) makes the compiler decode in another layout and move
     the result through shared memory."""
-    h = halves.to(tl.uint16, bitcast=True)  # logical shifts: no sign extension
-    lo = tl.join(h, h >> 8)  # elements 0, 2 of the halfword
-    hi = tl.join(h >> 4, h >> 12)  # elements 1, 3
+    h = halves.to(tl.uint16, bitcast=True)
+    lo = tl.join(h << 12, h << 4)  # elements 0, 2 of the halfword
+    hi = tl.join(h << 8, h)  # elements 1, 3
     return tl.reshape(tl.join(lo, hi), (R, KH * 4))
 
 
