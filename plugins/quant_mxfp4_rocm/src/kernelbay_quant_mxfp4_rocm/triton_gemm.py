@@ -252,16 +252,18 @@ def default_config(m: int, n: int, k: int, sm_count: int = 132) -> GemmConfig:
 
 def candidate_configs(m: int, n: int, k: int) -> list[GemmConfig]:
     """Configs a tuning run tries for one shape (each valid for it: BLOCK_K divides K and
-    every split gets at least two K tiles): 8 for M <= 16, 5 beyond, chosen so that the
+    every split gets at least two K tiles): 10 for M <= 16, 5 beyond, chosen so that the
     benchmark's sweep stays within a few minutes (every config compiles once per M class)."""
     out: list[GemmConfig] = []
     if m <= 16:
-        for bn, bk, split, path in ((32, 256, 4, "decode"), (64, 256, 2, "decode"),
-                                    (64, 256, 4, "decode"), (128, 256, 2, "decode"),
-                                    (64, 512, 2, "decode"), (128, 128, 4, "decode"),
-                                    (64, 256, 2, "scaled")):
+        for bn, bk, split, warps, path in (
+                (32, 256, 1, 4, "decode"), (32, 256, 4, 4, "decode"),
+                (64, 256, 2, 4, "decode"), (64, 256, 4, 4, "decode"),
+                (128, 256, 2, 4, "decode"), (128, 256, 2, 8, "decode"),
+                (64, 512, 2, 4, "decode"), (128, 128, 4, 4, "decode"),
+                (64, 256, 2, 4, "scaled")):
             if k % bk == 0 and k // (bk * split) >= 2:
-                out.append(GemmConfig(16, bn, bk, split, 4, 4, path))
+                out.append(GemmConfig(16, bn, bk, split, warps, 4, path))
         out.append(GemmConfig(16, 64, 64, 1, 4, 3, "dequant"))
         return out
     for bm, bn, bk, warps, path in ((64, 128, 128, 4, "decode"), (128, 128, 64, 8, "decode"),
