@@ -71,12 +71,15 @@ def main(argv: list[str] | None = None) -> int:
                     else tk.nvfp4_matmul_w8 if c.decode8 else tk.nvfp4_matmul
                 names = list(inspect.signature(fn.fn).parameters)
                 types = {"x_ptr": f"*{dt}", "xs_ptr": "*fp16", "down_ptr": "*fp32",
-                         "w_ptr": "*i32" if c.decode8 else "*u8",
+                         "w_ptr": "*i32" if c.decode8 else "*u8", "fin_ptr": f"*{dt}",
+                         "cnt_ptr": "*i32",
                          "s_ptr": "*u8", "g_ptr": "*fp32", "b_ptr": f"*{dt}",
                          "out_ptr": "*fp32" if partial else f"*{dt}"}
                 const: dict[str, Any] = {"HAS_BIAS": not partial, "BLOCK_M": c.block_m,
                                          "BLOCK_N": c.block_n, "BLOCK_K": c.block_k,
                                          "PARTIAL": partial}
+                if c.xprep:
+                    const["SUM_IN_KERNEL"] = c.sum_in_kernel and partial
                 const.update({"ASM": True} if c.decode8 or c.xprep else
                              {"DOT_FP32": False, "DOT16": c.dot16})
                 sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in names}

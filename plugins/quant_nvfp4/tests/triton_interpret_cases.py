@@ -162,7 +162,11 @@ XPREP = [KernelConfig("xp-split", "fused", 16, 16, 128, 2, dot16=True, decode8=T
          KernelConfig("xpt-split", "fused", 16, 32, 128, 2, dot16=True, decode8=True, xprep=True,
                       swap_ab=True),
          KernelConfig("xpt", "fused", 32, 16, 256, 1, dot16=True, decode8=True, xprep=True,
-                      swap_ab=True)]
+                      swap_ab=True),
+         KernelConfig("xpt-sum", "fused", 16, 16, 128, 3, dot16=True, decode8=True, xprep=True,
+                      swap_ab=True, sum_in_kernel=True),
+         KernelConfig("xp-sum", "fused", 16, 32, 128, 2, dot16=True, decode8=True, xprep=True,
+                      sum_in_kernel=True)]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -179,7 +183,7 @@ def test_xprep_variant(config: KernelConfig, dtype: torch.dtype, bias: bool) -> 
     edge_scales(tensors)
     w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
     b = torch.randn(40, generator=gen).to(dtype) if bias else None
-    for m in (1, 5, 17):
+    for m in (1, 5, 17, 5):  # 5 twice: split-K counters are left at zero for the next call
         top = 4 if dtype == torch.bfloat16 else 1
         x = torch.randn(m, 272, generator=gen) * torch.logspace(-6, top, m)[:, None]
         x[m // 2] = 0.0

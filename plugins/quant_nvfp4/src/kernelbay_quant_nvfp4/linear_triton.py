@@ -101,7 +101,8 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
                                split_k=split_k_for(config, m, packed.shape[0], k, sms),
                                num_warps=config.num_warps, num_stages=config.num_stages,
                                dot16=config.dot16, decode8=config.decode8,
-                               xprep=config.xprep, swap_ab=config.swap_ab)
+                               xprep=config.xprep, swap_ab=config.swap_ab,
+                               sum_in_kernel=config.sum_in_kernel)
 
 
 class Nvfp4TritonLinear(LinearMethod):

@@ -21,7 +21,8 @@ Reasoning for the H200 defaults (132 SMs, 4.8 TB/s, 50 MB L2); ``bench/nvfp4/run
   2. BLOCK_M = 16 is the smallest tl.dot tile (unused rows masked). N = 8192 gives 64
   CTAs of 256 rows, so K is split until there are about four CTAs per SM (``split_k``);
   the fp32 partials (M x N x split, a few hundred KB at most) are summed by a second small
-  kernel (deterministic: partials added in split order).
+  kernel (deterministic: partials added in split order), or with ``sum_in_kernel`` by the
+  last program of each tile (one launch less; the ``-sum`` candidates).
 * M = 64: 256 x 64 (N x M) tiles, the weight decoded once for all rows.
 * M > 64: ``dequant``: decode the whole weight into a temporary and call cuBLAS
   (``F.linear``), measured best at M = 256 so far (each call pays a 2 B/element write and
@@ -63,6 +64,9 @@ class KernelConfig:
     #: With ``xprep``: the weight is the MMA's first operand (``out^T = W x^T``; on sm_90
     #: the warpgroup MMA takes it from registers, BLOCK_M is the MMA's N).
     swap_ab: bool = False
+    #: With ``xprep`` and split-K: the last program of each tile adds the partials (in split
+    #: order) and writes the output, instead of a second kernel (one launch less).
+    sum_in_kernel: bool = False
 
 
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
@@ -81,9 +85,10 @@ DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
 
 
 def _xp(name: str, block_m: int, block_n: int, block_k: int, warps: int, stages: int,
-        swap_ab: bool = True) -> KernelConfig:
+        swap_ab: bool = True, sum_in_kernel: bool = False) -> KernelConfig:
     return KernelConfig(name, "fused", block_m, block_n, block_k, 0, warps, stages,
-                        dot16=True, decode8=True, xprep=True, swap_ab=swap_ab)
+                        dot16=True, decode8=True, xprep=True, swap_ab=swap_ab,
+                        sum_in_kernel=sum_in_kernel)
 
 
 #: Alternatives the benchmark tries per shape (``--configs all``); BLOCK_M is lowered to
@@ -93,8 +98,10 @@ def _xp(name: str, block_m: int, block_n: int, block_k: int, warps: int, stages:
 #: row tile (sm_90 SASS, ``bench/nvfp4/registers.py --loop``) in the comments.
 CANDIDATES: tuple[KernelConfig, ...] = (
     _xp("xpt-16x256x128", 16, 256, 128, 8, 4),  # 5.3, 157 registers
+    _xp("xpt-16x256x128-sum", 16, 256, 128, 8, 4, sum_in_kernel=True),
     _xp("xpt-16x128x256", 16, 128, 256, 8, 4),  # 5.5, 162 registers
     _xp("xpt-16x128x128", 16, 128, 128, 4, 4),  # 5.6, 153 registers
+    _xp("xpt-16x128x128-sum", 16, 128, 128, 4, 4, sum_in_kernel=True),
     _xp("xp-16x128x128", 16, 128, 128, 4, 4, swap_ab=False),  # 6.0, 175 registers
     KernelConfig("w8-16x64x256", "fused", 16, 64, 256, 0, 8, 4, True, True),  # 13.4
     _xp("xpt-64x256x128", 64, 256, 128, 8, 3),  # 5.9, 214 registers

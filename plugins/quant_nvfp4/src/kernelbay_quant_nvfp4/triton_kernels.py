@@ -302,6 +302,27 @@ def nvfp4_matmul_w8(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
 
 
 @triton.jit
+def _sum_partials(part, stride_os, fin, bias, b_ok, o_mask, counter, HAS_BIAS: tl.constexpr):
+    # Split-K without a second kernel: the program of a tile that arrives last (one counter
+    # per output tile) adds the fp32 partials of all splits in split order 0, 1, .. (the
+    # order is fixed, so the sum is deterministic; which program does it is not) and
+    # writes the output; it then resets the counter for the next launch.
+    splits = tl.num_programs(2)
+    tl.debug_barrier()  # every thread's partial is stored before the release below
+    arrived = tl.atomic_add(counter, 1, sem="acq_rel")
+    if arrived == splits - 1:
+        tl.debug_barrier()
+        total = tl.load(part, mask=o_mask, other=0.0, cache_modifier=".cg")
+        for s in range(1, splits):
+            # .cg: the peers' partials from L2, never a stale L1 line.
+            total += tl.load(part + s * stride_os, mask=o_mask, other=0.0, cache_modifier=".cg")
+        if HAS_BIAS:
+            total += tl.load(bias, mask=b_ok, other=0.0).to(tl.float32)
+        tl.store(fin, total.to(fin.dtype.element_ty), mask=o_mask)
+        tl.atomic_xchg(counter, 0)
+
+
+@triton.jit
 def x_prepare(x_ptr, xs_ptr, down_ptr, K, KP, stride_xm, stride_sm,
               BLOCK_K: tl.constexpr, CHUNK: tl.constexpr):
     """One row of ``x`` per program, once per call: scaled by the power of two that puts the
@@ -335,7 +356,8 @@ def nvfp4_matmul_xp(xs_ptr, down_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
                     M, N, K, stride_xm, stride_wn, stride_sn, stride_om, stride_os,
                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, TILES_PER_SPLIT, PARTIAL: tl.constexpr,
-                    ASM: tl.constexpr):
+                    ASM: tl.constexpr, fin_ptr=None, cnt_ptr=None,
+                    SUM_IN_KERNEL: tl.constexpr = False):
     """``nvfp4_matmul_w8`` on prepared activations (``x_prepare``): the 8 x slices of a tile
     are 8 contiguous loads of fp16, no per-tile scaling, splitting or conversion of x; the
     row factor ``down`` and ``weight_scale_2 * 2^7`` multiply the accumulator once."""
@@ -396,8 +418,12 @@ def nvfp4_matmul_xp(xs_ptr, down_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
         tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
                  acc.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
-        tl.store(out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
-                 acc, mask=o_mask)
+        part = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+        tl.store(part + pid_k * stride_os, acc, mask=o_mask)
+        if SUM_IN_KERNEL:
+            _sum_partials(part, stride_os, fin_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
+                          b_ptr + offs_n[None, :], n_ok[None, :], o_mask,
+                          cnt_ptr + pid_m * tl.num_programs(0) + pid_n, HAS_BIAS)
 
 
 @triton.jit
@@ -405,7 +431,8 @@ def nvfp4_matmul_xpt(xs_ptr, down_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
                      M, N, K, stride_xm, stride_wn, stride_sn, stride_om, stride_os,
                      HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, TILES_PER_SPLIT, PARTIAL: tl.constexpr,
-                     ASM: tl.constexpr):
+                     ASM: tl.constexpr, fin_ptr=None, cnt_ptr=None,
+                     SUM_IN_KERNEL: tl.constexpr = False):
     """``nvfp4_matmul_xp`` with the operands swapped: ``out^T [BLOCK_N, BLOCK_M] += W x^T``,
     the decoded weight the first operand (on sm_90 the warpgroup MMA reads it from
     registers, so decoded weights never go through shared memory) and the activations the
@@ -467,8 +494,12 @@ def nvfp4_matmul_xpt(xs_ptr, down_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr,
         tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None],
                  acc.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
-        tl.store(out_ptr + pid_k * stride_os + offs_m[None, :] * stride_om + offs_n[:, None],
-                 acc, mask=o_mask)
+        part = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
+        tl.store(part + pid_k * stride_os, acc, mask=o_mask)
+        if SUM_IN_KERNEL:
+            _sum_partials(part, stride_os, fin_ptr + offs_m[None, :] * stride_om + offs_n[:, None],
+                          b_ptr + offs_n[:, None], n_ok[:, None], o_mask,
+                          cnt_ptr + pid_m * tl.num_programs(0) + pid_n, HAS_BIAS)
 
 
 @triton.jit
@@ -537,7 +568,8 @@ def nvfp4_linear_triton(x: torch.Tensor, packed: torch.Tensor, scales: torch.Ten
                         block_m: int, block_n: int, block_k: int, split_k: int,
                         num_warps: int = 4, num_stages: int = 3,
                         dot16: bool = False, decode8: bool = False,
-                        xprep: bool = False, swap_ab: bool = False) -> torch.Tensor:
+                        xprep: bool = False, swap_ab: bool = False,
+                        sum_in_kernel: bool = False) -> torch.Tensor:
     """``x [M, K] @ dequant(packed, scales, global_scale)^T (+ bias)`` -> [M, N] in x's dtype.
 
     ``x`` must be contiguous along K; ``block_k`` a multiple of 32 (two dots of K/2 >= 16),
@@ -559,7 +591,8 @@ def nvfp4_linear_triton(x: torch.Tensor, packed: torch.Tensor, scales: torch.Ten
         return _linear_xp(ks, x, packed, scales, global_scale, bias, block_m, block_n, block_k,
                           split_k, per_split, asm=x.is_cuda and not interp and
                           torch.version.hip is None, num_warps=num_warps,
-                          num_stages=num_stages, swap_ab=swap_ab)
+                          num_stages=num_stages, swap_ab=swap_ab,
+                          sum_in_kernel=sum_in_kernel)
     if decode8 and k % 8 == 0:
         return _linear_w8(ks, x, packed, scales, global_scale, bias, block_m, block_n, block_k,
                           split_k, per_split, asm=x.is_cuda and not interp and
@@ -620,6 +653,20 @@ def _linear_w8(ks: Nvfp4Kernels, x: torch.Tensor, packed: torch.Tensor, scales: 
     return out
 
 
+#: Per device: int32 counters, one per output tile, for split-K summed in the kernel. Every
+#: launch leaves them at zero; launches that overlap on different streams must not share
+#: them, so ``sum_in_kernel`` is for one stream per device (the engine's case).
+_COUNTERS: dict[str, torch.Tensor] = {}
+
+
+def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    have = _COUNTERS.get(str(device))
+    if have is None or have.numel() < tiles:
+        have = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[str(device)] = have
+    return have
+
+
 def prepare_x(x: torch.Tensor, block_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` as the ``xprep`` kernel reads it: fp16 [M, K rounded up to ``block_k``],
     each row times a power of two, columns of each K tile in decode order; and the per-row
@@ -637,7 +684,8 @@ def prepare_x(x: torch.Tensor, block_k: int) -> tuple[torch.Tensor, torch.Tensor
 def _linear_xp(ks: Nvfp4Kernels, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                global_scale: torch.Tensor, bias: torch.Tensor | None, block_m: int,
                block_n: int, block_k: int, split_k: int, per_split: int, *, asm: bool,
-               num_warps: int, num_stages: int, swap_ab: bool) -> torch.Tensor:
+               num_warps: int, num_stages: int, swap_ab: bool,
+               sum_in_kernel: bool) -> torch.Tensor:
     m, k = x.shape
     n = packed.shape[0]
     xs, down = prepare_x(x, block_k)
@@ -651,14 +699,21 @@ def _linear_xp(ks: Nvfp4Kernels, x: torch.Tensor, packed: torch.Tensor, scales: 
                   BLOCK_K=block_k, ASM=asm, **opts)
     if split_k == 1:
         kernel[grid](xs, down, words, scales, global_scale, bias_arg, out, m, n, k,
-                           xs.stride(0), words.stride(0), scales.stride(0), out.stride(0), 0,
-                           TILES_PER_SPLIT=per_split, PARTIAL=False, **common)
+                     xs.stride(0), words.stride(0), scales.stride(0), out.stride(0), 0,
+                     TILES_PER_SPLIT=per_split, PARTIAL=False, **common)
         return out
     part = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
+    if sum_in_kernel:
+        kernel[grid](xs, down, words, scales, global_scale, bias_arg, part, m, n, k,
+                     xs.stride(0), words.stride(0), scales.stride(0), n, m * n,
+                     TILES_PER_SPLIT=per_split, PARTIAL=True, fin_ptr=out,
+                     cnt_ptr=_tile_counters(x.device, grid[0] * grid[1]), SUM_IN_KERNEL=True,
+                     **common)
+        return out
     common["HAS_BIAS"] = False
     kernel[grid](xs, down, words, scales, global_scale, bias_arg, part, m, n, k,
-                       xs.stride(0), words.stride(0), scales.stride(0), n, m * n,
-                       TILES_PER_SPLIT=per_split, PARTIAL=True, **common)
+                 xs.stride(0), words.stride(0), scales.stride(0), n, m * n,
+                 TILES_PER_SPLIT=per_split, PARTIAL=True, **common)
     block = 1024
     ks.reduce[(-(-(m * n) // block),)](part, bias_arg, out, m * n, n, SPLIT_K=split_k,
                                        HAS_BIAS=bias is not None, BLOCK=block)
