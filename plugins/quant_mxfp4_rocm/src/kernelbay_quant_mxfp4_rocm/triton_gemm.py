@@ -235,24 +235,32 @@ def _block_k(k: int, want: int) -> int:
     return bk
 
 
+def _split(n: int, k: int, block_n: int, block_k: int, sm_count: int) -> int:
+    """Split-K factor giving about three programs per SM (a power of two), each split
+    keeping at least four K tiles."""
+    tiles = triton.cdiv(n, block_n)
+    split = _pow2_floor(max(1, (3 * sm_count) // max(tiles, 1)))
+    return min(split, max(1, k // (block_k * 4)))
+
+
 def default_config(m: int, n: int, k: int, sm_count: int = 132) -> GemmConfig:
-    """The config used when none is given: a 16-row split-K tile for M <= 16 with enough
-    programs for about three per SM, 64-row tiles up to M = 64, and beyond that the weight
+    """The config used when none is given: a 16-row tile for M <= 16 and 64-row tiles up to
+    M = 64, both split along K for about three programs per SM, and beyond that the weight
     decoded to bf16 once for torch's matmul (decoding per 128-row tile costs more)."""
     if m <= 16:
         block_k = _block_k(k, 256)
-        tiles = triton.cdiv(n, 64)
-        split = _pow2_floor(max(1, (3 * sm_count) // max(tiles, 1)))
-        split = min(split, max(1, k // (block_k * 4)))
-        return GemmConfig(16, 64, block_k, split, 4, 4)
+        return GemmConfig(16, 64, block_k, _split(n, k, 64, block_k, sm_count), 4, 4)
     if m <= 64:
-        return GemmConfig(64, 128, _block_k(k, 128), 1, 4, 3)
+        block_k = _block_k(k, 128)
+        tiles_m = triton.cdiv(m, 64)
+        return GemmConfig(64, 128, block_k, _split(n * tiles_m, k, 128, block_k, sm_count),
+                          4, 3)
     return GemmConfig(128, 128, 64, 1, 8, 3, "dequant")
 
 
 def candidate_configs(m: int, n: int, k: int) -> list[GemmConfig]:
     """Configs a tuning run tries for one shape (each valid for it: BLOCK_K divides K and
-    every split gets at least two K tiles): 10 for M <= 16, 5 beyond, chosen so that the
+    every split gets at least two K tiles): 10 for M <= 16, 6 beyond, chosen so that the
     benchmark's sweep stays within a few minutes (every config compiles once per M class)."""
     out: list[GemmConfig] = []
     if m <= 16:
@@ -266,11 +274,13 @@ def candidate_configs(m: int, n: int, k: int) -> list[GemmConfig]:
                 out.append(GemmConfig(16, bn, bk, split, warps, 4, path))
         out.append(GemmConfig(16, 64, 64, 1, 4, 3, "dequant"))
         return out
-    for bm, bn, bk, warps, path in ((64, 128, 128, 4, "decode"), (128, 128, 64, 8, "decode"),
-                                    (128, 128, 128, 8, "decode"),
-                                    (128, 128, 128, 8, "scaled")):
-        if k % bk == 0:
-            out.append(GemmConfig(bm, bn, bk, 1, warps, 3, path))
+    for bm, bn, bk, split, warps, path in ((64, 128, 128, 1, 4, "decode"),
+                                           (64, 128, 128, 4, 4, "decode"),
+                                           (128, 128, 64, 1, 8, "decode"),
+                                           (128, 128, 128, 1, 8, "decode"),
+                                           (128, 128, 128, 1, 8, "scaled")):
+        if k % bk == 0 and k // (bk * split) >= 2:
+            out.append(GemmConfig(bm, bn, bk, split, warps, 3, path))
     out.append(GemmConfig(128, 128, 64, 1, 8, 3, "dequant"))
     return out
 
