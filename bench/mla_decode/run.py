@@ -15,7 +15,7 @@ the kernels' time, without Python and launch overhead (``--eager`` times plain l
 A sweep of launch configurations (tile keys, warps, stages, per-group scaling) follows for
 the memory-bound cases (16 heads, batch 64, context 8k and 32k), every record kind.
 
-    python bench/mla_decode/run.py --out bench/mla_decode/out      # under 3 minutes, H200
+    python bench/mla_decode/run.py --out bench/mla_decode/out      # about 2-3 minutes, H200
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import argparse
 import functools
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -109,6 +110,44 @@ def _check(record, cache, meta, query, out, scale: float) -> float:
     return float(((got - ref.float()).abs() / (1 + ref.float().abs())).max())
 
 
+def _warm_one(job: tuple[str, int, dict]) -> str:
+    """Compile one (kind, heads, launch) configuration into triton's on-disk cache by running
+    it once on a tiny cache (same dtypes, alignments and constexprs as the real launches, so
+    the main process then loads it instead of compiling). Returns an error text or ''."""
+    kind, heads, launch = job
+    try:
+        from kernelbay_attn_flashmla.records import RECORDS
+        from kernelbay_attn_flashmla.triton_mla import mla_decode
+
+        record = RECORDS[kind]
+        cache = torch.zeros(2, record.page_bytes(PAGE), dtype=torch.uint8, device="cuda")
+        tables = torch.arange(2, dtype=torch.int32, device="cuda").view(1, 2)
+        query = torch.zeros(1, heads, record.latent_dim, dtype=torch.bfloat16, device="cuda")
+        mla_decode(query, cache, record, PAGE, _metadata(1, 2 * PAGE, tables), 0.1,
+                   **dict(launch, num_splits=2))
+        torch.cuda.synchronize()
+        return ""
+    except Exception as exc:  # reported by the caller; the timed run recompiles and fails
+        return f"{kind} H={heads} {launch}: {type(exc).__name__}: {str(exc)[:200]}"
+
+
+def _warm(jobs: list[tuple[str, int, dict]], workers: int) -> list[str]:
+    """Compile ``jobs`` in ``workers`` processes at once (compiling dominates the run
+    otherwise); returns the errors."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if workers <= 1 or not jobs:
+        return []
+    # An executor, not a Pool: a worker that dies fails its jobs instead of hanging the run.
+    try:
+        with ProcessPoolExecutor(min(workers, len(jobs)),
+                                 mp_context=multiprocessing.get_context("spawn")) as pool:
+            return [e for e in pool.map(_warm_one, jobs, timeout=300) if e]
+    except Exception as exc:  # compile on first use instead
+        return [f"precompiling stopped: {type(exc).__name__}: {str(exc)[:200]}"]
+
+
 def _time(fn, rep: int, eager: bool) -> float:
     """Milliseconds per call of ``fn``: replayed from a CUDA graph (the kernels' own time,
     no Python or launch overhead; what an engine step captured in a graph pays), or launched
@@ -147,6 +186,9 @@ def main() -> int:
     parser.add_argument("--no-tune", action="store_true",
                         help="skip the launch-configuration sweep (16 heads, batch 64, "
                              "context >= 8k, every kind)")
+    parser.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1),
+                        help="processes compiling the configurations before timing (1: "
+                             "compile on first use)")
     parser.add_argument("--budget-s", type=float, default=150.0,
                         help="sweep entries left once the run has taken this long are "
                              "skipped (noted in the results)")
@@ -173,6 +215,18 @@ def main() -> int:
     tuning: list[dict] = []
     started = time.perf_counter()
     scale = 1 / math.sqrt(192)
+    default = dict(block_n=args.block_n, num_warps=args.warps, num_stages=args.stages,
+                   chunked=CHUNKED[args.chunked], grouped=CHUNKED[args.grouped],
+                   l2_ahead=(triton_mla.L2_AHEAD if args.l2_ahead is None
+                             else args.l2_ahead))
+    jobs = [(kind, heads, default) for kind in kinds for heads in heads_list]
+    if not args.no_tune and 16 in heads_list:
+        jobs += [(kind, 16, _tune_launch(tune, triton_mla.L2_AHEAD)) for kind in kinds
+                 for tune in TUNE_CONFIGS if not (kind == "bf16" and tune.get("grouped"))]
+    for error in _warm(jobs, args.jobs):
+        notes.append(f"precompile failed: {error}")
+    print(f"compiled {len(jobs)} configurations in {time.perf_counter() - started:.0f} s",
+          flush=True)
     for context in contexts:
         for kind in kinds:
             record = RECORDS[kind]
@@ -194,12 +248,7 @@ def main() -> int:
                     block_h = launch_constants(record, heads, PAGE, 1)["BLOCK_H"]
                     splits = choose_splits(batch, -(-heads // block_h), context, sms,
                                            args.waves or triton_mla.SPLIT_WAVES)
-                    launch = dict(num_splits=splits, block_n=args.block_n,
-                                  num_warps=args.warps, num_stages=args.stages,
-                                  chunked=CHUNKED[args.chunked],
-                                  grouped=CHUNKED[args.grouped],
-                                  l2_ahead=(triton_mla.L2_AHEAD if args.l2_ahead is None
-                                            else args.l2_ahead))
+                    launch = dict(default, num_splits=splits)
                     label = f"{kind} B={batch} ctx={context} H={heads}"
                     err, ms = _measure(mla_decode, record, cache, meta, query, scale, launch,
                                        args)
@@ -222,9 +271,7 @@ def main() -> int:
                     for tune in TUNE_CONFIGS:
                         if kind == "bf16" and tune.get("grouped"):
                             continue
-                        cfg = dict(launch, chunked=None, grouped=False, reg_prefetch=True,
-                                   num_stages=2, l2_ahead=triton_mla.L2_AHEAD)
-                        cfg.update(tune)
+                        cfg = dict(_tune_launch(tune, triton_mla.L2_AHEAD), num_splits=splits)
                         cfg_label = (f"{label} grouped={cfg['grouped']} "
                                      f"block_n={cfg['block_n']} warps={cfg['num_warps']} "
                                      f"stages={cfg['num_stages']} "
@@ -261,6 +308,12 @@ def main() -> int:
         print("mla_decode: wrong results:\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1
     return 0
+
+
+def _tune_launch(tune: dict, l2_ahead: int) -> dict:
+    """A sweep entry with the unnamed options at the kernel's defaults."""
+    return dict(dict(chunked=None, grouped=False, reg_prefetch=True, num_stages=2,
+                     l2_ahead=l2_ahead), **tune)
 
 
 def _measure(mla_decode, record, cache, meta, query, scale: float, launch: dict,
