@@ -258,14 +258,14 @@ def test_decode_matches_reference_on_gpu(kind: str, heads: int, dims: str) -> No
         _compare(case, splits=splits, atol=3e-2, scale=1 / math.sqrt(192))
     from kernelbay_attn_flashmla.triton_mla import mla_decode
 
-    if dims != "formats":
+    if dims != "formats" or heads != 16:
         return
-    # Every layout the bench sweeps, at the shipped record sizes.
+    # The other layouts at the shipped record sizes, 16 heads (as the bench sweeps them).
     ref = mla_attention(case.query, case.cache, record, 64, case.meta, 0.07)[0].float()
-    for launch in ({"chunked": False, "block_n": 16}, {"chunked": True, "block_n": 32},
-                   {"chunked": False, "block_n": 64}, {"grouped": True, "block_n": 32},
-                   {"chunked": False, "block_n": 32, "reg_prefetch": False, "num_stages": 3},
-                   {"l2_ahead": 0}):
+    for launch in ({"chunked": False, "block_n": 16, "l2_ahead": 0},
+                   {"chunked": True, "block_n": 32}, {"chunked": False, "block_n": 64},
+                   {"grouped": True, "block_n": 32},
+                   {"chunked": False, "block_n": 32, "reg_prefetch": False, "num_stages": 3}):
         out = mla_decode(case.query, case.cache, record, 64, case.meta, 0.07,
                          **launch)[0]  # type: ignore[arg-type]
         torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2, msg=str(launch))

@@ -173,6 +173,18 @@ def launch_constants(record: MLARecord, heads: int, page_size: int, page_bytes: 
                      grouped: bool | None = None, reg_prefetch: bool = True,
                      l2_ahead: int = L2_AHEAD, sparse: bool = False,
                      fast_fp8: bool = True, interpreting: bool = False) -> dict[str, Any]:
+    """The decode kernel's constexprs (see ``_launch_constants``; memoized: every layer of
+    every step asks for the same ones)."""
+    return dict(_launch_constants(record, heads, page_size, page_bytes, block_n, chunked,
+                                  grouped, reg_prefetch, l2_ahead, sparse, fast_fp8,
+                                  interpreting))
+
+
+@functools.lru_cache(maxsize=256)
+def _launch_constants(record: MLARecord, heads: int, page_size: int, page_bytes: int,
+                      block_n: int | None, chunked: bool | None, grouped: bool | None,
+                      reg_prefetch: bool, l2_ahead: int, sparse: bool, fast_fp8: bool,
+                      interpreting: bool) -> tuple[tuple[str, Any], ...]:
     """The decode kernel's constexprs for ``record`` at ``heads`` query heads (also used to
     compile launch configurations without a GPU, ``bench/mla_decode/registers.py``).
 
@@ -195,7 +207,7 @@ def launch_constants(record: MLARecord, heads: int, page_size: int, page_bytes: 
         # spills on sm_90; per-warp chunks do not.
         chunked = block_h > 16 and d_pad >= 256 and (record.group_size or d_pad) < NOPE_CHUNK
     chunk = f.group if grouped else min(d_pad, NOPE_CHUNK)
-    return dict(
+    return tuple(dict(
         RANK=rank, ROPE=rope, NC=d_pad // chunk, CH=chunk, R_PAD=_pow2(max(rope, 16)),
         BLOCK_H=block_h, BLOCK_N=block_n, PAGE_SIZE=page_size, PAGE_BYTES=page_bytes,
         BPT=record.bytes_per_token, NOPE_OFF=f.nope_off, ROPE_OFF=f.rope_off,
@@ -206,7 +218,7 @@ def launch_constants(record: MLARecord, heads: int, page_size: int, page_bytes: 
         REG_PREFETCH=reg_prefetch,
         L2_AHEAD=0 if interpreting or not fast_fp8 else l2_ahead,
         L2_LINES=_pow2(-(-record.bytes_per_token // 128) + 1),
-    )
+    ).items())
 
 
 def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
