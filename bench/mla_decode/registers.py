@@ -1,6 +1,6 @@
 """Compile ``mla-triton`` decode-kernel launch configurations for a GPU architecture without a
-GPU and print registers, spill stack, shared memory and the inner loop's size (SASS lines of
-the cubin): the numbers behind the kernel's defaults and the bench's sweep. Needs triton's
+GPU and print registers, spill stack, shared memory and the KV-tile loop's size (SASS
+instructions per iteration, per thread): the numbers behind the kernel's defaults and the bench's sweep. Needs triton's
 bundled ptxas/cuobjdump/nvdisasm.
 
     python bench/mla_decode/registers.py                       # sm_90, the sweep's configs
@@ -26,19 +26,36 @@ def _tool(name: str) -> str:
 
 
 def _usage(cubin: bytes) -> tuple[str, int]:
-    """``REG:n STACK:n`` of the cubin and its SASS instruction count."""
+    """``REG:n STACK:n`` of the cubin and its tile loop's SASS instruction count."""
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
     try:
         res = subprocess.run([_tool("cuobjdump"), "-res-usage", f.name], capture_output=True,
                              text=True, check=True).stdout
-        sass = subprocess.run([_tool("nvdisasm"), f.name], capture_output=True, text=True,
-                              check=False).stdout
+        sass = subprocess.run([_tool("nvdisasm"), "-c", f.name], capture_output=True,
+                              text=True, check=False).stdout
     finally:
         os.unlink(f.name)
     line = next(x for x in res.splitlines() if "REG" in x).split()
-    count = len(re.findall(r"/\*[0-9a-f]{4,}\*/", sass))
-    return f"{line[0]} {line[1]}", count
+    return f"{line[0]} {line[1]}", _loop_size(sass)
+
+
+def _loop_size(sass: str) -> int:
+    """SASS instructions of the largest loop: from a label to a later branch back to it
+    (the decode kernel's KV-tile loop)."""
+    labels: dict[str, int] = {}
+    best = 0
+    count = 0
+    for text in sass.splitlines():
+        label = re.match(r"^(\.L_x_\d+):", text)
+        if label:
+            labels[label.group(1)] = count
+        elif re.search(r"/\*[0-9a-f]{4,}\*/", text):
+            count += 1
+            target = re.search(r"BRA\s+`\((\.L_x_\d+)\)", text)
+            if target and target.group(1) in labels:
+                best = max(best, count - labels[target.group(1)])
+    return best
 
 
 def compile_config(kind: str, heads: int, block_n: int, warps: int, stages: int,
@@ -106,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                             ir = k.asm["ttgir"]
                             extra = (f" async_copies={ir.count('async_copy_global_to_local')}"
                                      f" converts={ir.count('convert_layout')}")
-                        print(f"{label}: {usage} SHARED:{k.metadata.shared} SASS:{n}{extra}",
+                        print(f"{label}: {usage} SHARED:{k.metadata.shared} LOOP:{n}{extra}",
                               flush=True)
     return 1 if failed else 0
 
