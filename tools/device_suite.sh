@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One GPU-machine call running the named sections (e.g. `bash tools/device_suite.sh bi coll`).
+# One GPU-machine call running the named sections (e.g. `bash tools/device_suite.sh final`).
 # Each section logs to /tmp/res/logs/<section>.log and writes results under /tmp/res/<section>;
-# everything comes back as one tarball (the device tool returns few files), log tails on stdout. Build .whl/kb first
-# (tools/device_wheels.sh) and carry .whl.
+# everything comes back as one tarball (the device tool returns few files), log tails on stdout.
+# Build .whl/kb first (tools/device_wheels.sh) and carry .whl (and .corpus for training).
 set -uo pipefail
 source tools/device_env.sh || { echo "wheel install failed"; exit 1; }
 mkdir -p "$OUT" /tmp/res/logs
@@ -12,32 +12,38 @@ py=python3
 section() {  # name, timeout seconds, command...
   local name=$1 limit=$2; shift 2
   mkdir -p "/tmp/res/$name"
-  echo "== $name ($(date +%T))" | tee -a "$OUT/summary.txt"
+  echo "== $name start $(date +%T) gpu ${CUDA_VISIBLE_DEVICES:-all}" >> "$OUT/summary.txt"
   timeout "$limit" "$@" > "/tmp/res/logs/$name.log" 2>&1
-  echo "   rc=$? ($(date +%T))" | tee -a "$OUT/summary.txt"
+  echo "== $name rc=$? end $(date +%T)" >> "$OUT/summary.txt"
+}
+kernels_a() {  # quantized weight-only GEMMs and the drafter, one GPU
+  section nvfp4-bench 150 $py bench/nvfp4/run.py --configs all --rep-ms 15 --out /tmp/res/nvfp4-bench
+  section mla-bench 150 $py bench/mla_decode/run.py --budget-s 70 --out /tmp/res/mla-bench
+  section spec-bench 90 $py bench/spec_decode/run.py --device cuda --sweep 1,8,64 --repeats 1 \
+    --out /tmp/res/spec-bench
+}
+kernels_b() {  # MX GEMM, batch-invariant matmul, MLA correctness, one GPU
+  section mxfp4-bench 150 $py bench/mxfp4/run.py --configs all --budget 110 --out /tmp/res/mxfp4-bench
+  section bi-bench 130 $py bench/batch_invariant/run.py --configs all --budget 90 --out /tmp/res/bi-bench
+  section mla-tests 120 $py -m pytest -q -p no:cacheprovider -m gpu plugins/attn_flashmla/tests
+}
+two_gpus() {
+  section coll-bench 60 torchrun --nproc-per-node 2 bench/collectives/run.py --out /tmp/res/coll-bench
+  section coll-tp2 130 torchrun --nproc-per-node 2 bench/collectives/engine_tp2.py --out /tmp/res/coll-tp2
 }
 for s in "$@"; do
   case $s in
-    bi)
-      section bi-tests 150 $py -m pytest -q -p no:cacheprovider plugins/batch_invariant/tests/test_gpu.py
-      section bi-bench 170 $py bench/batch_invariant/run.py --configs all --out /tmp/res/bi-bench ;;
-    coll)
-      [ "$ngpu" -ge 2 ] || { echo "coll needs 2 GPUs, have $ngpu" >> "$OUT/summary.txt"; continue; }
-      section coll-tests 60 $py -m pytest -q -p no:cacheprovider plugins/tp_collectives/tests/test_gpu_two_ranks.py
-      section coll-bench 90 torchrun --nproc-per-node 2 bench/collectives/run.py --out /tmp/res/coll-bench
-      section coll-tp2 110 torchrun --nproc-per-node 2 bench/collectives/engine_tp2.py --out /tmp/res/coll-tp2 ;;
-    mxfp4)
-      section mxfp4-tests 200 $py -m pytest -q -p no:cacheprovider -m gpu plugins/quant_mxfp4_rocm/tests
-      section mxfp4-bench 150 $py bench/mxfp4/run.py --out /tmp/res/mxfp4-bench ;;
-    mxfp4-sweep)
-      section mxfp4-sweep 200 $py bench/mxfp4/run.py --configs all --ms 1,4,16,64 --budget 170 \
-        --out /tmp/res/mxfp4-sweep ;;
-    nvfp4)
-      section nvfp4-tests 100 $py -m pytest -q -x -p no:cacheprovider -m gpu plugins/quant_nvfp4/tests
-      section nvfp4-bench 200 $py bench/nvfp4/run.py --configs all --rep-ms 15 --out /tmp/res/nvfp4-bench ;;
-    mla)
-      section mla-tests 100 $py -m pytest -q -x -p no:cacheprovider -m gpu plugins/attn_flashmla/tests
-      section mla-bench 170 $py bench/mla_decode/run.py --rep 20 --out /tmp/res/mla-bench ;;
+    final)
+      if [ "$ngpu" -ge 2 ]; then
+        CUDA_VISIBLE_DEVICES=0 kernels_a & CUDA_VISIBLE_DEVICES=1 kernels_b & wait
+        two_gpus
+      else
+        kernels_a; kernels_b
+      fi ;;
+    spec)
+      mkdir -p /tmp/stdlib && tar -xzf .corpus/stdlib-3.11.7.tar.gz -C /tmp/stdlib
+      section spec-train 270 $py tools/train_drafter.py --out /tmp/res/drafter --device cuda \
+        --corpus /tmp/stdlib --time-budget "${SPEC_TRAIN_S:-170}" ;;
     *) echo "unknown section $s" >> "$OUT/summary.txt" ;;
   esac
 done
