@@ -25,11 +25,11 @@ kernels_a() {  # quantized weight-only GEMMs and the drafter, one GPU
 kernels_b() {  # MX GEMM, batch-invariant matmul, MLA correctness, one GPU
   section mxfp4-bench 150 $py bench/mxfp4/run.py --configs all --budget 110 --out /tmp/res/mxfp4-bench
   section bi-bench 130 $py bench/batch_invariant/run.py --configs all --budget 90 --out /tmp/res/bi-bench
-  section mla-tests 120 $py -m pytest -q -p no:cacheprovider -m gpu plugins/attn_flashmla/tests
+  section mla-tests 110 $py -m pytest -q -p no:cacheprovider -m gpu plugins/attn_flashmla/tests
 }
 two_gpus() {
   section coll-bench 60 torchrun --nproc-per-node 2 bench/collectives/run.py --out /tmp/res/coll-bench
-  section coll-tp2 130 torchrun --nproc-per-node 2 bench/collectives/engine_tp2.py --out /tmp/res/coll-tp2
+  section coll-tp2 110 torchrun --nproc-per-node 2 bench/collectives/engine_tp2.py --out /tmp/res/coll-tp2
 }
 for s in "$@"; do
   case $s in
