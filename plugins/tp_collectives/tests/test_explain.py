@@ -29,20 +29,19 @@ def _plan(spec: str, policy: Policy | None = None) -> str:
 
 
 def test_without_multicast_the_fused_path_is_passed_over_with_its_reason() -> None:
-    # The symmetric-memory all-reduce ranks below NCCL (measured slower): NCCL is chosen.
+    # The symmetric-memory all-reduce leads NCCL (it routes large messages to NCCL itself).
     text = _plan("sm_90x2")
-    assert "collective: torch-distributed  [all_reduce over 2 ranks (nccl" in text
-    assert "gemm + all-reduce: torch-distributed" in text
+    assert "collective: tp-symm-mem-two-shot  [all_reduce over 2 ranks (nccl" in text
+    assert "gemm + all-reduce: tp-symm-mem-two-shot" in text
     assert ("passed over: tp-fused-gemm-all-reduce: needs multicast (NVLS) between the "
             "devices, device 'sm_90' reports multicast=False") in text
 
 
-def test_the_symmetric_memory_all_reduce_is_opt_in() -> None:
-    policy = Policy.make(plugins=["tp_collectives"],
-                         force={"collective": "tp-symm-mem-two-shot"})
+def test_nccl_can_still_be_forced() -> None:
+    policy = Policy.make(plugins=["tp_collectives"], force={"collective": "torch-distributed"})
     text = _plan("sm_90x2", policy)
-    assert "collective: tp-symm-mem-two-shot  [all_reduce over 2 ranks (nccl" in text
-    assert "gemm + all-reduce: tp-symm-mem-two-shot" in text
+    assert "collective: torch-distributed  [all_reduce over 2 ranks (nccl" in text
+    assert "gemm + all-reduce: torch-distributed" in text
 
 
 def test_with_multicast_the_fused_path_is_chosen() -> None:
@@ -53,7 +52,7 @@ def test_switched_off_multicast_wins_over_the_description(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
     text = _plan("sm_90x2+multicast")
-    assert "gemm + all-reduce: torch-distributed" in text
+    assert "gemm + all-reduce: tp-symm-mem-two-shot" in text
     assert "switches off (NCCL_NVLS_ENABLE=0)" in text
 
 
@@ -63,7 +62,7 @@ def test_cpu_plans_keep_the_reference() -> None:
 
 
 @pytest.mark.parametrize("spec, chosen, reason", [
-    ("sm_90x2", "torch-distributed", "reports multicast=False"),
+    ("sm_90x2", "tp-symm-mem-two-shot", "reports multicast=False"),
     ("sm_90x2+multicast", "tp-fused-gemm-all-reduce", None),
 ])
 def test_explain_command(spec: str, chosen: str, reason: str | None,

@@ -22,12 +22,14 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_MAX_BYTES", "ONE_SHOT_MAX_BYTES", "SymmMemTwoShotAllReduce", "has_op"]
 
-#: Largest all-reduce that goes through the symmetric buffer; larger ones go to NCCL.
-DEFAULT_MAX_BYTES = 64 * 2**20
+#: Largest all-reduce that goes through the symmetric buffer; larger ones go to NCCL. On
+#: 2 x H200 (bench/results/collectives-2xh200.md) two-shot written back was 1.23x NCCL at
+#: 4 MB and 0.99x at 16 MB, so NCCL takes everything above 4 MB.
+DEFAULT_MAX_BYTES = 4 * 2**20
 #: Messages up to this size use the one-shot kernel (one launch that also copies the input
-#: into the buffer), larger ones two-shot. ``bench/collectives/run.py`` times both per size
-#: and prints the measured crossover to put here.
-ONE_SHOT_MAX_BYTES = 256 * 2**10
+#: into the buffer), larger ones two-shot. Measured on 2 x H200: one-shot 2.1-2.6x NCCL from
+#: 4 KB to 1 MB, slower than two-shot from 4 MB.
+ONE_SHOT_MAX_BYTES = 2**20
 _OPS = ("all_reduce", "gemm_all_reduce")
 #: Element types PyTorch's two-shot kernel is compiled for.
 DTYPES = ("bfloat16", "float32")
@@ -48,7 +50,7 @@ def has_op(name: str) -> bool:
 
 
 class SymmMemTwoShotAllReduce(Collective):
-    """All-reduce through a symmetric staging buffer, opt-in (see ``priority``).
+    """All-reduce through a symmetric staging buffer, for messages up to 4 MB.
 
     Per call: messages up to ``one_shot_max`` bytes run ``one_shot_all_reduce_copy_out``
     (the copy into the buffer is part of the kernel; the sum lands in a fresh tensor);
@@ -64,15 +66,14 @@ class SymmMemTwoShotAllReduce(Collective):
 
     name: ClassVar[str] = "tp-symm-mem-two-shot"
     api_version: ClassVar[str] = "1.0"
-    # Below torch-distributed (0): on 2 x H200 the first measurement found NCCL faster at
-    # every size from 4 KB to 64 MB (staged two-shot 0.65-0.77x NCCL's speed up to 4 MB,
-    # 0.86-0.96x at 16-64 MB; bench/collectives). It is chosen only when asked for:
-    # KERNELBAY_FORCE_COLLECTIVE=tp-symm-mem-two-shot.
-    priority: ClassVar[int] = -10
+    # Above torch-distributed (0): with the size routing above it was faster than NCCL up to
+    # 4 MB on 2 x H200 and hands larger messages to NCCL (bench/results/collectives-2xh200.md;
+    # a copy-in/copy-out two-shot for every size, measured first, was slower everywhere).
+    priority: ClassVar[int] = 20
     # Every rank sums the peers' shards in rank order, whatever the batch is.
     batch_invariant: ClassVar[bool] = True
     summary: ClassVar[str] = ("one-/two-shot all-reduce over PyTorch symmetric memory (no "
-                              "multicast); opt-in")
+                              "multicast) up to 4 MB, NCCL above")
 
     def __init__(self, request: CollectiveRequest, group: Any = None,
                  max_bytes: int = DEFAULT_MAX_BYTES,
