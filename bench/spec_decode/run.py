@@ -134,6 +134,8 @@ def main() -> int:
     drafter = spec["dflash2"].proposer if "dflash2" in spec else None
     folder = getattr(drafter, "folder", None)
     record = os.path.join(folder, "training.json") if folder else ""
+    # results name the drafter, not the folder it happened to be installed in
+    shown = args.drafter or ("bundled kernelbay_spec_dflash2/drafters/demo" if folder else None)
     trained = {}
     if record and os.path.isfile(record):
         with open(record, encoding="utf-8") as f:
@@ -141,7 +143,7 @@ def main() -> int:
                        if key in ("device_name", "steps", "batch", "prompts", "tau_greedy")}
     result = dict(device=str(device), device_name=name, dtype=str(plain.dtype),
                   k=args.k, tokens=args.tokens, torch=torch.__version__,
-                  drafter=folder, drafter_training=trained, rows=rows,
+                  drafter=shown, drafter_training=trained, rows=rows,
                   tau_temperature_0_8=sampled_tau, identical_at_temperature_0_8=sampled_same,
                   sampled_batch=len(group), stops_paying_at_batch=stops)
     os.makedirs(args.out, exist_ok=True)
@@ -149,7 +151,7 @@ def main() -> int:
         json.dump(result, f, indent=2)
     lines = [f"# Speculative decoding, demo model, {name} ({plain.dtype}), k = {args.k}, "
              f"{args.tokens} greedy tokens per held-out prompt", "",
-             f"dflash2 drafter: `{folder}` (training: {json.dumps(trained)})", "",
+             f"dflash2 drafter: `{shown}` (training: {json.dumps(trained)})", "",
              "| batch | method | tokens/s | vs plain | tau (tokens / target forward) | "
              "outputs identical to plain |",
              "| ---: | --- | ---: | ---: | ---: | ---: |"]
