@@ -70,16 +70,14 @@ class KernelConfig:
 
 
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
-#: The first H200 run (every candidate timed per shape) showed the per-element work, not
-#: HBM, bounding the decode kernels: time independent of M <= 16, ~1 TB/s. The ``xprep``
-#: kernels halve the loop's instructions (sm_90 SASS of the K loop, triton 3.6: 859 -> 468
-#: for a 16x64x256 tile; 6.0 per weight element at 16x128x128, no spills, 175 registers):
-#: the activations are converted and reordered once per call instead of once per tile and
-#: CTA. M > 64 keeps the measured best (dequantize, then cuBLAS) until a run shows the
-#: 128-row ``xprep`` tile ahead.
+#: Set from the second H200 sweep (every candidate timed per shape, N x K of 8192 x 8192,
+#: 28672 x 8192, 8192 x 28672): M <= 16: ``w8-16x64x256`` (38.5 us at 8192 x 8192, best on
+#: both N = 8192 shapes, 10 % behind ``xpt-16x128x256`` at N = 28672; the ``xpt`` tiles of
+#: 256 rows were twice as slow); M <= 64: ``xpt-64x128x128`` (best or tied with the 128-row
+#: tile cut to 64 rows on all three); larger M: dequantize then cuBLAS (best on all three).
 DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
-    (16, KernelConfig("xpt-16x256x128", "fused", 16, 256, 128, 0, 8, 4, True, True, True, True)),
-    (64, KernelConfig("xpt-64x256x128", "fused", 64, 256, 128, 0, 8, 3, True, True, True, True)),
+    (16, KernelConfig("w8-16x64x256", "fused", 16, 64, 256, 0, 8, 4, True, True)),
+    (64, KernelConfig("xpt-64x128x128", "fused", 64, 128, 128, 0, 8, 3, True, True, True, True)),
     (1 << 62, KernelConfig("dequant-cublas", "dequant")),
 )
 
