@@ -8,11 +8,16 @@ median), so that launch overhead is what a graph-captured decode step pays:
 * ``bf16``: ``F.linear(x, W)`` with W the dequantized weight in bf16 (the baseline);
 * ``mxfp4``: the ``mxfp4-triton`` linear method (on CUDA ``mxfp4-triton-cuda``, chosen by
   forcing it, ``KERNELBAY_FORCE_LINEAR``'s policy entry) with its default config, W4A16;
-* ``w4a4``: the same GEMM fed by the dynamic MXFP4 activation quantizer (two kernels);
+* ``w4a4``: the same GEMM fed by the dynamic MXFP4 activation quantizer (its kernels, then
+  the GEMM's activation decode and the GEMM);
 * with ``--configs all``: every ``candidate_configs`` entry of the GEMM (paths ``decode``,
   ``scaled`` = ``tl.dot_scaled``, ``dequant`` = bf16 weight + torch matmul) for the M of
-  ``--sweep-ms``, so one GPU run shows which config to make the default (the best is
-  reported per shape).
+  ``--sweep-ms`` (until ``--budget`` seconds), so one GPU run shows which config to make
+  the default (the best is reported per shape).
+
+A measurement that raises (e.g. a host sync under CUDA-graph capture) is printed (FAILED),
+recorded in its row as NaN with the error, and the script goes on; it exits with status 1
+after writing the results.
 
 Before timing, every kernel/config is checked once per shape against the reference
 (``kernelbay.formats.dequantize_mx`` + a float64 matmul): |y - ref| <= one bf16 rounding +
@@ -23,7 +28,7 @@ Reported: time per call (us), ratio bf16 / mxfp4 (> 1: faster), and GB/s of byte
 (weights + scales + activations + output; bf16 weights are 2 bytes per element, MXFP4 0.53).
 
     python bench/mxfp4/run.py --out DIR                 # default configs, about 1 minute
-    python bench/mxfp4/run.py --configs all --out DIR   # tuning sweep, about 2.5 minutes
+    python bench/mxfp4/run.py --configs all --out DIR   # tuning sweep, under 2 minutes
     TRITON_INTERPRET=1 python bench/mxfp4/run.py --smoke --configs all --out DIR  # no GPU
 """
 
@@ -49,6 +54,28 @@ HERE = Path(__file__).resolve().parent
 DEVICE = {"name": "cuda"}
 #: Every wrong result seen (the script exits 1 after writing the results when not empty).
 WRONG: list[str] = []
+#: Every measurement that raised (recorded in its row; the script goes on, then exits 1).
+FAILED: list[str] = []
+
+
+def attempt(row: dict[str, Any], key: str, label: str, thunk: Any) -> Any:
+    """``row[key] = thunk()``; an exception is printed, recorded in ``row[key + '_error']``
+    and ``FAILED`` (the value becomes NaN) so that one broken measurement does not stop the
+    others."""
+    try:
+        row[key] = thunk()
+    except Exception as exc:  # recorded and reported; exit 1 at the end
+        first = (str(exc).splitlines() or [""])[0][:200]
+        msg = f"{label}: {type(exc).__name__}: {first}"
+        print(f"FAILED: {msg}", file=sys.stderr, flush=True)
+        FAILED.append(msg)
+        row[key], row[key + "_error"] = float("nan"), msg
+        if DEVICE["name"] == "cuda":
+            try:  # surface (and clear) an asynchronous error before the next measurement
+                torch.cuda.synchronize()
+            except Exception as sync_exc:
+                FAILED.append(f"{label}: after the failure: {sync_exc}"[:300])
+    return row[key]
 
 
 def bench(fn: Any, rep: int) -> float:
@@ -108,12 +135,12 @@ def main() -> int:
     parser.add_argument("--configs", choices=("default", "all"), default="default")
     parser.add_argument("--ms", default=",".join(map(str, MS)), help="comma-separated M")
     parser.add_argument("--shapes", default="all", help="'all' or N1xK1,N2xK2")
-    parser.add_argument("--sweep-ms", default="1,16,64,256",
+    parser.add_argument("--sweep-ms", default="16,64,256",
                         help="comma-separated M whose configs --configs all times")
     parser.add_argument("--rep", type=int, default=40, help="ms of replays per timing")
     parser.add_argument("--sweep-rep", type=int, default=20,
                         help="ms of replays per config timing of the sweep")
-    parser.add_argument("--budget", type=float, default=170.0,
+    parser.add_argument("--budget", type=float, default=95.0,
                         help="seconds after which the config sweep stops (noted in results)")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script without a GPU: TRITON_INTERPRET=1, tiny shape")
@@ -148,6 +175,7 @@ def main() -> int:
         "configs": args.configs,
         "sweep_cut_by_budget": sweep_cut,
         "wrong": list(WRONG),
+        "failed": list(FAILED),
         "seconds": round(time.time() - start, 1),
         "rows": rows,
     }
@@ -158,8 +186,9 @@ def main() -> int:
     print(f"wrote {out / 'results.json'} and {out / 'results.md'}")
     if WRONG:
         print(f"WRONG RESULTS ({len(WRONG)}): " + "; ".join(WRONG), file=sys.stderr)
-        return 1
-    return 0
+    if FAILED:
+        print(f"FAILED MEASUREMENTS ({len(FAILED)}): " + "; ".join(FAILED), file=sys.stderr)
+    return 1 if WRONG or FAILED else 0
 
 
 def run_shape(n: int, k: int, ms: tuple[int, ...], args: argparse.Namespace, start: float,
@@ -189,16 +218,24 @@ def run_shape(n: int, k: int, ms: tuple[int, ...], args: argparse.Namespace, sta
     for m in ms:
         x = torch.randn(m, k, device=dev).bfloat16()
         row: dict[str, Any] = {"N": n, "K": k, "M": m}
-        row["check_mxfp4"] = check(f"{state['method']} N={n} K={k} M={m}",
-                                   method.apply(layer, x), x, w_deq)
-        xq, xs = triton_mx.quantize_mx(x, "e2m1", "even")
-        y4 = mxfp4_gemm(xq, packed, scales, x_scale=xs, out_dtype=torch.float32,
-                        scale_max=state["scale_max"])
-        row["check_w4a4"] = check(f"w4a4 N={n} K={k} M={m}", y4,
-                                  dequantize_mx(xq, xs, "e2m1"), w_deq)
-        row["bf16_us"] = bench(lambda x=x: F.linear(x, w_bf16), args.rep)
-        row["mxfp4_us"] = bench(lambda x=x: method.apply(layer, x), args.rep)
-        row["w4a4_us"] = bench(_w4a4(x, packed, scales, state["scale_max"]), args.rep)
+        tag = f"N={n} K={k} M={m}"
+        attempt(row, "check_mxfp4", f"check {state['method']} {tag}",
+                lambda x=x, tag=tag: check(f"{state['method']} {tag}", method.apply(layer, x),
+                                           x, w_deq))
+
+        def check_w4a4(x: torch.Tensor = x, tag: str = tag) -> float:
+            xq, xs = triton_mx.quantize_mx(x, "e2m1", "even")
+            y4 = mxfp4_gemm(xq, packed, scales, x_scale=xs, out_dtype=torch.float32,
+                            scale_max=state["scale_max"])
+            return check(f"w4a4 {tag}", y4, dequantize_mx(xq, xs, "e2m1"), w_deq)
+
+        attempt(row, "check_w4a4", f"check w4a4 {tag}", check_w4a4)
+        attempt(row, "bf16_us", f"time bf16 {tag}",
+                lambda x=x: bench(lambda: F.linear(x, w_bf16), args.rep))
+        attempt(row, "mxfp4_us", f"time mxfp4 {tag}",
+                lambda x=x: bench(lambda: method.apply(layer, x), args.rep))
+        attempt(row, "w4a4_us", f"time w4a4 {tag}",
+                lambda x=x: bench(_w4a4(x, packed, scales, state["scale_max"]), args.rep))
         row["default_config"] = default_config(m, n, k).describe()
         if args.configs == "all" and m in {int(v) for v in args.sweep_ms.split(",")}:
             sweep(row, x, packed, scales, w_deq, args, start, state)
@@ -210,7 +247,7 @@ def run_shape(n: int, k: int, ms: tuple[int, ...], args: argparse.Namespace, sta
         rows.append(row)
         best = (f", best {row['best_config']} {row['best_us']:.1f} us"
                 if "best_us" in row else "")
-        print(f"N={n} K={k} M={m}: bf16 {row['bf16_us']:.1f} us, mxfp4 {row['mxfp4_us']:.1f} "
+        print(f"{tag}: bf16 {row['bf16_us']:.1f} us, mxfp4 {row['mxfp4_us']:.1f} "
               f"us ({row['ratio']:.2f}x), w4a4 {row['w4a4_us']:.1f} us{best}", flush=True)
     return rows
 
@@ -241,11 +278,13 @@ def sweep(row: dict[str, Any], x: torch.Tensor, packed: torch.Tensor, scales: to
         if check(f"config {cfg.describe()} N={n} K={k} M={m}", y, x, w_deq) > 1.0:
             tried.append({**config_dict(cfg), "name": cfg.describe(), "error": "wrong result"})
             continue
-        us = bench(lambda cfg=cfg: mxfp4_gemm(x, packed, scales, config=cfg, scale_max=top),
-                   args.sweep_rep)
-        tried.append({**config_dict(cfg), "name": cfg.describe(), "us": us})
+        entry: dict[str, Any] = {**config_dict(cfg), "name": cfg.describe()}
+        attempt(entry, "us", f"time config {cfg.describe()} N={n} K={k} M={m}",
+                lambda cfg=cfg: bench(lambda: mxfp4_gemm(x, packed, scales, config=cfg,
+                                                         scale_max=top), args.sweep_rep))
+        tried.append(entry)
     row["configs"] = tried
-    timed = [t for t in tried if "us" in t]
+    timed = [t for t in tried if t.get("us", float("nan")) == t.get("us", float("nan"))]
     if timed:
         best = min(timed, key=lambda t: t["us"])
         row["best_config"], row["best_us"] = best["name"], best["us"]
@@ -287,6 +326,9 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "The config sweep stopped at --budget seconds; later shapes are partial."]
     if result.get("wrong"):
         lines += ["", "WRONG RESULTS: " + "; ".join(result["wrong"])]
+    if result.get("failed"):
+        lines += ["", "FAILED MEASUREMENTS (NaN in the table):", ""]
+        lines += [f"- {f}" for f in result["failed"]]
     return "\n".join(lines) + "\n"
 
 

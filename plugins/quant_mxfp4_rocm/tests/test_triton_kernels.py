@@ -267,6 +267,32 @@ def test_decode_every_code_and_scale_byte(fast: bool) -> None:
     assert torch.equal(got.float()[~nan].view(torch.int32), want[~nan].view(torch.int32))
 
 
+@pytest.mark.parametrize("elem", ELEMS)
+def test_decode_activations_bit_exact(elem: Any, rows: int = 5) -> None:
+    """``decode_activations`` (the GEMM's once-per-call MX activation decode) equals
+    ``dequantize_mx(...).to(bfloat16)`` bit for bit for every code/byte value against scale
+    bytes 0..255 (subnormal, overflowing and NaN products, signed zeros), ragged M."""
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import decode_activations
+
+    g = torch.Generator().manual_seed(41)
+    k = 512 if elem == "e2m1" else 1024  # every byte value in every row
+    cols = k // 2 if elem == "e2m1" else k
+    data = torch.stack([torch.arange(256, dtype=torch.uint8).repeat(cols // 256).roll(7 * r)
+                        for r in range(rows)])
+    scales = torch.randint(0, 256, (rows, k // 32), generator=g, dtype=torch.uint8)
+    scales[0, :3] = torch.tensor([0, 254, 255], dtype=torch.uint8)
+    scales[1, :3] = torch.tensor([1, 127, 8], dtype=torch.uint8)
+    ref_in = data if elem == "e2m1" else data.view(torch.float8_e4m3fn)
+    want = dequantize_mx(ref_in, scales, elem).to(torch.bfloat16)
+    got = decode_activations(ref_in.to(DEVICE), scales.to(DEVICE)).cpu()
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan) and bool(nan.any())
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
+    with pytest.raises(ValueError, match="decode_activations: x_scale must be uint8"):
+        decode_activations(ref_in, scales.int())
+
+
 def test_decode_subnormal_scale_in_the_gemm() -> None:
     """Bytes 0 and 1 (2^-127, 2^-126) decode to bf16 subnormals, 252 to 6 * 2^125."""
     from kernelbay_quant_mxfp4_rocm.triton_gemm import mxfp4_gemm
@@ -364,6 +390,13 @@ def test_gpu_decode_every_code_and_scale_byte(fast: bool) -> None:
     """The PTX decode (CUDA's path) bit for bit against the reference."""
     test_decode_every_code_and_scale_byte(fast)
     test_decode_subnormal_scale_in_the_gemm()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("elem", ELEMS)
+def test_gpu_decode_activations_bit_exact(elem: Any) -> None:
+    """The activation decode on CUDA (PTX E2M1 decode, E4M3 kernel) bit for bit."""
+    test_decode_activations_bit_exact(elem, rows=37)
 
 
 @pytest.mark.gpu

@@ -14,8 +14,8 @@ Paths (``GemmConfig.path``):
 
 * ``decode``: each K tile of the weight is decoded to exact bf16 by
   ``triton_decode.decode_e2m1`` (two lanes per instruction in PTX on CUDA, plain Triton
-  elsewhere; ``KERNELBAY_MXFP4_PLAIN_DECODE=1`` forces the plain one on CUDA, to compare) and fed to one ``tl.dot`` with float32 accumulation; MXFP4 activations are
-  decoded by the same function. M <= 16 runs a 16-row tile over many N tiles with split-K
+  elsewhere; ``KERNELBAY_MXFP4_PLAIN_DECODE=1`` forces the plain one on CUDA, to compare) and fed to one ``tl.dot`` with float32 accumulation; MX activations are
+  decoded to bf16 once per call first (``decode_activations``, one small kernel). M <= 16 runs a 16-row tile over many N tiles with split-K
   (float32 partials summed in a fixed order by a second small kernel).
 * ``scaled``: Triton's ``tl.dot_scaled`` (its own MX upcast on GPUs without MX MMA), for
   comparison in the tuning sweep.
@@ -28,7 +28,8 @@ when it is a float32, and the decode reproduces the reference's float32 values b
 (NaN for byte 255); the tensor-core products are exact and accumulate in float32, so the
 result is the reference's ``dequantize_mx`` + float32 matmul up to float32 summation order.
 MX activations are decoded the same way (exact in bf16, except E4M3 subnormals of blocks with
-X < -118, below bf16's range).
+X < -118, below bf16's range, rounded once as the reference's bf16 conversion does). Nothing
+on the GEMM's paths synchronizes with the host, so a call can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ from kernelbay_quant_mxfp4_rocm.triton_decode import decode_e2m1, decode_kernel
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["GemmConfig", "candidate_configs", "default_config", "dequantize_weight",
-           "mxfp4_gemm", "prepare_weight_scales"]
+__all__ = ["GemmConfig", "candidate_configs", "decode_activations", "default_config",
+           "dequantize_weight", "mxfp4_gemm", "prepare_weight_scales"]
 
 #: Largest E8M0 weight byte of the single-multiply decode (2^(b - 1) must be a bf16).
 FAST_SCALE_MAX_BYTE = 128
@@ -80,14 +81,6 @@ def _scale_pow2(b):
     """E8M0 bytes (int32) -> 2^(b - 127) as float32 (b = 0: the subnormal 2^-127; 255: NaN)."""
     v = tl.where(b == 0, 0x00400000, b << 23).to(tl.float32, bitcast=True)
     return tl.where(b == 255, float("nan"), v)
-
-
-@triton.jit
-def _decode_a_e4m3(b, sx):
-    """E4M3 bytes (int32) times 2^X -> bf16: fp16 bits read as e4m3 * 2^-8, NaN kept."""
-    half = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.int16).to(tl.float16, bitcast=True)
-    v = half.to(tl.float32) * 256.0 * sx
-    return tl.where((b & 0x7F) == 0x7F, float("nan"), v).to(tl.bfloat16)
 
 
 @triton.jit
@@ -138,7 +131,6 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
             s_ok = n_ok[:, None]
             as_ok = m_ok[:, None]
             w_ok = n_ok[:, None]
-            aw_ok = m_ok[:, None]
             ak_ok = m_ok[:, None]
             ah_ok = m_ok[:, None]
             wh_ok = n_ok[:, None]
@@ -146,7 +138,6 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
             s_ok = n_ok[:, None] & (ks[None, :] < K // 32)
             as_ok = m_ok[:, None] & (ks[None, :] < K // 32)
             w_ok = n_ok[:, None] & (kw[None, :] < K // 4)
-            aw_ok = m_ok[:, None] & (kw[None, :] < K // 4)
             ak_ok = m_ok[:, None] & (kk[None, :] < K)
             ah_ok = m_ok[:, None] & (kh[None, :] < K // 2)
             wh_ok = n_ok[:, None] & (kh[None, :] < K // 2)
@@ -172,19 +163,9 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
             words = tl.load(w_ptr + rn64[:, None] * stride_wn + kw[None, :], mask=w_ok,
                             other=0)
             w = decode_e2m1(words, sb.to(tl.int32), BLOCK_N, KW, ASM, FAST)
-            if A_KIND == 0:
-                xa = tl.load(a_ptr + rm64[:, None] * stride_am + kk[None, :], mask=ak_ok,
-                             other=0.0).to(tl.bfloat16)
-            elif A_KIND == 1:
-                aw = tl.load(a_ptr + rm64[:, None] * stride_am + kw[None, :], mask=aw_ok,
-                             other=0)
-                xa = decode_e2m1(aw, xb.to(tl.int32), BLOCK_M, KW, ASM, False)
-            else:
-                sx = _scale_pow2(xb.to(tl.int32))
-                sx = tl.reshape(tl.broadcast_to(sx[:, :, None], (BLOCK_M, KS, 32)),
-                                (BLOCK_M, BLOCK_K))
-                xa = _decode_a_e4m3(tl.load(a_ptr + rm64[:, None] * stride_am + kk[None, :],
-                                            mask=ak_ok, other=0).to(tl.int32), sx)
+            # bf16 activations only: MX ones are decoded once per call (decode_activations)
+            xa = tl.load(a_ptr + rm64[:, None] * stride_am + kk[None, :], mask=ak_ok,
+                         other=0.0).to(tl.bfloat16)
             if INTERPRET:  # the interpreter's bf16 dot is wrong; the values are exact in both
                 acc = tl.dot(xa.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
             else:
@@ -210,6 +191,68 @@ def _split_k_reduce_kernel(p_ptr, out_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.
     else:
         out = acc.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + offs, out, mask=ok)
+
+
+@triton.jit
+def _decode_e4m3_kernel(x_ptr, s_ptr, out_ptr, M, K, stride_x, stride_s, stride_o,
+                        BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, OUT_BITS: tl.constexpr):
+    """MXFP8 activations (E4M3 bytes [M, K], E8M0 bytes [M, K/32]) -> bf16 [M, K]: the
+    reference's float32 product (exact) rounded once to bf16; ``OUT_BITS``: int16 bits
+    (the interpreter's bf16 conversion truncates)."""
+    rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    rs = tl.program_id(1) * (BLOCK_K // 32) + tl.arange(0, BLOCK_K // 32)
+    ok = rr[:, None] < M
+    r64 = rr.to(tl.int64)
+    k_ok = ok & (rk[None, :] < K)
+    b = tl.load(x_ptr + r64[:, None] * stride_x + rk[None, :], mask=k_ok, other=0)
+    sb = tl.load(s_ptr + r64[:, None] * stride_s + rs[None, :],
+                 mask=ok & (rs[None, :] < K // 32), other=127).to(tl.int32)
+    sx = tl.reshape(tl.broadcast_to(_scale_pow2(sb)[:, :, None], (BLOCK_R, BLOCK_K // 32, 32)),
+                    (BLOCK_R, BLOCK_K))
+    b = b.to(tl.int32) & 0xFF
+    half = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.int16).to(tl.float16, bitcast=True)
+    v = tl.where((b & 0x7F) == 0x7F, float("nan"), half.to(tl.float32) * 256.0 * sx)
+    o_ptr = out_ptr + r64[:, None] * stride_o + rk[None, :]
+    if OUT_BITS:
+        tl.store(o_ptr, _bf16_bits_rne(v), mask=k_ok)
+    else:
+        tl.store(o_ptr, v.to(tl.bfloat16), mask=k_ok)
+
+
+def decode_activations(x: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
+    """MX activations as bf16 [M, K], decoded on the device in one pass: packed E2M1 uint8
+    [M, K/2] (``dequantize_weight``'s decode, general scale range) or MXFP8 (uint8 or
+    ``float8_e4m3fn`` [M, K]) with E8M0 bytes [M, K/32]. Equals the reference's
+    ``dequantize_mx(...).to(torch.bfloat16)`` bit for bit (E2M1 products are exact in bf16;
+    E4M3 ones are rounded once, as the reference's conversion does); no host sync, so it
+    can be captured in a CUDA graph."""
+    import torch
+
+    if x.dtype == torch.float8_e4m3fn:
+        x = x.view(torch.uint8)
+    m, k_cols = x.shape
+    if x_scale.dtype != torch.uint8 or x_scale.dim() != 2 or x_scale.shape[0] != m:
+        raise ValueError(f"decode_activations: x_scale must be uint8 [{m}, K/32], got "
+                         f"{x_scale.dtype} {tuple(x_scale.shape)}")
+    if x_scale.shape[1] * 32 == k_cols * 2:  # packed E2M1: [M, K/2]
+        return dequantize_weight(x, x_scale, scale_max=None)
+    k = k_cols
+    if x_scale.shape[1] * 32 != k:
+        raise ValueError(f"decode_activations: x [{m}, {k_cols}] does not match x_scale "
+                         f"{tuple(x_scale.shape)} (want K/2 packed E2M1 or K E4M3 columns)")
+    out = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)
+    if m == 0 or k == 0:
+        return out
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    xs = x_scale if x_scale.stride(-1) == 1 else x_scale.contiguous()
+    block_r, block_k = (4, 64) if interpret else (8, 512)
+    grid = (triton.cdiv(m, block_r), triton.cdiv(k, block_k))
+    _decode_e4m3_kernel[grid](x, xs, out.view(torch.int16) if interpret else out, m, k,
+                              x.stride(0), xs.stride(0), k, BLOCK_R=block_r, BLOCK_K=block_k,
+                              OUT_BITS=interpret)
+    return out
 
 
 def prepare_weight_scales(weight_scale: torch.Tensor, name: str = "weight_scale") -> int:
@@ -246,9 +289,12 @@ def _split(n: int, k: int, block_n: int, block_k: int, sm_count: int) -> int:
 def default_config(m: int, n: int, k: int, sm_count: int = 132) -> GemmConfig:
     """The config used when none is given: a 16-row tile for M <= 16 and 64-row tiles up to
     M = 64, both split along K for about three programs per SM, and beyond that the weight
-    decoded to bf16 once for torch's matmul (decoding per 128-row tile costs more)."""
+    decoded to bf16 once for torch's matmul (decoding per 128-row tile costs more).
+
+    M <= 16: 16x64 tiles with K tiles of 512, the fastest of the sweep on an H200 at
+    N = K = 8192 (split 2, 4 warps, 4 stages: 23.5 us against 25.2 us with K tiles of 256)."""
     if m <= 16:
-        block_k = _block_k(k, 256)
+        block_k = _block_k(k, 512)
         return GemmConfig(16, 64, block_k, _split(n, k, 64, block_k, sm_count), 4, 4)
     if m <= 64:
         block_k = _block_k(k, 128)
@@ -391,25 +437,16 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     if cfg.block_k % 32 or cfg.block_k < 32:
         raise ValueError(f"mxfp4_gemm: block_k={cfg.block_k} must be a multiple of 32")
     weight_scale = weight_scale if weight_scale.stride(-1) == 1 else weight_scale.contiguous()
+    scaled = cfg.path == "scaled"
+    if x_scale is not None and not scaled:
+        # once per call, not per N tile; no host sync (CUDA-graph capturable)
+        x, x_scale, kind = decode_activations(x, x_scale), None, _A_BF16
     if cfg.path == "dequant":
         w = dequantize_weight(weight, weight_scale, scale_max=scale_max)
-        xd = x
-        if x_scale is not None:
-            from kernelbay.formats import dequantize_mx
-
-            # exact in bf16 as in the fused kernel (see the module comment)
-            if kind == _A_MXFP4:
-                xd = dequantize_mx(x, x_scale, "e2m1").to(torch.bfloat16)
-            else:
-                xd = dequantize_mx(x.view(torch.float8_e4m3fn), x_scale, "e4m3")
-                xd = xd.to(torch.bfloat16)
         if out_dtype == torch.bfloat16:  # torch's matmul: float32 sums, one rounding
-            return torch.matmul(xd, w.T)
-        return torch.matmul(xd.float(), w.float().T).to(out_dtype)
-    scaled = cfg.path == "scaled"
+            return torch.matmul(x, w.T)
+        return torch.matmul(x.float(), w.float().T).to(out_dtype)
     x = x if x.stride(-1) == 1 else x.contiguous()
-    if kind == _A_MXFP4 and not scaled:
-        x = _halves(x)
     xs = weight_scale if x_scale is None else x_scale.contiguous()
     if scaled:
         w_arg = weight if weight.stride(-1) == 1 else weight.contiguous()
