@@ -5,6 +5,7 @@ bundled ptxas/cuobjdump/nvdisasm.
 
     python bench/mla_decode/registers.py                       # sm_90, the sweep's configs
     python bench/mla_decode/registers.py --kinds mxfp8 --block-n 32,64 --warps 4,8
+    python bench/mla_decode/registers.py --kinds mxfp8 --block-n 32 --warps 4 --stages 2 --ops
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from typing import Any
 
 
@@ -25,8 +27,8 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def _usage(cubin: bytes) -> tuple[str, int]:
-    """``REG:n STACK:n`` of the cubin and its tile loop's SASS instruction count."""
+def _usage(cubin: bytes) -> tuple[str, int, Counter[str]]:
+    """``REG:n STACK:n`` of the cubin, its tile loop's SASS instruction count and opcodes."""
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
     try:
@@ -37,25 +39,34 @@ def _usage(cubin: bytes) -> tuple[str, int]:
     finally:
         os.unlink(f.name)
     line = next(x for x in res.splitlines() if "REG" in x).split()
-    return f"{line[0]} {line[1]}", _loop_size(sass)
+    size, ops = _loop(sass)
+    return f"{line[0]} {line[1]}", size, ops
 
 
-def _loop_size(sass: str) -> int:
-    """SASS instructions of the largest loop: from a label to a later branch back to it
-    (the decode kernel's KV-tile loop)."""
+def _loop(sass: str) -> tuple[int, Counter[str]]:
+    """SASS instructions of the largest loop, from a label to a later branch back to it
+    (the decode kernel's KV-tile loop), and how many of each opcode it holds (where the
+    per-element dequantization cost shows: conversions, permutes, packed multiplies)."""
     labels: dict[str, int] = {}
-    best = 0
-    count = 0
+    body: list[str] = []
+    best = (0, 0)
     for text in sass.splitlines():
         label = re.match(r"^(\.L_x_\d+):", text)
         if label:
-            labels[label.group(1)] = count
+            labels[label.group(1)] = len(body)
         elif re.search(r"/\*[0-9a-f]{4,}\*/", text):
-            count += 1
+            body.append(text)
             target = re.search(r"BRA\s+`\((\.L_x_\d+)\)", text)
             if target and target.group(1) in labels:
-                best = max(best, count - labels[target.group(1)])
-    return best
+                begin = labels[target.group(1)]
+                if len(body) - begin > best[1] - best[0]:
+                    best = (begin, len(body))
+    ops: Counter[str] = Counter()
+    for text in body[best[0]:best[1]]:
+        op = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", text)
+        if op:
+            ops[op.group(1)] += 1
+    return best[1] - best[0], ops
 
 
 def compile_config(kind: str, heads: int, block_n: int, warps: int, stages: int,
@@ -100,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grouped", default="auto", choices=["auto", "yes", "no"])
     p.add_argument("--reg-prefetch", default="yes", choices=["yes", "no"])
     p.add_argument("--ttgir", action="store_true", help="print whether loads go async")
+    p.add_argument("--ops", action="store_true",
+                   help="print the tile loop's most frequent SASS opcodes")
     a = p.parse_args(argv)
     failed = 0
     grouped = {"auto": None, "yes": True, "no": False}[a.grouped]
@@ -117,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                             failed += 1
                             print(f"{label}: FAILED {str(exc)[:300]}", flush=True)
                             continue
-                        usage, n = _usage(k.asm["cubin"])
+                        usage, n, ops = _usage(k.asm["cubin"])
                         extra = ""
                         if a.ttgir:
                             ir = k.asm["ttgir"]
@@ -125,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                                      f" converts={ir.count('convert_layout')}")
                         print(f"{label}: {usage} SHARED:{k.metadata.shared} LOOP:{n}{extra}",
                               flush=True)
+                        if a.ops:
+                            print("  " + " ".join(f"{op}:{c}" for op, c in ops.most_common(16)),
+                                  flush=True)
     return 1 if failed else 0
 
 

@@ -42,21 +42,18 @@ WRITE_CHUNK = 1 << 18
 CHUNKED = {"auto": None, "yes": True, "no": False}
 #: Launch configurations the sweep times (mla_decode keywords; unnamed ones at their
 #: defaults: 2 stages, registers prefetch quantized tiles, scales applied per element,
-#: records asked of L2 ``triton_mla.L2_AHEAD`` tiles ahead).
+#: records asked of L2 ``triton_mla.default_l2_ahead`` tiles ahead).
 #: ``grouped`` (scales applied to per-group partial products) and ``reg_prefetch`` only
 #: change quantized records' kernels, so bf16 runs the others.
 TUNE_CONFIGS: tuple[dict, ...] = (
-    {"block_n": 16, "num_warps": 8, "l2_ahead": 0},
     {"block_n": 32, "num_warps": 8, "l2_ahead": 0},
-    {"block_n": 32, "num_warps": 8},
-    {"block_n": 32, "num_warps": 8, "l2_ahead": 8},
-    {"block_n": 32, "num_warps": 4},
+    {"block_n": 32, "num_warps": 8, "l2_ahead": 4},
+    {"block_n": 32, "num_warps": 4, "l2_ahead": 0},
+    {"block_n": 32, "num_warps": 4, "l2_ahead": 4},
+    {"block_n": 64, "num_warps": 4},
     {"block_n": 64, "num_warps": 8},
-    {"block_n": 32, "num_warps": 8, "num_stages": 3, "reg_prefetch": False},
-    {"block_n": 64, "num_warps": 8, "num_stages": 3, "reg_prefetch": False},
-    {"block_n": 16, "num_warps": 4, "grouped": True},
-    {"block_n": 32, "num_warps": 8, "grouped": True},
-    {"block_n": 32, "num_warps": 4, "grouped": True},
+    {"block_n": 64, "num_warps": 8, "l2_ahead": 0},
+    {"block_n": 32, "num_warps": 4, "num_stages": 3, "reg_prefetch": False},
 )
 #: The cases the sweep covers (16 heads: the memory-bound ones).
 TUNE_BATCHES = (64,)
@@ -189,7 +186,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1),
                         help="processes compiling the configurations before timing (1: "
                              "compile on first use)")
-    parser.add_argument("--budget-s", type=float, default=150.0,
+    parser.add_argument("--budget-s", type=float, default=90.0,
                         help="sweep entries left once the run has taken this long are "
                              "skipped (noted in the results)")
     args = parser.parse_args()
@@ -217,11 +214,11 @@ def main() -> int:
     scale = 1 / math.sqrt(192)
     default = dict(block_n=args.block_n, num_warps=args.warps, num_stages=args.stages,
                    chunked=CHUNKED[args.chunked], grouped=CHUNKED[args.grouped],
-                   l2_ahead=(triton_mla.L2_AHEAD if args.l2_ahead is None
-                             else args.l2_ahead))
+                   l2_ahead=args.l2_ahead)
     jobs = [(kind, heads, default) for kind in kinds for heads in heads_list]
     if not args.no_tune and 16 in heads_list:
-        jobs += [(kind, 16, _tune_launch(tune, triton_mla.L2_AHEAD)) for kind in kinds
+        jobs += [(kind, 16, _tune_launch(tune, triton_mla.default_l2_ahead(RECORDS[kind])))
+                 for kind in kinds
                  for tune in TUNE_CONFIGS if not (kind == "bf16" and tune.get("grouped"))]
     for error in _warm(jobs, args.jobs):
         notes.append(f"precompile failed: {error}")
@@ -271,7 +268,8 @@ def main() -> int:
                     for tune in TUNE_CONFIGS:
                         if kind == "bf16" and tune.get("grouped"):
                             continue
-                        cfg = dict(_tune_launch(tune, triton_mla.L2_AHEAD), num_splits=splits)
+                        cfg = dict(_tune_launch(tune, triton_mla.default_l2_ahead(record)),
+                                   num_splits=splits)
                         cfg_label = (f"{label} grouped={cfg['grouped']} "
                                      f"block_n={cfg['block_n']} warps={cfg['num_warps']} "
                                      f"stages={cfg['num_stages']} "
