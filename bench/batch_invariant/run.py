@@ -8,13 +8,13 @@ M = 1..256 equal the first rows of the M = 256 result. Any failed check exits no
 
     python bench/batch_invariant/run.py --out DIR        # about 1 minute on an H200
 
-``--configs all`` also times every tiling in ``CANDIDATES`` (tile sizes, warps, stages and
+``--configs all`` also times every tiling in ``SHAPE_CANDIDATES`` (tile sizes, warps, stages and
 a fixed split-K; each a function of N and K only, so any of them keeps the rows invariant;
 each is bitwise-checked for M = 1..256 before it is timed) and names the best per shape (the
 smallest worst ratio at M >= 64, then the smallest geometric mean), with the
-``configs.TABLE`` line to paste. ``--budget`` (default 130 s) caps the whole run: each shape's
+``configs.TABLE`` line to paste. ``--budget`` (default 95 s) caps the whole run: each shape's
 sweep stops at its share of it and lists the candidates it did not try, so the run ends
-within about 2.5 minutes on an H200 with its results written.
+within about 100 s on an H200 with its results written.
 """
 
 from __future__ import annotations
@@ -29,16 +29,28 @@ SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 BATCHES = [1, 16, 64, 128, 256, 1024]
 TARGET = 1.3
 #: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, split_k, sum_in_kernel) tried by
-#: ``--configs all``. The first GPU sweep dropped 64x64, 128x256 and 64x32x128 tiles (never
-#: the best); split-K gives N = 4096 more programs than its 32..64 column tiles at M <= 256,
-#: its partials summed by a second kernel or by each tile's last program (same order); from
-#: as many tiles as SMs (M = 1024 here) split configs run as whole tiles, the same bits.
-_TILES = [(64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 8, 3), (64, 256, 64, 8, 3),
-          (64, 128, 128, 4, 3)]
-_SPLIT_TILES = [(64, 128, 64, 4, 4, 2), (64, 128, 64, 4, 4, 4), (128, 128, 64, 8, 3, 2),
-                (128, 128, 64, 8, 3, 4)]
-CANDIDATES = ([(*t, 1, False) for t in _TILES] + [(*t, False) for t in _SPLIT_TILES]
-              + [(*t, True) for t in _SPLIT_TILES])
+#: ``--configs all``, per (N, K) (``CANDIDATES`` for any other shape). Earlier sweeps: N = 4096
+#: has only 32..64 column tiles, so at M <= 256 a fixed split-K (2..4 slices; partials summed
+#: by a second kernel or by each tile's last program, same order) gives the device enough
+#: programs, while M = 1024 wants 128 x 128 tiles with 8 warps; from as many tiles as SMs
+#: a split config runs as whole tiles (one pipelined K loop that adds each slice at its
+#: end: the same bits). N = 14336 has 112 column tiles: no split, 128-wide tiles.
+_N4096 = [(128, 128, 64, 8, 3, 4, False), (128, 128, 64, 8, 3, 4, True),
+          (128, 128, 64, 8, 4, 4, True), (128, 128, 64, 8, 3, 2, True),
+          (64, 128, 64, 4, 4, 4, False), (64, 128, 64, 4, 4, 4, True),
+          (64, 128, 64, 4, 4, 2, False),
+          (64, 128, 128, 4, 3, 2, False), (64, 128, 128, 4, 3, 1, False),
+          (128, 128, 64, 8, 3, 1, False)]
+SHAPE_CANDIDATES = {
+    (4096, 4096): _N4096,
+    (4096, 14336): _N4096,
+    (14336, 4096): [(128, 128, 64, 8, 3, 1, False), (128, 128, 64, 8, 4, 1, False),
+                    (64, 128, 64, 4, 4, 1, False), (64, 128, 64, 4, 6, 1, False),
+                    (128, 256, 64, 8, 3, 1, False), (64, 256, 64, 8, 4, 1, False),
+                    (128, 128, 128, 8, 2, 1, False), (128, 128, 64, 4, 3, 1, False),
+                    (64, 128, 128, 4, 3, 1, False)],
+}
+CANDIDATES = _N4096
 
 
 def _check(mm, x, w, n: int, k: int) -> dict[str, object]:  # type: ignore[no-untyped-def]
@@ -92,7 +104,7 @@ def main() -> int:
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     parser.add_argument("--configs", choices=("table", "all"), default="table")
-    parser.add_argument("--budget", type=float, default=130.0,
+    parser.add_argument("--budget", type=float, default=95.0,
                         help="seconds for the whole run with --configs all: each shape's "
                              "sweep stops at its share, untried candidates are listed")
     parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES),
@@ -146,7 +158,8 @@ def main() -> int:
             # show how far the sweep's shorter timings drift.
             own = (config.block_m, config.block_n, config.block_k, config.num_warps,
                    config.num_stages, config.split_k, config.sum_in_kernel)
-            for cand in [own, *(c for c in CANDIDATES if c != own)]:
+            for cand in [own, *(c for c in SHAPE_CANDIDATES.get((n, k), CANDIDATES)
+                                 if c != own)]:
                 if time.monotonic() > deadline:
                     skipped.append(f"N={n} K={k} {cand}")
                     continue

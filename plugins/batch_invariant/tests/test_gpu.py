@@ -38,12 +38,16 @@ def test_rows_bitwise_identical_for_m_1_to_256(n: int, k: int, dtype: torch.dtyp
         assert torch.equal(tail, full[256 - m:]), f"rows differ (offset) at M={m}"
 
 
+@pytest.mark.parametrize("tile", [(64, 128, 4, 4), (128, 128, 8, 3)])
 @pytest.mark.parametrize("split", [2, 4])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_split_k_sums_are_invariant_and_agree(split: int, dtype: torch.dtype) -> None:
+def test_split_k_sums_are_invariant_and_agree(split: int, dtype: torch.dtype,
+                                              tile: tuple[int, int, int, int]) -> None:
     """Every way of summing the slices (second kernel, the tile's last program, one program
-    per whole tile) gives the same bits, and rows do not depend on M, also across the
-    tile count at which the default switches from per-slice programs to whole tiles."""
+    per whole tile: one K loop adding each slice at its last tile) gives the same bits, also
+    for a zero row against all-negative weight rows (products -0.0), and rows do not depend
+    on M, also across the tile count at which the default switches from per-slice programs
+    to whole tiles."""
     from kernelbay_batch_invariant.configs import MatmulConfig, choose_stages, device_shared_memory
     from kernelbay_batch_invariant.kernels import invariant_matmul
 
@@ -51,12 +55,16 @@ def test_split_k_sums_are_invariant_and_agree(split: int, dtype: torch.dtype) ->
     itemsize = 2 if dtype == torch.bfloat16 else 4
     block_k = 64 if dtype == torch.bfloat16 else 32
     limit = device_shared_memory(torch.device("cuda"))
-    configs = [choose_stages(MatmulConfig(64, 128, block_k, 4, 4, split_k=split,
-                                          sum_in_kernel=in_kernel), itemsize, limit)
+    block_m, block_n, warps, stages = tile
+    configs = [choose_stages(MatmulConfig(block_m, block_n, block_k, warps, stages,
+                                          split_k=split, sum_in_kernel=in_kernel),
+                             itemsize, limit)
                for in_kernel in (False, True)]
     g = torch.Generator(device="cuda").manual_seed(split)
     w = torch.randn(n, k, device="cuda", generator=g).to(dtype) * 0.05
+    w[:8] = -w[:8].abs()
     x = torch.randn(512, k, device="cuda", generator=g).to(dtype)
+    x[5] = 0.0
     bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
     full = invariant_matmul(x, w, configs[0], whole_tiles=True)
     for config in configs:
@@ -67,7 +75,8 @@ def test_split_k_sums_are_invariant_and_agree(split: int, dtype: torch.dtype) ->
     tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
     torch.testing.assert_close(full.float(), ref, atol=tol * ref.abs().max().item(), rtol=tol)
     for config in configs:
-        for m in [*range(1, 257), 300, 400, 511]:  # 64-row tiles: whole tiles from M = 257
+        # 64-row tiles: whole tiles from M = 257; 128-row tiles from M = 513 (not here)
+        for m in [*range(1, 257), 300, 400, 511]:
             part = invariant_matmul(x[:m], w, config)
             assert torch.equal(part.view(bits), full[:m].view(bits)), \
                 f"rows differ at M={m} ({config})"

@@ -166,3 +166,28 @@ def test_split_k_below_one_is_rejected_with_the_value() -> None:
     with pytest.raises(ValueError, match=r"config\.split_k is 0; valid: an integer >= 1"):
         invariant_matmul(torch.zeros(2, 32), torch.zeros(16, 32),
                          MatmulConfig(16, 16, 16, split_k=0))
+
+
+@pytest.mark.parametrize("split", [2, 4])
+def test_whole_tile_k_walk_equals_the_slice_programs_with_signed_zeros(split: int) -> None:
+    """The whole-tile K loop (slices added at their last tile) against one program per
+    slice and the second-kernel sum: raw bits equal, also for rows of -0.0 / 0.0 against
+    negative weights (products -0.0) and K = 7 tiles (slices of 2..4 tiles, a ragged one)."""
+    g = torch.Generator().manual_seed(11 + split)
+    n, k = 20, 100
+    w = torch.randn(n, k, generator=g)
+    w[:4] = -w[:4].abs()
+    x = torch.randn(6, k, generator=g)
+    x[1] = 0.0
+    x[2] = -0.0
+    x[3, : k // 2] = -0.0
+    results = {how: _split_mm(x, w, split, *SUMS[how]) for how in SUMS}
+    for how, y in results.items():
+        assert torch.equal(_bits(y), _bits(results["sum-kernel"])), how
+    torch.testing.assert_close(results["whole-tile"], x @ w.T, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("how", list(SUMS))
+def test_split_k_with_k_zero_gives_positive_zeros(how: str) -> None:
+    y = _split_mm(torch.zeros(3, 0), torch.zeros(16, 0), 4, *SUMS[how])
+    assert torch.equal(_bits(y), _bits(torch.zeros(3, 16))), how

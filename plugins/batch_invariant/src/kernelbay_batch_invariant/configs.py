@@ -10,16 +10,17 @@ and GROUP_M only decide which program computes a row, not how the row is summed;
 still kept to one value per (N, K) so that the compiled dot (its MMA instruction shape) is the
 same kernel for every M.
 
-Reasoning for the table (H200: 132 SMs, 228 KB shared memory per SM; first GPU sweep in
-``bench/batch_invariant``): with N = 4096 and 64..128-wide tiles there are only 32..64
-column tiles, so at M <= 256 most SMs idle and one tile walks all of K. A fixed split-K of 4
-slices (K = 4096 and 14336) gives those shapes four programs per tile while there are fewer
-tiles than SMs; from as many tiles as SMs (M >= 257 here) each program walks all slices of
-its tile itself, in the same order and so to the same bits, with no workspace
-(``kernels.invariant_matmul``). N = 14336 already has 112 column tiles: 128 x 128 x 64,
-8 warps, 3 stages (the sweep's best there, geometric-mean ratio 1.29 to cuBLAS at
-M >= 64), no split. Shapes not in the table use ``_rule`` (BLOCK_M 64, BLOCK_N from N,
-BLOCK_K 64, 32 for float32, no split).
+Reasoning for the table (H200: 132 SMs, 228 KB shared memory per SM; GPU sweeps of
+``bench/batch_invariant``, ratio to cuBLAS at M >= 64): each entry is the sweep's best by
+its worst ratio there. With N = 4096 and 64..128-wide tiles there are only 32..64 column
+tiles, so at M <= 256 most SMs idle unless a fixed split-K gives each tile several programs;
+from as many tiles as SMs a split config runs as whole tiles (``kernels.invariant_matmul``:
+one pipelined K loop adding each slice at its end, the same bits). 4096 x 4096: 64 x 128 x
+128, 4 warps, 3 stages, no split (worst 1.74, geometric mean 1.57); 14336 x 4096 (112 column
+tiles): 128 x 128 x 64, 8 warps, 3 stages, no split (1.32 / 1.27); 4096 x 14336: 64 x 128 x
+64, 4 warps, 4 stages, split-K 2 summed by a second kernel (1.56 / 1.35; its worst was at
+M = 1024, measured before whole tiles became one loop). Shapes not in the table use
+``_rule`` (BLOCK_M 64, BLOCK_N from N, BLOCK_K 64, 32 for float32, no split).
 ``python bench/batch_invariant/run.py --configs all`` re-measures the candidates and prints
 table lines to paste here.
 """
@@ -62,9 +63,9 @@ class MatmulConfig:
 
 #: Tuned entries by (N, K, dtype); shapes not listed use the rule in ``matmul_config``.
 TABLE: dict[tuple[int, int, str], MatmulConfig] = {
-    (4096, 4096, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, split_k=4),
+    (4096, 4096, "bfloat16"): MatmulConfig(64, 128, 128, 4, 3),
     (14336, 4096, "bfloat16"): MatmulConfig(128, 128, 64, 8, 3),
-    (4096, 14336, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, split_k=4),
+    (4096, 14336, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, split_k=2),
 }
 
 

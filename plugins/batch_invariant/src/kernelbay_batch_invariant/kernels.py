@@ -23,26 +23,34 @@ def _interpreting() -> bool:
 
 
 @triton.jit
-def _slice_sum(x_ptr, w_ptr, offs_m, offs_n, M, N, k_lo, k_hi,
-               stride_xm, stride_xk, stride_wn, stride_wk,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               IEEE: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr):
-    # One fixed walk over K in [k_lo, k_hi) in BLOCK_K tiles, from zero: the reduction
-    # order of one slice of every element of the tile.
+def _k_walk(x_ptr, w_ptr, offs_m, offs_n, M, N, K, t_lo, t_hi, TILES_PER_SPLIT,
+            stride_xm, stride_xk, stride_wn, stride_wk,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+            IEEE: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr,
+            MANY: tl.constexpr):
+    # One loop over the K tiles [t_lo, t_hi) (BLOCK_K wide). Every split-K slice
+    # (TILES_PER_SPLIT tiles, starting at a multiple of it) is summed from zero into `acc`
+    # and, at its last tile, added to `total`: (((slice 0) + slice 1) + ..). A range of one
+    # slice gives that slice's partial; the whole of K gives the tile's sum with the same
+    # arithmetic, in one software-pipelined loop (no restart of the pipeline per slice).
+    # MANY: the range may hold several slices (else it is one slice, or all of K unsplit,
+    # and `acc` alone is the result: one accumulator's registers, not two).
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        kk = k0 + offs_k
-        if EVEN_K:  # every slice is whole BLOCK_K tiles: no K mask (same values loaded)
+    # -0.0 + p == p for every p (also p = -0.0): the first slice lands unchanged.
+    total = tl.full((BLOCK_M, BLOCK_N), -0.0, dtype=tl.float32)
+    for t in range(t_lo, t_hi):
+        kk = t * BLOCK_K + offs_k
+        if EVEN_K:  # K is whole BLOCK_K tiles: no K mask (same values loaded)
             a = tl.load(x_ptr + offs_m[:, None] * stride_xm + kk[None, :] * stride_xk,
                         mask=offs_m[:, None] < M, other=0.0)
             b = tl.load(w_ptr + kk[:, None] * stride_wk + offs_n[None, :] * stride_wn,
                         mask=offs_n[None, :] < N, other=0.0)
         else:
             a = tl.load(x_ptr + offs_m[:, None] * stride_xm + kk[None, :] * stride_xk,
-                        mask=(offs_m[:, None] < M) & (kk[None, :] < k_hi), other=0.0)
+                        mask=(offs_m[:, None] < M) & (kk[None, :] < K), other=0.0)
             b = tl.load(w_ptr + kk[:, None] * stride_wk + offs_n[None, :] * stride_wn,
-                        mask=(kk[:, None] < k_hi) & (offs_n[None, :] < N), other=0.0)
+                        mask=(kk[:, None] < K) & (offs_n[None, :] < N), other=0.0)
         if not USE_DOT:
             # Triton's CPU interpreter runs tl.dot as a BLAS call whose result for a row can
             # follow the row's place in the tile; an explicit product and sum cannot.
@@ -51,7 +59,13 @@ def _slice_sum(x_ptr, w_ptr, offs_m, offs_n, M, N, k_lo, k_hi,
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
-    return acc
+        if MANY:  # noqa: SIM102 (a constexpr test apart: no branch compiled without it)
+            if ((t + 1) % TILES_PER_SPLIT == 0) | (t == t_hi - 1):
+                total += acc
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if not MANY:
+        total = acc
+    return total
 
 
 @triton.jit
@@ -83,16 +97,23 @@ def _matmul_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, lock_ptr, M, N, K, K_PER_SPLIT,
     pid_n = (pid % in_group) // group_size
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_lo = split * K_PER_SPLIT
-    acc = _slice_sum(x_ptr, w_ptr, offs_m, offs_n, M, N, k_lo,
-                     tl.minimum(k_lo + K_PER_SPLIT, K), stride_xm, stride_xk, stride_wn,
-                     stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, USE_DOT, EVEN_K)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per = tl.maximum(K_PER_SPLIT // BLOCK_K, 1)  # K = 0: no tiles, no slices to size
     if WHOLE_TILE:
-        for s in tl.static_range(1, SPLITS):
-            acc += _slice_sum(x_ptr, w_ptr, offs_m, offs_n, M, N, s * K_PER_SPLIT,
-                              tl.minimum((s + 1) * K_PER_SPLIT, K), stride_xm, stride_xk,
-                              stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, USE_DOT,
-                              EVEN_K)
+        t_lo = 0
+        t_hi = k_tiles
+        # Trailing empty slices add a +0.0 partial each in the other sums: the same here.
+        short = tl.cdiv(k_tiles, per) < SPLITS
+    else:
+        t_lo = tl.minimum(split * per, k_tiles)
+        t_hi = tl.minimum(t_lo + per, k_tiles)
+        short = t_lo >= t_hi  # an empty slice's partial is +0.0
+    acc = _k_walk(x_ptr, w_ptr, offs_m, offs_n, M, N, K, t_lo, t_hi, per, stride_xm,
+                  stride_xk, stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, USE_DOT,
+                  EVEN_K, WHOLE_TILE and SPLITS > 1)
+    if SPLITS > 1:  # noqa: SIM102 (a constexpr test apart: no branch compiled without it)
+        if short:
+            acc += 0.0
     y_ptrs = y_ptr + split * stride_ys + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
     y_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if SUM_IN_KERNEL and not WHOLE_TILE:
