@@ -163,7 +163,8 @@ def random_weight(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 CONFIGS = [None, (16, 32, 64, 2), (16, 16, 32, 3), (32, 32, 64, 1), (16, 64, 128, 1),
-           (16, 32, 64, 2, 4, 3, "scaled"), (16, 16, 32, 1, 4, 3, "dequant")]
+           (16, 32, 64, 2, 4, 3, "scaled"), (16, 16, 32, 1, 4, 3, "dequant"),
+           (16, 32, 64, 1, 4, 3, "pairs"), (32, 16, 32, 2, 4, 3, "pairs")]
 
 
 @pytest.mark.parametrize("shape", [(1, 40, 96), (5, 33, 128), (16, 16, 64), (19, 48, 160)])
@@ -196,7 +197,7 @@ def test_gemm_mx_activations_match_reference(elem: Any) -> None:
     x[0] = 0.0
     xd, xs = triton_mx.quantize_mx(x.to(DEVICE), elem, "even")
     xq = dequantize_mx(xd.cpu(), xs.cpu(), elem)
-    for config in (None, GemmConfig(16, 16, 32, 2)):
+    for config in (None, GemmConfig(16, 16, 32, 2), GemmConfig(16, 16, 64, 1, 4, 3, "pairs")):
         y = mxfp4_gemm(xd, wp.to(DEVICE), ws.to(DEVICE), x_scale=xs, out_dtype=torch.float32,
                        config=config).cpu()
         ref = xq @ w.T
@@ -291,6 +292,26 @@ def test_decode_activations_bit_exact(elem: Any, rows: int = 5) -> None:
     assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
     with pytest.raises(ValueError, match="decode_activations: x_scale must be uint8"):
         decode_activations(ref_in, scales.int())
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_pairs_decode_every_code_exact(fast: bool, step: int = 23) -> None:
+    """The ``pairs`` path (32-bit words, K in ``PAIR_ORDER``, activations loaded to match)
+    with one-hot activations returns the reference's weight values exactly: every code in
+    every position against scale bytes 0..252 (every ``step``-th; no 6 * 2^127 = inf, whose
+    product with the zeros is NaN), plus extreme and NaN scales in the GEMM test."""
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import GemmConfig, mxfp4_gemm
+
+    top = 128 if fast else 252
+    wp, ws = all_codes_weight(torch.tensor([*range(0, top, step), top]))
+    w = dequantize_mx(wp, ws, "e2m1")
+    k = w.shape[1]
+    x = torch.eye(k, dtype=torch.bfloat16)[:: 1 if DEVICE == "cuda" else 5]
+    y = mxfp4_gemm(x.to(DEVICE), wp.to(DEVICE), ws.to(DEVICE), out_dtype=torch.float32,
+                   config=GemmConfig(16, 16, 64, 2, 4, 3, "pairs"),
+                   scale_max=top if fast else None).cpu()
+    assert torch.equal(y, x.float() @ w.T)
+    test_gemm_scale_extremes_and_nan(fast, "pairs")
 
 
 def test_decode_subnormal_scale_in_the_gemm() -> None:
@@ -393,6 +414,13 @@ def test_gpu_decode_every_code_and_scale_byte(fast: bool) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fast", [False, True])
+def test_gpu_pairs_decode_every_code_exact(fast: bool) -> None:
+    """The ``pairs`` PTX decode on CUDA, every scale byte."""
+    test_pairs_decode_every_code_exact(fast, step=1)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("elem", ELEMS)
 def test_gpu_decode_activations_bit_exact(elem: Any) -> None:
     """The activation decode on CUDA (PTX E2M1 decode, E4M3 kernel) bit for bit."""
@@ -400,7 +428,7 @@ def test_gpu_decode_activations_bit_exact(elem: Any) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["decode", "dequant"])
+@pytest.mark.parametrize("path", ["decode", "pairs", "dequant"])
 @pytest.mark.parametrize("fast", [False, True])
 def test_gpu_gemm_scale_extremes_and_nan(path: str, fast: bool) -> None:
     test_gemm_scale_extremes_and_nan(fast, path)

@@ -17,6 +17,10 @@ Paths (``GemmConfig.path``):
   elsewhere; ``KERNELBAY_MXFP4_PLAIN_DECODE=1`` forces the plain one on CUDA, to compare) and fed to one ``tl.dot`` with float32 accumulation; MX activations are
   decoded to bf16 once per call first (``decode_activations``, one small kernel). M <= 16 runs a 16-row tile over many N tiles with split-K
   (float32 partials summed in a fixed order by a second small kernel).
+* ``pairs``: as ``decode``, the weight read as 32-bit words and decoded by
+  ``triton_decode.decode_e2m1_pairs`` (elements k and k + 4 in one register: fewer
+  instructions per element), the tile in ``PAIR_ORDER`` along K and the activation tile
+  permuted in registers to match.
 * ``scaled``: Triton's ``tl.dot_scaled`` (its own MX upcast on GPUs without MX MMA), for
   comparison in the tuning sweep.
 * ``dequant``: the whole weight decoded to bf16 once per call (``decode_kernel``), then
@@ -41,7 +45,11 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
-from kernelbay_quant_mxfp4_rocm.triton_decode import decode_e2m1, decode_kernel
+from kernelbay_quant_mxfp4_rocm.triton_decode import (
+    decode_e2m1,
+    decode_e2m1_pairs,
+    decode_kernel,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +60,7 @@ __all__ = ["GemmConfig", "candidate_configs", "decode_activations", "default_con
 #: Largest E8M0 weight byte of the single-multiply decode (2^(b - 1) must be a bf16).
 FAST_SCALE_MAX_BYTE = 128
 _A_BF16, _A_MXFP4, _A_MXFP8 = 0, 1, 2
-PATHS = ("decode", "scaled", "dequant")
+PATHS = ("decode", "pairs", "scaled", "dequant")
 
 
 @dataclass(frozen=True)
@@ -65,8 +73,9 @@ class GemmConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
-    #: ``decode`` (in-register decode + ``tl.dot``), ``scaled`` (``tl.dot_scaled``) or
-    #: ``dequant`` (bf16 weight, then torch's matmul).
+    #: ``decode`` (in-register decode + ``tl.dot``), ``pairs`` (the same from 32-bit words,
+    #: K in ``triton_decode.PAIR_ORDER``), ``scaled`` (``tl.dot_scaled``) or ``dequant``
+    #: (bf16 weight, then torch's matmul).
     path: str = "decode"
 
     def describe(self) -> str:
@@ -98,9 +107,10 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
                        A_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
                        INTERPRET: tl.constexpr, OUT_BF16_BITS: tl.constexpr,
-                       ASM: tl.constexpr, FAST: tl.constexpr, SCALED: tl.constexpr):
-    # w_ptr: int16 halfwords [N, K/4] (decode) or bytes [N, K/2] (SCALED); a_ptr for MXFP4
-    # activations: int16 halfwords [M, K/4] (decode) or bytes (SCALED).
+                       ASM: tl.constexpr, FAST: tl.constexpr, SCALED: tl.constexpr,
+                       PAIRS: tl.constexpr):
+    # w_ptr: int16 halfwords [N, K/4] (decode), int32 words [N, K/8] (PAIRS) or bytes
+    # [N, K/2] (SCALED); a_ptr: bf16 activations, or MX bytes (SCALED only).
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     grid_n = tl.cdiv(N, BLOCK_N)
@@ -113,6 +123,7 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
     rw = tl.arange(0, KW)
     rs = tl.arange(0, KS)
     rk = tl.arange(0, BLOCK_K)
+    rq = tl.arange(0, BLOCK_K // 8)
     rh = tl.arange(0, BLOCK_K // 2)
     m_ok = rm < M
     n_ok = rn < N
@@ -131,6 +142,7 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
             s_ok = n_ok[:, None]
             as_ok = m_ok[:, None]
             w_ok = n_ok[:, None]
+            q_ok = n_ok[:, None]
             ak_ok = m_ok[:, None]
             ah_ok = m_ok[:, None]
             wh_ok = n_ok[:, None]
@@ -138,6 +150,7 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
             s_ok = n_ok[:, None] & (ks[None, :] < K // 32)
             as_ok = m_ok[:, None] & (ks[None, :] < K // 32)
             w_ok = n_ok[:, None] & (kw[None, :] < K // 4)
+            q_ok = n_ok[:, None] & ((k0 // 8 + rq)[None, :] < K // 8)
             ak_ok = m_ok[:, None] & (kk[None, :] < K)
             ah_ok = m_ok[:, None] & (kh[None, :] < K // 2)
             wh_ok = n_ok[:, None] & (kh[None, :] < K // 2)
@@ -160,12 +173,21 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
                              other=0).to(tl.float8e4nv, bitcast=True)
                 acc = tl.dot_scaled(xa, xb, "e4m3", tl.trans(wq), sb, "e2m1", acc=acc)
         else:
-            words = tl.load(w_ptr + rn64[:, None] * stride_wn + kw[None, :], mask=w_ok,
-                            other=0)
-            w = decode_e2m1(words, sb.to(tl.int32), BLOCK_N, KW, ASM, FAST)
+            if PAIRS:
+                words = tl.load(w_ptr + rn64[:, None] * stride_wn + (k0 // 8 + rq)[None, :],
+                                mask=q_ok, other=0)
+                w = decode_e2m1_pairs(words, sb.to(tl.int32), BLOCK_N, BLOCK_K // 8, ASM,
+                                      FAST)
+            else:
+                halves = tl.load(w_ptr + rn64[:, None] * stride_wn + kw[None, :], mask=w_ok,
+                                 other=0)
+                w = decode_e2m1(halves, sb.to(tl.int32), BLOCK_N, KW, ASM, FAST)
             # bf16 activations only: MX ones are decoded once per call (decode_activations)
             xa = tl.load(a_ptr + rm64[:, None] * stride_am + kk[None, :], mask=ak_ok,
                          other=0.0).to(tl.bfloat16)
+            if PAIRS:  # the activations in the decoded tile's K order (PAIR_ORDER)
+                xa = tl.reshape(tl.permute(tl.reshape(xa, (BLOCK_M, BLOCK_K // 8, 2, 4)),
+                                           (0, 1, 3, 2)), (BLOCK_M, BLOCK_K))
             if INTERPRET:  # the interpreter's bf16 dot is wrong; the values are exact in both
                 acc = tl.dot(xa.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
             else:
@@ -306,7 +328,7 @@ def default_config(m: int, n: int, k: int, sm_count: int = 132) -> GemmConfig:
 
 def candidate_configs(m: int, n: int, k: int) -> list[GemmConfig]:
     """Configs a tuning run tries for one shape (each valid for it: BLOCK_K divides K and
-    every split gets at least two K tiles): 10 for M <= 16, 6 beyond, chosen so that the
+    every split gets at least two K tiles): 12 for M <= 16, 6 beyond, chosen so that the
     benchmark's sweep stays within a few minutes (every config compiles once per M class)."""
     out: list[GemmConfig] = []
     if m <= 16:
@@ -315,6 +337,7 @@ def candidate_configs(m: int, n: int, k: int) -> list[GemmConfig]:
                 (64, 256, 2, 4, "decode"), (64, 256, 4, 4, "decode"),
                 (128, 256, 2, 4, "decode"), (128, 256, 2, 8, "decode"),
                 (64, 512, 2, 4, "decode"), (128, 128, 4, 4, "decode"),
+                (64, 512, 2, 4, "pairs"), (64, 256, 2, 4, "pairs"),
                 (64, 256, 2, 4, "scaled")):
             if k % bk == 0 and k // (bk * split) >= 2:
                 out.append(GemmConfig(16, bn, bk, split, warps, 4, path))
@@ -338,7 +361,7 @@ def kernel_constexprs(cfg: GemmConfig, a_kind: int, *, k_even: bool, split: bool
             "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k if split else 1,
             "EVEN_K": k_even, "INTERPRET": interpret, "OUT_BF16_BITS": out_bits,
             "ASM": not interpret and _asm_target(), "FAST": fast,
-            "SCALED": cfg.path == "scaled"}
+            "SCALED": cfg.path == "scaled", "PAIRS": cfg.path == "pairs"}
 
 
 def _asm_target() -> bool:
@@ -362,6 +385,16 @@ def _halves(t: torch.Tensor) -> torch.Tensor:
     if t.stride(-1) != 1 or t.storage_offset() % 2 or t.stride(0) % 2:
         t = t.contiguous()
     return t.view(torch.int16)
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """A packed uint8 [R, K/2] tensor (K a multiple of 32) as int32 words [R, K/8] (copied
+    when its rows are not 4-byte aligned)."""
+    import torch
+
+    if t.stride(-1) != 1 or t.storage_offset() % 4 or t.stride(0) % 4:
+        t = t.contiguous()
+    return t.view(torch.int32)
 
 
 def dequantize_weight(weight: torch.Tensor, weight_scale: torch.Tensor, *,
@@ -450,6 +483,8 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     xs = weight_scale if x_scale is None else x_scale.contiguous()
     if scaled:
         w_arg = weight if weight.stride(-1) == 1 else weight.contiguous()
+    elif cfg.path == "pairs":
+        w_arg = _words(weight)
     else:
         w_arg = _halves(weight)
     split = max(1, min(cfg.split_k, triton.cdiv(k, cfg.block_k)))
