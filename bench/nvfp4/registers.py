@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtypes", default="bf16,fp16", help="activation dtypes, e.g. bf16")
     args = p.parse_args(argv)
     import triton
+    from kernelbay_quant_nvfp4 import triton_halfword as th
     from kernelbay_quant_nvfp4 import triton_kernels as tk
     from kernelbay_quant_nvfp4.triton_configs import CANDIDATES
     from triton.backends.compiler import GPUTarget
@@ -67,11 +68,12 @@ def main(argv: list[str] | None = None) -> int:
             if c.path != "fused":
                 continue
             for partial in (True, False):
-                fn = (tk.nvfp4_matmul_xpt if c.swap_ab else tk.nvfp4_matmul_xp) if c.xprep \
+                fn = th.nvfp4_matmul_hw if c.halfword else \
+                    (tk.nvfp4_matmul_xpt if c.swap_ab else tk.nvfp4_matmul_xp) if c.xprep \
                     else tk.nvfp4_matmul_w8 if c.decode8 else tk.nvfp4_matmul
                 names = list(inspect.signature(fn.fn).parameters)
                 types = {"x_ptr": f"*{dt}", "xs_ptr": "*fp16", "down_ptr": "*fp32",
-                         "w_ptr": "*i32" if c.decode8 else "*u8", "fin_ptr": f"*{dt}",
+                         "w_ptr": "*i16" if c.halfword else "*i32" if c.decode8 else "*u8", "fin_ptr": f"*{dt}",
                          "cnt_ptr": "*i32",
                          "s_ptr": "*u8", "g_ptr": "*fp32", "b_ptr": f"*{dt}",
                          "out_ptr": "*fp32" if partial else f"*{dt}"}
@@ -80,11 +82,20 @@ def main(argv: list[str] | None = None) -> int:
                                          "PARTIAL": partial}
                 if c.xprep:
                     const["SUM_IN_KERNEL"] = c.sum_in_kernel and partial
-                const.update({"ASM": True} if c.decode8 or c.xprep else
-                             {"DOT_FP32": False, "DOT16": c.dot16})
+                if c.halfword:
+                    const.update({"ASM": True, "EVEN_K": True, "INTERPRET": False})
+                else:
+                    const.update({"ASM": True} if c.decode8 or c.xprep else
+                                 {"DOT_FP32": False, "DOT16": c.dot16})
                 sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in names}
+                # Pointers, strides and K divisible by 16, as the launcher specializes them
+                # for real shapes (without it, loads are not vectorized nor pipelined).
+                div = [n for n in names if n not in const
+                       and (n.endswith("_ptr") or n.startswith("stride") or n == "K")]
                 src = ASTSource(fn=fn, signature=sig,
-                                constexprs={(names.index(n),): v for n, v in const.items()})
+                                constexprs={(names.index(n),): v for n, v in const.items()},
+                                attrs={(names.index(n),): [["tt.divisibility", 16]]
+                                       for n in div})
                 try:
                     kernel = triton.compile(src, target=target, options={
                         "num_warps": c.num_warps, "num_stages": c.num_stages})

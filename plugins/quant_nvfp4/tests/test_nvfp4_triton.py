@@ -114,7 +114,27 @@ def test_cuda_method_matches_reference(dtype: torch.dtype, n: int, k: int) -> No
         check_close(method.apply(layer, x), x, w, None)
 
 
-_ONE_PER_KERNEL = ("xpt-16x256x128", "xpt-16x128x128-sum", "xp-16x128x128", "w8-16x64x256")
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [c for c in CANDIDATES if c.halfword], ids=lambda c: c.name)
+def test_cuda_halfword_fp16_matches_reference(config: KernelConfig) -> None:
+    """The halfword kernels with fp16 activations (decoded bf16 tile converted to fp16,
+    exact), ragged N and K, edge block scales."""
+    from kernelbay_quant_nvfp4.linear_triton import run_config
+
+    n, k = 1000, 3088
+    gen = torch.Generator().manual_seed(n + k)
+    tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
+    edge_scales(tensors)
+    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
+    glob = tensors["weight_scale_2"].reshape(1)
+    bias = torch.randn(n, generator=gen).half().cuda()
+    for m in (1, 16, 64, 257):
+        x = torch.randn(m, k, generator=gen).half().cuda()
+        got = run_config(config, x, tensors["weight"], tensors["weight_scale"], glob, bias)
+        check_close(got, x, w, bias)
+
+
+_ONE_PER_KERNEL = ("xpt-16x128x256", "w8-16x64x256", "hw-16x64x512-s2", "hw-64x128x128")
 
 
 @pytest.mark.gpu

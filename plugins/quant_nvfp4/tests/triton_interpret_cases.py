@@ -226,3 +226,48 @@ def test_xprep_decodes_every_code_and_scale(config: KernelConfig) -> None:
     got = run_config(config, eye, tensors["weight"], tensors["weight_scale"],
                      tensors["weight_scale_2"].reshape(1), None)
     assert torch.equal(got, w.T.to(torch.bfloat16))
+
+
+HALFWORD = [KernelConfig("hw-split", "fused", 16, 16, 64, 3, halfword=True),
+            KernelConfig("hw", "fused", 32, 32, 128, 1, halfword=True),
+            KernelConfig("hw-even", "fused", 16, 32, 64, 2, halfword=True)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config", HALFWORD, ids=str)
+@pytest.mark.parametrize("bias", [False, True])
+def test_halfword_variant(config: KernelConfig, dtype: torch.dtype, bias: bool) -> None:
+    """The halfword kernel (portable decode; the PTX one runs on CUDA only): K = 272 (not a
+    multiple of the tile) and K = 256 (whole tiles, unmasked loop), ragged N and M, edge block
+    scales, rows from 1e-6 to 1e4 and a zero row."""
+    from kernelbay_quant_nvfp4.linear_triton import run_config
+
+    for k in (272, 256):
+        gen = torch.Generator().manual_seed(13 + bias + k)
+        tensors = nvfp4_weights(40, k, gen)
+        edge_scales(tensors)
+        w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"],
+                             tensors["weight_scale_2"])
+        b = torch.randn(40, generator=gen).to(dtype) if bias else None
+        for m in (1, 17):
+            top = 4 if dtype == torch.bfloat16 else 1
+            x = torch.randn(m, k, generator=gen) * torch.logspace(-6, top, m)[:, None]
+            x[m // 2] = 0.0
+            x = x.to(dtype)
+            got = run_config(config, x, tensors["weight"], tensors["weight_scale"],
+                             tensors["weight_scale_2"].reshape(1), b)
+            check_close(got, x, w, b)
+
+
+@pytest.mark.parametrize("config", HALFWORD[:2], ids=str)
+def test_halfword_decodes_every_code_and_scale(config: KernelConfig) -> None:
+    """Every E2M1 code under every finite E4M3 block scale (signed zeros, subnormal and
+    largest scales), one product per output: the reference rounded to bf16, bit for bit."""
+    from kernelbay_quant_nvfp4.linear_triton import run_config
+    from nvfp4_triton_helpers import every_code_and_scale
+
+    tensors, eye = every_code_and_scale()
+    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
+    got = run_config(config, eye, tensors["weight"], tensors["weight_scale"],
+                     tensors["weight_scale_2"].reshape(1), None)
+    assert torch.equal(got, w.T.to(torch.bfloat16))

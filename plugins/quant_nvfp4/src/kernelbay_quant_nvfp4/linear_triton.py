@@ -95,6 +95,13 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
         return F.linear(x2, weight, bias)
     config = fit_block_m(config, m)
     sms = _sm_count(x2.device.index or 0) if x2.is_cuda else 4
+    if config.halfword:
+        from kernelbay_quant_nvfp4.triton_halfword import nvfp4_linear_hw
+
+        return nvfp4_linear_hw(x2, packed, scales, global_scale, bias, block_m=config.block_m,
+                               block_n=config.block_n, block_k=config.block_k,
+                               split_k=split_k_for(config, m, packed.shape[0], k, sms),
+                               num_warps=config.num_warps, num_stages=config.num_stages)
     return nvfp4_linear_triton(x2, packed, scales, global_scale, bias,
                                block_m=config.block_m, block_n=config.block_n,
                                block_k=config.block_k,

@@ -17,6 +17,12 @@ Reasoning for the H200 defaults (132 SMs, 4.8 TB/s, 50 MB L2); ``bench/nvfp4/run
   warpgroup MMA's register operand (no shared-memory store of decoded weights; the
   ``xp-*`` form stores them for the MMA, 11.7 instructions per element at 64x128 against
   7.8), and the batch is the MMA's N, so M <= 16 needs no 64-row tile.
+* ``halfword`` (``hw-*``, ``triton_halfword``): no activation pass; the weight read as
+  int16 halfwords and decoded by PTX (two bf16 lanes per instruction, the block scale
+  applied by one packed fma, exact) directly in the dot operand layout. sm_90 SASS of the
+  K loop (triton 3.9, pointers/strides specialized): 6.0-6.2 instructions per element for
+  the 16-row tiles against 8.4 for ``w8-16x64x256`` and 5.5 for ``xpt-16x128x256``; 5.3 at
+  64x128x128 against 6.5 for ``xpt-64x128x128``. Not timed on a GPU yet.
 * M <= 16 (decode) should be memory bound: the weight is 0.5625 B/element against bf16's
   2. BLOCK_M = 16 is the smallest tl.dot tile (unused rows masked). N = 8192 gives 64
   CTAs of 256 rows, so K is split until there are about four CTAs per SM (``split_k``);
@@ -67,6 +73,9 @@ class KernelConfig:
     #: With ``xprep`` and split-K: the last program of each tile adds the partials (in split
     #: order) and writes the output, instead of a second kernel (one launch less).
     sum_in_kernel: bool = False
+    #: The halfword kernel (``triton_halfword``): four codes per int16 read, decoded in PTX
+    #: to exact bf16 straight in the dot operand layout; activations used as they come.
+    halfword: bool = False
 
 
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
@@ -89,23 +98,29 @@ def _xp(name: str, block_m: int, block_n: int, block_k: int, warps: int, stages:
                         sum_in_kernel=sum_in_kernel)
 
 
+def _hw(name: str, block_m: int, block_n: int, block_k: int, warps: int, stages: int,
+        split_k: int = 0) -> KernelConfig:
+    return KernelConfig(name, "fused", block_m, block_n, block_k, split_k, warps, stages,
+                        halfword=True)
+
+
 #: Alternatives the benchmark tries per shape (``--configs all``); BLOCK_M is lowered to
-#: cover M where a config's is larger than needed. The first run's clearly slower ones
-#: (per-element fp32 decode, per-tile activation scaling) are not retried; its fastest
-#: (``w8-16x64x256``) stays as the yardstick. Loop instructions per weight element and
-#: row tile (sm_90 SASS, ``bench/nvfp4/registers.py --loop``) in the comments.
+#: cover M where a config's is larger than needed. Kept from the second H200 sweep: the best
+#: of each M range (``w8-16x64x256``, ``xpt-16x128x256``, ``xpt-64x128x128``,
+#: ``xpt-128x128x128``, ``dequant-cublas``); new: the halfword kernels (``triton_halfword``),
+#: 16-row tiles with K tiles of 256/512 for M <= 16, 64- and 128-row tiles above. Loop
+#: instructions per weight element and row tile (sm_90 SASS, ``bench/nvfp4/registers.py
+#: --loop``) in the comments.
 CANDIDATES: tuple[KernelConfig, ...] = (
-    _xp("xpt-16x256x128", 16, 256, 128, 8, 4),  # 5.3, 157 registers
-    _xp("xpt-16x256x128-sum", 16, 256, 128, 8, 4, sum_in_kernel=True),
-    _xp("xpt-16x128x256", 16, 128, 256, 8, 4),  # 5.5, 162 registers
-    _xp("xpt-16x128x128", 16, 128, 128, 4, 4),  # 5.6, 153 registers
-    _xp("xpt-16x128x128-sum", 16, 128, 128, 4, 4, sum_in_kernel=True),
-    _xp("xp-16x128x128", 16, 128, 128, 4, 4, swap_ab=False),  # 6.0, 175 registers
     KernelConfig("w8-16x64x256", "fused", 16, 64, 256, 0, 8, 4, True, True),  # 13.4
-    _xp("xpt-64x256x128", 64, 256, 128, 8, 3),  # 5.9, 214 registers
+    _xp("xpt-16x128x256", 16, 128, 256, 8, 4),  # 5.5, 162 registers
+    _hw("hw-16x64x512-s2", 16, 64, 512, 4, 4, split_k=2),
+    _hw("hw-16x64x256", 16, 64, 256, 4, 4),
+    _hw("hw-16x128x256", 16, 128, 256, 4, 4),
     _xp("xpt-64x128x128", 64, 128, 128, 8, 3),  # 7.8, 127 registers
-    _xp("xp-64x128x128", 64, 128, 128, 8, 3, swap_ab=False),  # 11.7, 174 registers
+    _hw("hw-64x128x128", 64, 128, 128, 4, 3),
     _xp("xpt-128x128x128", 128, 128, 128, 8, 3),  # 9.6, 208 registers
+    _hw("hw-128x128x64", 128, 128, 64, 8, 3),
     KernelConfig("dequant-cublas", "dequant"),
 )
 

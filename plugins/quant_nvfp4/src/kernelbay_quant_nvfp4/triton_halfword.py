@@ -1,0 +1,227 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# (Triton kernels are written in its untyped DSL; the Python wrappers are typed.)
+"""The ``hw-*`` kernels of ``nvfp4-triton``: the weight read as int16 halfwords (four E2M1
+codes each) and decoded straight into the ``tl.dot`` operand layout as exact bf16, with the
+activations used as they come (bf16/fp16, no preparation pass).
+
+Weight layout unchanged (``packed`` uint8 [N, K/2] viewed as int16 [N, K/4]: halfword ``j``
+holds elements ``4j .. 4j+3`` in nibbles 0..3, little-endian), E4M3 block scales as bytes
+[N, K/16], fp32 ``weight_scale_2``.
+
+Decode of one element (code ``c = s e1 e0 m``, block scale ``S``):
+
+* The codes are split out of the halfwords by three shifts and two ``tl.join`` (each lane's
+  code in bits 12..15, lower bits ignored). The joined dimensions are ones the MMA operand
+  layout keeps within a thread, so the decoded tile needs no layout conversion; an
+  ``arange`` of shift amounts or a third join would make the compiler decode in a blocked
+  layout and move the tile through shared memory.
+* PTX on two 16-bit lanes per 32-bit register: ``and`` keeps bits 12..15, a shift by 6 and
+  one ``lop3`` place the sign at bit 15 and ``e1 e0 m`` at bits 8..6, which as bf16 reads
+  ``e2m1(c) * 2^-126`` (code 1 is the subnormal 2^-127). One packed ``fma.rn.bf16x2`` by
+  ``S * 2^118`` (a normal bf16 for every finite E4M3 ``S``: 2^-9 .. 448, so at most
+  448 * 2^118 < 2^127) plus ``-0`` gives ``e2m1(c) * S * 2^-8``. That product has at most
+  2 + 4 significant bits and lies in [2^-18, 10.5] (multiples of 2^-18), so it is exact in
+  bf16, and also in fp16 (subnormal step 2^-24), so fp16 activations take the decoded tile
+  through one exact conversion. Signed zeros come out as in the reference.
+* ``weight_scale_2 * 2^8`` multiplies the fp32 accumulator once per output tile, so the
+  products in the dot are those of the exact dequantized weight (``e2m1 * S`` is exact in
+  float32 in the reference too) and only ``* weight_scale_2`` is rounded at another place.
+
+The multiplier per 16-element block is computed from the E4M3 bits once per block: fp16 bits
+``(b & 0x80) << 8 | (b & 0x7F) << 7`` are ``S * 2^-8`` for normals and subnormals alike,
+widened to fp32, times 2^126, rounded to bf16 (exact).
+
+Plain Triton path (the interpreter, ROCm): per element the fp16 bits ``(c & 8) << 12 |
+(c & 7) << 9`` (``e2m1 * 2^-14``) widened to fp32 times ``S * 2^6``: the same values, kept
+in fp32 under the interpreter (its bf16 conversion truncates and flushes subnormals).
+
+M <= 16 runs 16-row tiles over many N tiles with split-K (fp32 partials, summed in split
+order by ``triton_kernels.splitk_reduce``); larger M uses larger row tiles.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["hw_kernel", "nvfp4_linear_hw"]
+
+# Two elements per 32-bit register (pack=2 of 16-bit operands): $0 the two bf16 results, $1
+# the two codes (bits 12..15 of each half), $2 the two multipliers S * 2^118 (bf16 bits).
+# lop3 0xA8 is (a | b) & c: the sign from a (bit 15 of each half), e1 e0 m from b = a >> 6
+# (bits 8..6); a's bits there are zero after the and, and b's high-half bits shifted into
+# the low half land outside the mask. Adding -0 keeps the sign of zero products.
+_DECODE_PTX = tl.constexpr("""{
+.reg .b32 a, b, v, nz;
+mov.b32 nz, 0x80008000;
+and.b32 a, $1, 0xF000F000;
+shr.b32 b, a, 6;
+lop3.b32 v, a, b, 0x81C081C0, 0xA8;
+fma.rn.bf16x2 $0, v, $2, nz;
+}""")
+
+
+@triton.jit
+def _codes_in_dot_order(halves, R: tl.constexpr, KH: tl.constexpr):
+    """int16 halfwords [R, KH] -> uint16 [R, 4 KH], element k's code in bits 12..15."""
+    h = halves.to(tl.uint16, bitcast=True)
+    even = tl.join(h << 12, h << 4)  # elements 0 and 2 of each halfword
+    odd = tl.join(h << 8, h)  # elements 1 and 3
+    return tl.reshape(tl.join(even, odd), (R, KH * 4))
+
+
+@triton.jit
+def _scale_s_2m8(sbits):
+    """E4M3 bytes -> fp32 ``S * 2^-8`` (exact; from its fp16 bit pattern)."""
+    b = sbits.to(tl.int16)
+    half = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True)
+    return half.to(tl.float32)
+
+
+@triton.jit
+def decode_halfwords(halves, sbits, R: tl.constexpr, KH: tl.constexpr, ASM: tl.constexpr):
+    """``halves`` int16 [R, KH] and E4M3 bytes [R, KH // 4] -> ``e2m1 * S * 2^-8`` [R, 4 KH]
+    in K order: bf16 (``ASM``) or fp32 holding the same values (plain)."""
+    BK: tl.constexpr = KH * 4
+    G: tl.constexpr = KH // 4
+    s = _scale_s_2m8(sbits)
+    if ASM:
+        mult = (s * 8.507059173023462e37).to(tl.bfloat16)  # S * 2^118
+        mult = mult.to(tl.int16, bitcast=True)
+        mult = tl.reshape(tl.broadcast_to(mult[:, :, None], (R, G, 16)), (R, BK))
+        codes = _codes_in_dot_order(halves, R, KH)
+        out = tl.inline_asm_elementwise(_DECODE_PTX, "=r,r,r", [codes, mult],
+                                        dtype=tl.bfloat16, is_pure=True, pack=2)
+    else:
+        shifts = tl.arange(0, 4) * 4
+        nib = ((halves.to(tl.int32) & 0xFFFF)[:, :, None] >> shifts[None, None, :]) & 15
+        nib = tl.reshape(nib, (R, BK))
+        val = (((nib & 8) << 12) | ((nib & 7) << 9)).to(tl.int16).to(tl.float16, bitcast=True)
+        s = tl.reshape(tl.broadcast_to((s * 16384.0)[:, :, None], (R, G, 16)), (R, BK))
+        out = val.to(tl.float32) * s
+    return out
+
+
+@triton.jit
+def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
+                    stride_xm, stride_wn, stride_sn, stride_om, stride_os,
+                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, TILES_PER_SPLIT, PARTIAL: tl.constexpr,
+                    EVEN_K: tl.constexpr, ASM: tl.constexpr, INTERPRET: tl.constexpr):
+    # w_ptr: int16 halfwords [N, K/4]; s_ptr: E4M3 bytes [N, K/16]; out_ptr: [M, N] or, with
+    # PARTIAL, fp32 [split, M, N] (stride_os apart).
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    KH: tl.constexpr = BLOCK_K // 4
+    G: tl.constexpr = BLOCK_K // 16
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rw = tl.arange(0, KH)
+    rg = tl.arange(0, G)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    # Row bases outside the loop (64-bit: N * K / 4 may pass 2^31 for large layers).
+    w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+    s_rows = s_ptr + rn.to(tl.int64)[:, None] * stride_sn
+    x_rows = x_ptr + rm.to(tl.int64)[:, None] * stride_xm
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    first = pid_k * TILES_PER_SPLIT
+    for t in range(first, first + TILES_PER_SPLIT):
+        kw = t * KH + rw
+        kg = t * G + rg
+        kk = t * BLOCK_K + rk
+        if EVEN_K:
+            halves = tl.load(w_rows + kw[None, :], mask=n_ok[:, None], other=0)
+            sb = tl.load(s_rows + kg[None, :], mask=n_ok[:, None], other=0)
+            xa = tl.load(x_rows + kk[None, :], mask=m_ok[:, None], other=0.0)
+        else:
+            halves = tl.load(w_rows + kw[None, :], mask=n_ok[:, None] & (kw < K // 4)[None, :],
+                             other=0)
+            sb = tl.load(s_rows + kg[None, :], mask=n_ok[:, None] & (kg < K // 16)[None, :],
+                         other=0)
+            xa = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :],
+                         other=0.0)
+        w = decode_halfwords(halves, sb, BLOCK_N, KH, ASM)
+        if INTERPRET:  # exact values either way; the interpreter's 16-bit dot is not exact
+            acc = tl.dot(xa.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
+        else:
+            acc = tl.dot(xa, tl.trans(w.to(xa.dtype)), acc)
+    acc = acc * (tl.load(g_ptr).to(tl.float32) * 256.0)
+    o_mask = m_ok[:, None] & n_ok[None, :]
+    o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
+    if PARTIAL:
+        tl.store(o_ptrs + pid_k.to(tl.int64) * stride_os, acc, mask=o_mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=o_mask)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+#: The mode the decorators above ran in.
+_BUILT_INTERPRETED = _interpreting()
+
+
+def hw_kernel() -> Any:
+    """The jitted ``nvfp4_matmul_hw`` for the current ``TRITON_INTERPRET`` setting (the module
+    is re-executed when the setting changed since it was imported, as in ``triton_kernels``)."""
+    if _interpreting() != _BUILT_INTERPRETED:
+        return importlib.reload(sys.modules[__name__]).hw_kernel()
+    return nvfp4_matmul_hw
+
+
+def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                    global_scale: torch.Tensor, bias: torch.Tensor | None, *, block_m: int,
+                    block_n: int, block_k: int, split_k: int, num_warps: int,
+                    num_stages: int) -> torch.Tensor:
+    """``x [M, K] @ dequant(packed, scales, global_scale)^T (+ bias)`` -> [M, N] in x's dtype
+    through ``nvfp4_matmul_hw``. ``block_k``: a power of two >= 64; ``split_k`` > 1 writes
+    fp32 partials summed in split order."""
+    from kernelbay_quant_nvfp4.triton_kernels import kernels
+
+    if block_k < 64 or block_k & (block_k - 1):
+        raise ValueError(f"nvfp4-triton: block_k={block_k} for the halfword kernel; valid: a "
+                         "power of two >= 64 (whole 16-element blocks, dots of >= 16)")
+    m, k = x.shape
+    n = packed.shape[0]
+    words = packed.view(torch.int16)
+    sbits = scales.view(torch.uint8) if scales.dtype == torch.float8_e4m3fn else scales
+    k_tiles = -(-k // block_k)
+    split_k = max(1, min(split_k, k_tiles))
+    per_split = -(-k_tiles // split_k)
+    split_k = -(-k_tiles // per_split)  # no empty splits
+    interp = _interpreting()
+    asm = x.is_cuda and not interp and torch.version.hip is None
+    even = k % block_k == 0 and k_tiles % per_split == 0
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    bias_arg = bias if bias is not None else out
+    grid = (-(-n // block_n), -(-m // block_m), split_k)
+    opts: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages} if x.is_cuda else {}
+    common = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=even, ASM=asm,
+                  INTERPRET=interp, **opts)
+    kernel = hw_kernel()
+    if split_k == 1:
+        kernel[grid](x, words, sbits, global_scale, bias_arg, out, m, n, k, x.stride(0),
+                     words.stride(0), sbits.stride(0), out.stride(0), 0,
+                     HAS_BIAS=bias is not None, TILES_PER_SPLIT=per_split, PARTIAL=False,
+                     **common)
+        return out
+    part = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
+    kernel[grid](x, words, sbits, global_scale, bias_arg, part, m, n, k, x.stride(0),
+                 words.stride(0), sbits.stride(0), n, m * n,
+                 HAS_BIAS=False, TILES_PER_SPLIT=per_split, PARTIAL=True, **common)
+    block = 1024
+    kernels().reduce[(-(-(m * n) // block),)](part, bias_arg, out, m * n, n, SPLIT_K=split_k,
+                                              HAS_BIAS=bias is not None, BLOCK=block)
+    return out
