@@ -12,10 +12,10 @@ Before timing, each configuration's output is checked against the torch referenc
 script exit non-zero after writing the results. Times are CUDA-graph replays of the whole
 decode call (split kernel and combine), metadata and per-step tables made beforehand:
 the kernels' time, without Python and launch overhead (``--eager`` times plain launches).
-A sweep of launch configurations (tile keys, warps, stages, per-group scaling) follows for
+A sweep of launch configurations (tile keys, warps, L2 prefetch, float16 dots) follows for
 the memory-bound cases (16 heads, batch 64, context 8k and 32k), every record kind.
 
-    python bench/mla_decode/run.py --out bench/mla_decode/out      # about 2-3 minutes, H200
+    python bench/mla_decode/run.py --out bench/mla_decode/out      # about 1 minute, H200
 """
 
 from __future__ import annotations
@@ -43,17 +43,18 @@ CHUNKED = {"auto": None, "yes": True, "no": False}
 #: Launch configurations the sweep times (mla_decode keywords; unnamed ones at their
 #: defaults: 2 stages, registers prefetch quantized tiles, scales applied per element,
 #: records asked of L2 ``triton_mla.default_l2_ahead`` tiles ahead).
-#: ``grouped`` (scales applied to per-group partial products) and ``reg_prefetch`` only
-#: change quantized records' kernels, so bf16 runs the others.
+#: ``f16_dot`` (codes decoded and scaled in float16, float16 dots) only changes quantized
+#: records' kernels, so bf16 runs the others.
 TUNE_CONFIGS: tuple[dict, ...] = (
     {"block_n": 32, "num_warps": 8, "l2_ahead": 0},
     {"block_n": 32, "num_warps": 8, "l2_ahead": 4},
     {"block_n": 32, "num_warps": 4, "l2_ahead": 0},
     {"block_n": 32, "num_warps": 4, "l2_ahead": 4},
-    {"block_n": 64, "num_warps": 4},
     {"block_n": 64, "num_warps": 8},
     {"block_n": 64, "num_warps": 8, "l2_ahead": 0},
-    {"block_n": 32, "num_warps": 4, "num_stages": 3, "reg_prefetch": False},
+    {"block_n": 32, "num_warps": 4, "f16_dot": True},
+    {"block_n": 32, "num_warps": 4, "l2_ahead": 0, "f16_dot": True},
+    {"block_n": 64, "num_warps": 8, "f16_dot": True},
 )
 #: The cases the sweep covers (16 heads: the memory-bound ones).
 TUNE_BATCHES = (64,)
@@ -219,7 +220,7 @@ def main() -> int:
     if not args.no_tune and 16 in heads_list:
         jobs += [(kind, 16, _tune_launch(tune, triton_mla.default_l2_ahead(RECORDS[kind])))
                  for kind in kinds
-                 for tune in TUNE_CONFIGS if not (kind == "bf16" and tune.get("grouped"))]
+                 for tune in TUNE_CONFIGS if not (kind == "bf16" and tune.get("f16_dot"))]
     for error in _warm(jobs, args.jobs):
         notes.append(f"precompile failed: {error}")
     print(f"compiled {len(jobs)} configurations in {time.perf_counter() - started:.0f} s",
@@ -266,7 +267,7 @@ def main() -> int:
                             or context not in TUNE_CONTEXTS):
                         continue
                     for tune in TUNE_CONFIGS:
-                        if kind == "bf16" and tune.get("grouped"):
+                        if kind == "bf16" and tune.get("f16_dot"):
                             continue
                         cfg = dict(_tune_launch(tune, triton_mla.default_l2_ahead(record)),
                                    num_splits=splits)
@@ -274,7 +275,7 @@ def main() -> int:
                                      f"block_n={cfg['block_n']} warps={cfg['num_warps']} "
                                      f"stages={cfg['num_stages']} "
                                      f"prefetch={cfg['reg_prefetch']} "
-                                     f"l2_ahead={cfg['l2_ahead']}")
+                                     f"l2_ahead={cfg['l2_ahead']} f16={cfg['f16_dot']}")
                         if time.perf_counter() - started > args.budget_s:
                             notes.append(f"sweep entry skipped (over --budget-s "
                                          f"{args.budget_s:.0f}): {cfg_label}")
@@ -294,7 +295,8 @@ def main() -> int:
                                        "block_n": cfg["block_n"], "warps": cfg["num_warps"],
                                        "stages": cfg["num_stages"],
                                        "reg_prefetch": cfg["reg_prefetch"],
-                                       "l2_ahead": cfg["l2_ahead"], "ms": t_ms,
+                                       "l2_ahead": cfg["l2_ahead"],
+                                       "f16_dot": cfg["f16_dot"], "ms": t_ms,
                                        "kv_tb_s": kv_bytes / (t_ms * 1e-3) / 1e12,
                                        "max_rel_err": err})
                         print(f"  {cfg_label}: {t_ms:.3f} ms, "
@@ -311,7 +313,7 @@ def main() -> int:
 def _tune_launch(tune: dict, l2_ahead: int) -> dict:
     """A sweep entry with the unnamed options at the kernel's defaults."""
     return dict(dict(chunked=None, grouped=False, reg_prefetch=True, num_stages=2,
-                     l2_ahead=l2_ahead), **tune)
+                     l2_ahead=l2_ahead, f16_dot=False), **tune)
 
 
 def _measure(mla_decode, record, cache, meta, query, scale: float, launch: dict,
@@ -375,7 +377,7 @@ def _write(args, props, sms: int, rows: list[dict], tuning: list[dict], notes: l
         lines += ["", "Launch-configuration sweep (the table above uses the kernel's "
                   "defaults; * best of its case; x best bf16 = the fastest bf16 "
                   "configuration's time / this time):", "",
-                  "| kind | batch | context | heads | grouped | block_n | warps | stages | "
+                  "| kind | batch | context | heads | f16 dots | block_n | warps | stages | "
                   "prefetch | L2 ahead | ms | KV TB/s | x bf16 | x best bf16 |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
                   "--- | --- |"]
@@ -383,7 +385,7 @@ def _write(args, props, sms: int, rows: list[dict], tuning: list[dict], notes: l
             x = f"{r['speedup_vs_bf16']:.2f}" if r["speedup_vs_bf16"] else "-"
             xb = f"{r['speedup_vs_best_bf16']:.2f}" if r["speedup_vs_best_bf16"] else "-"
             lines.append(f"| {r['kind']} | {r['batch']} | {r['context']} | {r['heads']} | "
-                         f"{r['grouped']} | {r['block_n']} | {r['warps']} | {r['stages']} | "
+                         f"{r['f16_dot']} | {r['block_n']} | {r['warps']} | {r['stages']} | "
                          f"{r['reg_prefetch']} | {r['l2_ahead']} | "
                          f"{r['ms']:.3f}{' *' if r['best'] else ''} | {r['kv_tb_s']:.2f} | "
                          f"{x} | {xb} |")

@@ -255,19 +255,29 @@ def _fetch_codes(cache_u8, cache_f32, row, ok, cols, cols_ok, ELEM_OFF: tl.const
 
 @triton.jit
 def _dequant_codes(code, raw, GROUP: tl.constexpr, SCALE: tl.constexpr,
-                   BLOCK_N: tl.constexpr, C_PAD: tl.constexpr, FAST_FP8: tl.constexpr):
-    """Values of codes fetched by ``_fetch_codes`` (bfloat16 or float32)."""
-    if FAST_FP8 and SCALE == 2:
-        values = code.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+                   BLOCK_N: tl.constexpr, C_PAD: tl.constexpr, FAST_FP8: tl.constexpr,
+                   F16: tl.constexpr):
+    """Values of codes fetched by ``_fetch_codes`` (bfloat16 or float32; float16 with
+    ``F16``: E4M3 -> float16 is one packed conversion per pair and float16 products are
+    packed multiplies, where bfloat16 needs a scalar conversion per element and float32
+    two instructions per element more)."""
+    if F16:
+        values = code.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        # fp32 scales round to float16 (2^-11, below the bfloat16 product's 2^-9); E8M0
+        # scales are exact in its range.
+        scale = (raw if SCALE == 1 else _pow2(raw.to(tl.int32) - 127)).to(tl.float16)
     else:
-        values = _e4m3_to_f32(code, FAST_FP8)
-    if SCALE == 1:
-        scale = raw
-    elif FAST_FP8:
-        scale = (tl.where(raw == 0, 0x0040, raw.to(tl.int32) << 7).to(tl.int16)
-                 .to(tl.bfloat16, bitcast=True))
-    else:
-        scale = _pow2(raw.to(tl.int32) - 127)
+        if FAST_FP8 and SCALE == 2:
+            values = code.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+        else:
+            values = _e4m3_to_f32(code, FAST_FP8)
+        if SCALE == 1:
+            scale = raw
+        elif FAST_FP8:
+            scale = (tl.where(raw == 0, 0x0040, raw.to(tl.int32) << 7).to(tl.int16)
+                     .to(tl.bfloat16, bitcast=True))
+        else:
+            scale = _pow2(raw.to(tl.int32) - 127)
     NG: tl.constexpr = C_PAD // GROUP
     return tl.reshape(tl.reshape(values, [BLOCK_N, NG, GROUP]) * scale[:, :, None],
                       [BLOCK_N, C_PAD])
@@ -294,13 +304,15 @@ def mla_decode_kernel(
     GROUP: tl.constexpr, NOPE_SCALE: tl.constexpr, ROPE_SCALE: tl.constexpr,
     SPARSE: tl.constexpr, FAST_FP8: tl.constexpr, DOT: tl.constexpr, CHUNKED: tl.constexpr,
     GROUPED: tl.constexpr, REG_PREFETCH: tl.constexpr, L2_AHEAD: tl.constexpr,
-    L2_LINES: tl.constexpr,
+    L2_LINES: tl.constexpr, F16_DOT: tl.constexpr,
 ):
     """Partial attention of query token ``t`` over KV split ``split`` for heads
     ``hb * BLOCK_H ...``, program ``(t * num_splits + split) * head_blocks + hb``: writes the normalised partial output
     (float32, or the final output when num_splits == 1) and its natural-log LSE. ``DOT`` is
     the dot operand type: bfloat16 on the GPU, float32 under the interpreter (whose numpy
-    dot has no bfloat16). ``CHUNKED`` holds the nope part as ``NC`` chunks of ``CH`` columns
+    dot has no bfloat16), or float16 on request (``f16_dot``: quantized nope decoded and
+    scaled in float16; exact while the dequantized values, queries and probabilities lie
+    in float16's range, |x| < 65504 and above 2^-14 for full precision). ``CHUNKED`` holds the nope part as ``NC`` chunks of ``CH`` columns
     (batched dots, one chunk per warp) instead of one ``[BLOCK_H, NC * CH]`` block.
     ``L2_AHEAD`` > 0 (GPU only): each iteration asks L2 for the records of the tile that
     many tiles ahead, so far more bytes are in flight than registers or shared memory hold.
@@ -402,7 +414,7 @@ def mla_decode_kernel(
         else:
             if PREFETCH:
                 k_nope = _dequant_codes(code, raw, GROUP, NOPE_SCALE, BLOCK_N, NC * CH,
-                                        FAST_FP8).to(DOT)
+                                        FAST_FP8, F16_DOT).to(DOT)
             else:
                 k_nope = _load_part(cache_u8, cache_bf16, cache_f32, row, ok, dcols,
                                     dcols_ok, NOPE_OFF, 0, SCALE_OFF, GROUP, NOPE_SCALE,

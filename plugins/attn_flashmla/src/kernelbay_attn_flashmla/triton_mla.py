@@ -185,27 +185,32 @@ def launch_constants(record: MLARecord, heads: int, page_size: int, page_bytes: 
                      block_n: int | None = None, chunked: bool | None = None,
                      grouped: bool | None = None, reg_prefetch: bool = True,
                      l2_ahead: int | None = None, sparse: bool = False,
-                     fast_fp8: bool = True, interpreting: bool = False) -> dict[str, Any]:
+                     fast_fp8: bool = True, interpreting: bool = False,
+                     f16_dot: bool = False) -> dict[str, Any]:
     """The decode kernel's constexprs (see ``_launch_constants``; memoized: every layer of
     every step asks for the same ones)."""
     if l2_ahead is None:
         l2_ahead = default_l2_ahead(record)
     return dict(_launch_constants(record, heads, page_size, page_bytes, block_n, chunked,
                                   grouped, reg_prefetch, l2_ahead, sparse, fast_fp8,
-                                  interpreting))
+                                  interpreting, f16_dot))
 
 
 @functools.lru_cache(maxsize=256)
 def _launch_constants(record: MLARecord, heads: int, page_size: int, page_bytes: int,
                       block_n: int | None, chunked: bool | None, grouped: bool | None,
                       reg_prefetch: bool, l2_ahead: int, sparse: bool, fast_fp8: bool,
-                      interpreting: bool) -> tuple[tuple[str, Any], ...]:
+                      interpreting: bool, f16_dot: bool) -> tuple[tuple[str, Any], ...]:
     """The decode kernel's constexprs for ``record`` at ``heads`` query heads (also used to
     compile launch configurations without a GPU, ``bench/mla_decode/registers.py``).
 
     ``grouped`` (quantized nope only): the nope part as one chunk per scale group, the
     codes fed to the dots unscaled and each group's scale applied to its partial scores and
     folded into the probabilities of its value product, instead of scaling every element.
+
+    ``f16_dot`` (GPU, quantized records): the dots take float16 operands, the E4M3 codes
+    decoded and scaled in float16 (fewer instructions per element than bfloat16); valid
+    while the latents, queries and scaled values lie within float16's range.
     """
     f = kernel_fields(record)
     rank, rope = record.kv_lora_rank, record.rope_dim
@@ -222,13 +227,15 @@ def _launch_constants(record: MLARecord, heads: int, page_size: int, page_bytes:
         # spills on sm_90; per-warp chunks do not.
         chunked = block_h > 16 and d_pad >= 256 and (record.group_size or d_pad) < NOPE_CHUNK
     chunk = f.group if grouped else min(d_pad, NOPE_CHUNK)
+    f16 = bool(f16_dot and fast_fp8 and not interpreting and f.nope_scale != 0)
     return tuple(dict(
         RANK=rank, ROPE=rope, NC=d_pad // chunk, CH=chunk, R_PAD=_pow2(max(rope, 16)),
         BLOCK_H=block_h, BLOCK_N=block_n, PAGE_SIZE=page_size, PAGE_BYTES=page_bytes,
         BPT=record.bytes_per_token, NOPE_OFF=f.nope_off, ROPE_OFF=f.rope_off,
         SCALE_OFF=f.scale_off, GROUP=f.group, NOPE_SCALE=f.nope_scale,
         ROPE_SCALE=f.rope_scale, SPARSE=sparse, FAST_FP8=fast_fp8,
-        DOT=tl.float32 if interpreting else tl.bfloat16,
+        DOT=tl.float32 if interpreting else tl.float16 if f16 else tl.bfloat16,
+        F16_DOT=f16,
         CHUNKED=bool(chunked or grouped), GROUPED=grouped,
         REG_PREFETCH=reg_prefetch,
         L2_AHEAD=0 if interpreting or not fast_fp8 else l2_ahead,
@@ -242,8 +249,8 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                num_sms: int | None = None, block_n: int | None = None,
                num_warps: int | None = None, num_stages: int = 2,
                chunked: bool | None = None, grouped: bool | None = None,
-               reg_prefetch: bool = True, l2_ahead: int | None = None
-               ) -> tuple[Tensor, Tensor]:
+               reg_prefetch: bool = True, l2_ahead: int | None = None,
+               f16_dot: bool = False) -> tuple[Tensor, Tensor]:
     """Absorbed MLA attention over paged records on the GPU (or the Triton interpreter).
 
     Same inputs and results as ``mla.mla_attention``: ``(out [T, H, kv_lora_rank] in
@@ -254,7 +261,7 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     ``launch_constants``) and ``reg_prefetch`` (quantized flat tiles: the next tile's codes
     loaded into registers ahead; off, the compiler's pipelining decides) and ``l2_ahead``
     (tiles ahead whose records are prefetched into L2; 0: none; None:
-    ``default_l2_ahead``) override the
+    ``default_l2_ahead``) and ``f16_dot`` (see ``launch_constants``) override the
     launch configuration (for tuning; defaults depend on the latent width). The per-token tables
     are reused while the same ``metadata`` object comes back (every layer of a step), so a
     metadata object must not be changed in place after a call.
@@ -267,7 +274,7 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     rank, d_pad = record.kv_lora_rank, _pow2(record.kv_lora_rank)
     consts = launch_constants(record, heads, page_size, page_bytes, block_n=block_n,
                               chunked=chunked, grouped=grouped, reg_prefetch=reg_prefetch,
-                              l2_ahead=l2_ahead,
+                              l2_ahead=l2_ahead, f16_dot=f16_dot,
                               sparse=topk_indices is not None,
                               fast_fp8=query.is_cuda and not _interpreting(),
                               interpreting=_interpreting())
