@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "ws_ptr": "*fp32", "lock_ptr": "*i32"}
     failed = 0
     every = dict.fromkeys(c for cands in SHAPE_CANDIDATES.values() for c in cands)
-    for bm, bn, bk, warps, stages, split, in_kernel in every:
+    for bm, bn, bk, warps, stages, split, in_kernel, tma in every:
         ways = [("one", True, False)] if split == 1 else (
             [("whole", True, False), ("split", False, in_kernel)])
         for way, whole, sum_in in ways:
@@ -63,17 +63,19 @@ def main(argv: list[str] | None = None) -> int:
                 "stride_xk": 1, "stride_wk": 1, "stride_yn": 1,
                 "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "IEEE": False,
                 "USE_DOT": True, "EVEN_K": True, "SPLITS": split, "WHOLE_TILE": whole,
-                "SUM_IN_KERNEL": sum_in}
+                "SUM_IN_KERNEL": sum_in, "TMA": tma}
             y = "*bf16" if whole or sum_in else "*fp32"
+            loads = ({"x_ptr": f"tensordesc<bf16[{bm}, {bk}]>",
+                      "w_ptr": f"tensordesc<bf16[{bn}, {bk}]>"} if tma else {})
             sig = {n: "constexpr" if n in const else
-                   (y if n == "y_ptr" else types.get(n, "i32")) for n in names}
+                   loads.get(n, y if n == "y_ptr" else types.get(n, "i32")) for n in names}
             aligned = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
                        if t.startswith("*") or n in _DIVISIBLE}
             src = ASTSource(fn=fn, signature=sig,
                             constexprs={(names.index(n),): v for n, v in const.items()},
                             attrs=aligned)
             what = (f"{bm}x{bn}x{bk} w{warps} s{stages} split{split}"
-                    f"{' ik' if in_kernel else ''} {way}")
+                    f"{' ik' if in_kernel else ''}{' tma' if tma else ''} {way}")
             try:
                 kernel = triton.compile(src, target=target, options={
                     "num_warps": warps, "num_stages": stages})
@@ -83,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             ttgir = kernel.asm.get("ttgir", "")
             asyncs = ttgir.count("isAsync = true") if args.arch == 90 else -1
-            print(f"{what:40s} {usage(kernel)} SHARED:{kernel.metadata.shared} "
-                  f"async-wgmma:{asyncs}", flush=True)
+            copies = ttgir.count("async_tma_copy_global_to_local")
+            print(f"{what:44s} {usage(kernel)} SHARED:{kernel.metadata.shared} "
+                  f"async-wgmma:{asyncs} tma-copies:{copies}", flush=True)
     return 1 if failed else 0
 
 

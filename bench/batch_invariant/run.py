@@ -28,27 +28,30 @@ import time
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 BATCHES = [1, 16, 64, 128, 256, 1024]
 TARGET = 1.3
-#: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, split_k, sum_in_kernel) tried by
-#: ``--configs all``, per (N, K) (``CANDIDATES`` for any other shape). Earlier sweeps: N = 4096
-#: has only 32..64 column tiles, so at M <= 256 a fixed split-K (2..4 slices; partials summed
-#: by a second kernel or by each tile's last program, same order) gives the device enough
-#: programs, while M = 1024 wants 128 x 128 tiles with 8 warps; from as many tiles as SMs
-#: a split config runs as whole tiles (one pipelined K loop that adds each slice at its
-#: end: the same bits). N = 14336 has 112 column tiles: no split, 128-wide tiles.
-_N4096 = [(128, 128, 64, 8, 3, 4, False), (128, 128, 64, 8, 3, 4, True),
-          (128, 128, 64, 8, 4, 4, True), (128, 128, 64, 8, 3, 2, True),
-          (64, 128, 64, 4, 4, 4, False), (64, 128, 64, 4, 4, 4, True),
-          (64, 128, 64, 4, 4, 2, False),
-          (64, 128, 128, 4, 3, 2, False), (64, 128, 128, 4, 3, 1, False),
-          (128, 128, 64, 8, 3, 1, False)]
+#: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, split_k, sum_in_kernel, tma) tried
+#: by ``--configs all``, per (N, K) (``CANDIDATES`` for any other shape). Earlier sweeps:
+#: N = 4096 has only 32..64 column tiles, so at M <= 256 a fixed split-K (2..4 slices;
+#: partials summed by a second kernel or by each tile's last program, same order) gives the
+#: device enough programs, while M = 1024 wants 128 x 128 tiles with 8 warps; from as many
+#: tiles as SMs a split config runs as whole tiles (one pipelined K loop that adds each
+#: slice at its end: the same bits). N = 14336 has 112 column tiles: no split, 128-wide
+#: tiles. ``tma``: tensor-descriptor loads (fewer registers: 90 instead of 117..126 at
+#: 128 x 128 x 64 on sm_90, ``registers.py``); only with BLOCK_K 64 (128-byte rows).
+_N4096 = [(128, 128, 64, 8, 3, 4, False, False), (128, 128, 64, 8, 3, 4, True, False),
+          (128, 128, 64, 8, 3, 4, True, True), (128, 128, 64, 8, 4, 4, True, True),
+          (128, 128, 64, 8, 3, 2, True, False), (64, 128, 64, 4, 4, 4, False, False),
+          (64, 128, 64, 4, 4, 4, True, False), (64, 128, 64, 4, 4, 4, True, True),
+          (64, 128, 64, 4, 4, 2, False, False), (64, 128, 128, 4, 3, 2, False, False),
+          (64, 128, 128, 4, 3, 1, False, False), (128, 128, 64, 8, 3, 1, False, False)]
 SHAPE_CANDIDATES = {
     (4096, 4096): _N4096,
     (4096, 14336): _N4096,
-    (14336, 4096): [(128, 128, 64, 8, 3, 1, False), (128, 128, 64, 8, 4, 1, False),
-                    (64, 128, 64, 4, 4, 1, False), (64, 128, 64, 4, 6, 1, False),
-                    (128, 256, 64, 8, 3, 1, False), (64, 256, 64, 8, 4, 1, False),
-                    (128, 128, 128, 8, 2, 1, False), (128, 128, 64, 4, 3, 1, False),
-                    (64, 128, 128, 4, 3, 1, False)],
+    (14336, 4096): [(128, 128, 64, 8, 3, 1, False, False), (128, 128, 64, 8, 3, 1, False, True),
+                    (128, 128, 64, 8, 4, 1, False, False), (128, 128, 64, 8, 4, 1, False, True),
+                    (64, 128, 64, 4, 4, 1, False, False), (64, 128, 64, 4, 6, 1, False, True),
+                    (128, 256, 64, 8, 3, 1, False, False), (128, 256, 64, 8, 3, 1, False, True),
+                    (64, 256, 64, 8, 4, 1, False, False), (128, 128, 128, 8, 2, 1, False, False),
+                    (128, 128, 64, 4, 3, 1, False, False), (64, 128, 128, 4, 3, 1, False, False)],
 }
 CANDIDATES = _N4096
 
@@ -96,7 +99,7 @@ def _pick(entries: list[dict[str, object]]) -> dict[str, object]:
 def _describe(c: dict[str, int]) -> str:
     where = " in-kernel" if c["split_k"] > 1 and c["sum_in_kernel"] else ""
     return (f"{c['block_m']}x{c['block_n']}x{c['block_k']}, {c['num_warps']}, "
-            f"{c['num_stages']}, {c['split_k']}{where}")
+            f"{c['num_stages']}, {c['split_k']}{where}{' tma' if c.get('tma') else ''}")
 
 
 def main() -> int:
@@ -157,15 +160,15 @@ def main() -> int:
             # The table's own config first: its ratios here, next to the table rows above,
             # show how far the sweep's shorter timings drift.
             own = (config.block_m, config.block_n, config.block_k, config.num_warps,
-                   config.num_stages, config.split_k, config.sum_in_kernel)
+                   config.num_stages, config.split_k, config.sum_in_kernel, config.tma)
             for cand in [own, *(c for c in SHAPE_CANDIDATES.get((n, k), CANDIDATES)
                                  if c != own)]:
                 if time.monotonic() > deadline:
                     skipped.append(f"N={n} K={k} {cand}")
                     continue
-                *tile, split, in_kernel = cand
+                *tile, split, in_kernel, tma = cand
                 cfg = choose_stages(MatmulConfig(*tile, split_k=split,
-                                                 sum_in_kernel=in_kernel), 2,
+                                                 sum_in_kernel=in_kernel, tma=tma), 2,
                                     device_shared_memory(device))
                 try:  # a wrong candidate is reported and skipped; the exit status says so
                     full = invariant_matmul(x[:256], w, cfg)
@@ -228,7 +231,8 @@ def main() -> int:
                 lines.append(f"    ({n}, {k}, \"bfloat16\"): MatmulConfig({c['block_m']}, "
                              f"{c['block_n']}, {c['block_k']}, {c['num_warps']}, "
                              f"{c['num_stages']}, split_k={c['split_k']}, "
-                             f"sum_in_kernel={c['sum_in_kernel']}),  # worst "
+                             f"sum_in_kernel={c['sum_in_kernel']}"
+                             + (", tma=True" if c.get("tma") else "") + "),  # worst "
                              f"{best['worst_m_ge_64']:.2f}, geomean "
                              f"{best['geomean_m_ge_64']:.2f}")
         lines.append("```")

@@ -38,16 +38,18 @@ def test_rows_bitwise_identical_for_m_1_to_256(n: int, k: int, dtype: torch.dtyp
         assert torch.equal(tail, full[256 - m:]), f"rows differ (offset) at M={m}"
 
 
-@pytest.mark.parametrize("tile", [(64, 128, 4, 4), (128, 128, 8, 3)])
+@pytest.mark.parametrize("tile", [(64, 128, 4, 4, False), (128, 128, 8, 3, False),
+                                  (128, 128, 8, 3, True)])
 @pytest.mark.parametrize("split", [2, 4])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_split_k_sums_are_invariant_and_agree(split: int, dtype: torch.dtype,
-                                              tile: tuple[int, int, int, int]) -> None:
+                                              tile: tuple[int, int, int, int, bool]
+                                              ) -> None:
     """Every way of summing the slices (second kernel, the tile's last program, one program
     per whole tile: one K loop adding each slice at its last tile) gives the same bits, also
     for a zero row against all-negative weight rows (products -0.0), and rows do not depend
     on M, also across the tile count at which the default switches from per-slice programs
-    to whole tiles."""
+    to whole tiles. The last tile shape also with tensor-descriptor (TMA) loads."""
     from kernelbay_batch_invariant.configs import MatmulConfig, choose_stages, device_shared_memory
     from kernelbay_batch_invariant.kernels import invariant_matmul
 
@@ -55,9 +57,9 @@ def test_split_k_sums_are_invariant_and_agree(split: int, dtype: torch.dtype,
     itemsize = 2 if dtype == torch.bfloat16 else 4
     block_k = 64 if dtype == torch.bfloat16 else 32
     limit = device_shared_memory(torch.device("cuda"))
-    block_m, block_n, warps, stages = tile
+    block_m, block_n, warps, stages, tma = tile
     configs = [choose_stages(MatmulConfig(block_m, block_n, block_k, warps, stages,
-                                          split_k=split, sum_in_kernel=in_kernel),
+                                          split_k=split, sum_in_kernel=in_kernel, tma=tma),
                              itemsize, limit)
                for in_kernel in (False, True)]
     g = torch.Generator(device="cuda").manual_seed(split)

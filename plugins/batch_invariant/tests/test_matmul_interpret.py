@@ -191,3 +191,43 @@ def test_whole_tile_k_walk_equals_the_slice_programs_with_signed_zeros(split: in
 def test_split_k_with_k_zero_gives_positive_zeros(how: str) -> None:
     y = _split_mm(torch.zeros(3, 0), torch.zeros(16, 0), 4, *SUMS[how])
     assert torch.equal(_bits(y), _bits(torch.zeros(3, 16))), how
+
+
+@pytest.mark.parametrize("how", list(SUMS))
+@pytest.mark.parametrize("split", [1, 3])
+def test_tma_loads_give_the_pointer_loads_bits_and_rows_do_not_follow_m(split: int,
+                                                                        how: str) -> None:
+    """``config.tma`` (tensor-descriptor loads; out-of-range rows and K read as zeros) gives
+    the pointer-load kernel's raw bits, also for a ragged K tail and rows at other places in
+    the tiles, and a row does not depend on M; a misaligned ``x`` view is copied first."""
+    from kernelbay_batch_invariant.configs import MatmulConfig
+    from kernelbay_batch_invariant.kernels import invariant_matmul
+
+    g = torch.Generator().manual_seed(21 + split)
+    n, k = 24, 72  # 4.5 K tiles of 16: a ragged last tile; 144-byte rows (16-aligned)
+    w = torch.randn(n, k, generator=g).to(torch.bfloat16)
+    rows = torch.randn(9, k, generator=g).to(torch.bfloat16)
+    in_kernel, whole = SUMS[how]
+
+    def mm(x: torch.Tensor, tma: bool) -> torch.Tensor:
+        cfg = MatmulConfig(16, 16, 16, 4, 1, split_k=split, sum_in_kernel=in_kernel, tma=tma)
+        return invariant_matmul(x, w, cfg, whole_tiles=whole)
+
+    full = mm(rows, True)
+    assert torch.equal(_bits(full), _bits(mm(rows, False)))
+    for m in (1, 4, 9):
+        assert torch.equal(_bits(mm(rows[:m], True)), _bits(full[:m])), f"M={m}"
+        assert torch.equal(_bits(mm(rows[9 - m:], True)), _bits(full[9 - m:])), f"M={m}"
+    odd = torch.randn(9, k + 1, generator=g).to(torch.bfloat16)
+    odd[:, 1:] = rows
+    assert torch.equal(_bits(mm(odd[:, 1:], True)), _bits(full))  # 2-byte offset, stride 73
+
+
+def test_tma_refuses_a_row_stride_it_cannot_describe() -> None:
+    from kernelbay_batch_invariant.configs import MatmulConfig
+    from kernelbay_batch_invariant.kernels import invariant_matmul
+
+    with pytest.raises(ValueError, match=r"config\.tma needs K \* itemsize .* K is 70"):
+        invariant_matmul(torch.zeros(2, 70, dtype=torch.bfloat16),
+                         torch.zeros(16, 70, dtype=torch.bfloat16),
+                         MatmulConfig(16, 16, 16, tma=True))

@@ -55,6 +55,10 @@ class MatmulConfig:
     #: With split-K: the tile's last program adds the partials (slice order, from a tile
     #: workspace in L2) instead of a second kernel. Same order, so the same bits.
     sum_in_kernel: bool = False
+    #: Load the x and W tiles with Hopper's tensor memory accelerator (host tensor
+    #: descriptors) instead of pointer loads: the same values reach the same dot, so the
+    #: K order is unchanged. Needs K * itemsize a multiple of 16 bytes.
+    tma: bool = False
 
     def stage_bytes(self, itemsize: int) -> int:
         """Shared memory one pipeline stage holds: an x tile and a W tile."""

@@ -23,11 +23,11 @@ def _interpreting() -> bool:
 
 
 @triton.jit
-def _k_walk(x_ptr, w_ptr, offs_m, offs_n, M, N, K, t_lo, t_hi, TILES_PER_SPLIT,
+def _k_walk(x_ptr, w_ptr, m0, n0, offs_m, offs_n, M, N, K, t_lo, t_hi, TILES_PER_SPLIT,
             stride_xm, stride_xk, stride_wn, stride_wk,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
             IEEE: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr,
-            MANY: tl.constexpr):
+            MANY: tl.constexpr, TMA: tl.constexpr):
     # One loop over the K tiles [t_lo, t_hi) (BLOCK_K wide). Every split-K slice
     # (TILES_PER_SPLIT tiles, starting at a multiple of it) is summed from zero into `acc`
     # and, at its last tile, added to `total`: (((slice 0) + slice 1) + ..). A range of one
@@ -41,7 +41,12 @@ def _k_walk(x_ptr, w_ptr, offs_m, offs_n, M, N, K, t_lo, t_hi, TILES_PER_SPLIT,
     total = tl.full((BLOCK_M, BLOCK_N), -0.0, dtype=tl.float32)
     for t in range(t_lo, t_hi):
         kk = t * BLOCK_K + offs_k
-        if EVEN_K:  # K is whole BLOCK_K tiles: no K mask (same values loaded)
+        if TMA:
+            # Tensor-memory-accelerator loads (x_ptr / w_ptr are tensor descriptors): rows
+            # and K past the end read as zeros, the values the masked loads give.
+            a = x_ptr.load([m0, t * BLOCK_K])
+            b = w_ptr.load([n0, t * BLOCK_K]).T
+        elif EVEN_K:  # K is whole BLOCK_K tiles: no K mask (same values loaded)
             a = tl.load(x_ptr + offs_m[:, None] * stride_xm + kk[None, :] * stride_xk,
                         mask=offs_m[:, None] < M, other=0.0)
             b = tl.load(w_ptr + kk[:, None] * stride_wk + offs_n[None, :] * stride_wn,
@@ -74,7 +79,7 @@ def _matmul_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, lock_ptr, M, N, K, K_PER_SPLIT,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, IEEE: tl.constexpr, USE_DOT: tl.constexpr,
                    EVEN_K: tl.constexpr, SPLITS: tl.constexpr, WHOLE_TILE: tl.constexpr,
-                   SUM_IN_KERNEL: tl.constexpr):
+                   SUM_IN_KERNEL: tl.constexpr, TMA: tl.constexpr):
     # Slice s of K is [s * K_PER_SPLIT, (s + 1) * K_PER_SPLIT), fixed by K and the config,
     # never by M; an element is (((slice 0) + slice 1) + ..), each slice summed from zero.
     # WHOLE_TILE: this program sums every slice of its tile in that order. Otherwise one
@@ -108,9 +113,9 @@ def _matmul_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, lock_ptr, M, N, K, K_PER_SPLIT,
         t_lo = tl.minimum(split * per, k_tiles)
         t_hi = tl.minimum(t_lo + per, k_tiles)
         short = t_lo >= t_hi  # an empty slice's partial is +0.0
-    acc = _k_walk(x_ptr, w_ptr, offs_m, offs_n, M, N, K, t_lo, t_hi, per, stride_xm,
-                  stride_xk, stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, USE_DOT,
-                  EVEN_K, WHOLE_TILE and SPLITS > 1)
+    acc = _k_walk(x_ptr, w_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, offs_m, offs_n, M, N, K,
+                  t_lo, t_hi, per, stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_M,
+                  BLOCK_N, BLOCK_K, IEEE, USE_DOT, EVEN_K, WHOLE_TILE and SPLITS > 1, TMA)
     if SPLITS > 1:  # noqa: SIM102 (a constexpr test apart: no branch compiled without it)
         if short:
             acc += 0.0
@@ -189,6 +194,31 @@ def _k_per_split(k: int, config: MatmulConfig) -> int:
     return triton.cdiv(tiles, config.split_k) * config.block_k
 
 
+def _descriptors(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
+                 ) -> tuple[object, object]:
+    """Tensor descriptors of ``x`` [M, K] and ``weight`` [N, K] with the config's tile
+    boxes. A row stride that is not a multiple of 16 bytes cannot be described: the config
+    is refused (a function of K, so never of M). A misaligned or strided ``x`` is copied to a
+    fresh (aligned) tensor: the kernel stays the same whatever the input's address."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    k = x.shape[1]
+    if (k * x.element_size()) % 16:
+        raise ValueError(f"invariant_matmul: config.tma needs K * itemsize to be a multiple "
+                         f"of 16 bytes; K is {k} for {x.dtype}")
+
+    def fit(t: torch.Tensor) -> torch.Tensor:
+        if t.stride(1) != 1 or t.stride(0) != k or t.data_ptr() % 16:
+            t = torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)
+        return t
+
+    x, weight = fit(x), fit(weight)
+    return (TensorDescriptor(x, list(x.shape), list(x.stride()),
+                             [config.block_m, config.block_k]),
+            TensorDescriptor(weight, list(weight.shape), list(weight.stride()),
+                             [config.block_n, config.block_k]))
+
+
 def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig,
                      *, whole_tiles: bool | None = None) -> torch.Tensor:
     """``x [M, K] @ weight[N, K]^T`` with ``config``'s tiling (chosen from N, K, dtype).
@@ -237,14 +267,15 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
                          dtype=torch.float32, device=x.device)
         locks = _tile_locks(x.device, tiles)
     grid = (tiles if whole_tiles else tiles * splits,)
-    _matmul_kernel[grid](x, weight, out, ws, locks, m, n, k, _k_per_split(k, config),
+    xa, wa = (_descriptors(x, weight, config) if config.tma else (x, weight))
+    _matmul_kernel[grid](xa, wa, out, ws, locks, m, n, k, _k_per_split(k, config),
                          x.stride(0), x.stride(1), weight.stride(0),
                          weight.stride(1), stride_s, out.stride(-2), out.stride(-1),
                          BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                          BLOCK_K=config.block_k, GROUP_M=config.group_m,
                          IEEE=x.dtype == torch.float32, USE_DOT=not _interpreting(),
                          EVEN_K=k % config.block_k == 0, SPLITS=splits,
-                         WHOLE_TILE=whole_tiles, SUM_IN_KERNEL=in_kernel,
+                         WHOLE_TILE=whole_tiles, SUM_IN_KERNEL=in_kernel, TMA=config.tma,
                          num_warps=config.num_warps, num_stages=config.num_stages)
     if out is not y:
         numel = m * n
