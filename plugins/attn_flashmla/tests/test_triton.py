@@ -245,6 +245,29 @@ def test_priority_above_reference() -> None:
 # --- GPU ---------------------------------------------------------------------------------
 
 
+#: The extra flat launch the 16-head GPU case checks (one the bench sweeps).
+GPU_LAUNCH = {"block_n": 64, "num_warps": 8, "l2_ahead": 0, "f16_dot": True}
+
+
+@pytest.fixture(scope="session")
+def gpu_kernels() -> None:
+    """Compile the GPU tests' decode and write configurations in parallel first (into
+    Triton's on-disk cache); the tests then load them instead of compiling one by one."""
+    from kernelbay_attn_flashmla.triton_warm import WarmJob, warm
+
+    jobs = []
+    for kind in KINDS:
+        rec = RECORDS[kind]
+        for heads in (16, 128):
+            for splits in (2, 1):
+                jobs.append(WarmJob(kind, rec.kv_lora_rank, rec.rope_dim, heads, {}, splits,
+                                    write=heads == 16 and splits == 2))
+        jobs.append(WarmJob(kind, rec.kv_lora_rank, rec.rope_dim, 16, GPU_LAUNCH))
+        if rec.latent_dim != 576:
+            jobs.append(WarmJob(kind, 512, 64, 16, {}, write=True))
+    warm(jobs)
+
+
 # Each distinct launch compiles (seconds each on the GPU host), so the GPU cases are chosen
 # to cover every code path once: each kind at its FORMATS.md dims and 16 / 128 heads (flat
 # and chunked nope layouts), one split (final output written by the split kernel) and many
@@ -253,7 +276,7 @@ def test_priority_above_reference() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("heads", [16, 128])
-def test_decode_matches_reference_on_gpu(kind: str, heads: int) -> None:
+def test_decode_matches_reference_on_gpu(kind: str, heads: int, gpu_kernels: None) -> None:
     record = RECORDS[kind]
     lengths = [1, 700, 4099, 64, 2500, 129]
     case = _case(record, lengths, [1] * len(lengths), heads, 64, seed=11, device="cuda",
@@ -263,8 +286,8 @@ def test_decode_matches_reference_on_gpu(kind: str, heads: int) -> None:
     if heads != 16:
         return
     # float16 dots (quantized kinds; bf16 records ignore the option).
-    _compare(case, splits=7, atol=3e-2, scale=1 / math.sqrt(192), block_n=64, num_warps=8,
-             l2_ahead=0, f16_dot=True)
+    _compare(case, splits=7, atol=3e-2, scale=1 / math.sqrt(192),
+             **GPU_LAUNCH)  # type: ignore[arg-type]
     wide = record_for_dims(kind, 512, 64)
     if wide.latent_dim != record.latent_dim:
         case = _case(wide, lengths, [1] * len(lengths), heads, 64, seed=14, device="cuda",
@@ -274,7 +297,7 @@ def test_decode_matches_reference_on_gpu(kind: str, heads: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", KINDS)
-def test_write_kernel_is_bit_exact_on_gpu(kind: str) -> None:
+def test_write_kernel_is_bit_exact_on_gpu(kind: str, gpu_kernels: None) -> None:
     from kernelbay_attn_flashmla.triton_mla import mla_write
 
     for record in (RECORDS[kind], record_for_dims(kind, 512, 64)):
@@ -295,7 +318,7 @@ def test_write_kernel_is_bit_exact_on_gpu(kind: str) -> None:
 
 
 @pytest.mark.gpu
-def test_prefill_window_and_sparse_on_gpu() -> None:
+def test_prefill_window_and_sparse_on_gpu(gpu_kernels: None) -> None:
     record = RECORDS["fp8"]
     case = _case(record, [300, 2000], [17, 40], 16, 64, seed=12, device="cuda")
     _compare(case, splits=4, atol=3e-2, scale=1 / math.sqrt(192))
