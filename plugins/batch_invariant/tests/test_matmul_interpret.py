@@ -231,3 +231,13 @@ def test_tma_refuses_a_row_stride_it_cannot_describe() -> None:
         invariant_matmul(torch.zeros(2, 70, dtype=torch.bfloat16),
                          torch.zeros(16, 70, dtype=torch.bfloat16),
                          MatmulConfig(16, 16, 16, tma=True))
+
+
+def test_tma_with_k_zero_gives_zeros() -> None:
+    from kernelbay_batch_invariant.configs import MatmulConfig
+    from kernelbay_batch_invariant.kernels import invariant_matmul
+
+    y = invariant_matmul(torch.zeros(3, 0, dtype=torch.bfloat16),
+                         torch.zeros(16, 0, dtype=torch.bfloat16),
+                         MatmulConfig(16, 16, 16, tma=True, split_k=2))
+    assert torch.equal(_bits(y), _bits(torch.zeros(3, 16, dtype=torch.bfloat16)))

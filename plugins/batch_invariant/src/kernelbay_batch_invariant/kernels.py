@@ -234,6 +234,9 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
     program sums all slices of its tile in slice order, with no workspace; with fewer, one
     program per (tile, slice) gives the device enough programs. ``whole_tiles`` forces
     either (tests compare their bits).
+
+    ``config.tma`` loads the tiles through tensor descriptors (``_descriptors``) instead of
+    pointers; the values and the K walk are the same.
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"invariant_matmul: wants x [M, K] and weight [N, K], got "
@@ -267,7 +270,8 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
                          dtype=torch.float32, device=x.device)
         locks = _tile_locks(x.device, tiles)
     grid = (tiles if whole_tiles else tiles * splits,)
-    xa, wa = (_descriptors(x, weight, config) if config.tma else (x, weight))
+    tma = config.tma and k > 0  # K = 0 loads nothing: no descriptor of an empty extent
+    xa, wa = _descriptors(x, weight, config) if tma else (x, weight)
     _matmul_kernel[grid](xa, wa, out, ws, locks, m, n, k, _k_per_split(k, config),
                          x.stride(0), x.stride(1), weight.stride(0),
                          weight.stride(1), stride_s, out.stride(-2), out.stride(-1),
@@ -275,7 +279,7 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
                          BLOCK_K=config.block_k, GROUP_M=config.group_m,
                          IEEE=x.dtype == torch.float32, USE_DOT=not _interpreting(),
                          EVEN_K=k % config.block_k == 0, SPLITS=splits,
-                         WHOLE_TILE=whole_tiles, SUM_IN_KERNEL=in_kernel, TMA=config.tma,
+                         WHOLE_TILE=whole_tiles, SUM_IN_KERNEL=in_kernel, TMA=tma,
                          num_warps=config.num_warps, num_stages=config.num_stages)
     if out is not y:
         numel = m * n
