@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grouped", default="auto", choices=["auto", "yes", "no"])
     p.add_argument("--reg-prefetch", default="yes", choices=["yes", "no"])
     p.add_argument("--ttgir", action="store_true", help="print whether loads go async")
+    p.add_argument("--f16-dot", default="no", choices=["yes", "no"],
+                   help="quantized records decoded and dotted in float16")
     p.add_argument("--ops", action="store_true",
                    help="print the tile loop's most frequent SASS opcodes")
     a = p.parse_args(argv)
@@ -125,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                         try:
                             k = compile_config(kind, heads, bn, w, st, a.arch,
                                                grouped=grouped,
-                                               reg_prefetch=a.reg_prefetch == "yes")
+                                               reg_prefetch=a.reg_prefetch == "yes",
+                                               f16_dot=a.f16_dot == "yes")
                         except Exception as exc:  # one config, not the table
                             failed += 1
                             print(f"{label}: FAILED {str(exc)[:300]}", flush=True)
