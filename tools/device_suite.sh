@@ -40,6 +40,23 @@ for s in "$@"; do
       else
         kernels_a; kernels_b
       fi ;;
+    retune)  # the kernel round after the first results: two lanes, no two-GPU runs
+      lane_a() {
+        section nvfp4-bench 120 $py bench/nvfp4/run.py --configs all --rep-ms 15 --ms 1,16,64,256 \
+          --out /tmp/res/nvfp4-bench
+        section mla-bench 90 $py bench/mla_decode/run.py --budget-s 60 --out /tmp/res/mla-bench
+      }
+      lane_b() {
+        section mxfp4-bench 120 $py bench/mxfp4/run.py --configs all --budget 90 \
+          --out /tmp/res/mxfp4-bench
+        section bi-bench 100 $py bench/batch_invariant/run.py --configs all --budget 80 \
+          --out /tmp/res/bi-bench
+      }
+      if [ "$ngpu" -ge 2 ]; then
+        CUDA_VISIBLE_DEVICES=0 lane_a & CUDA_VISIBLE_DEVICES=1 lane_b & wait
+      else
+        lane_a; lane_b
+      fi ;;
     spec)
       mkdir -p /tmp/stdlib && tar -xzf .corpus/stdlib-3.11.7.tar.gz -C /tmp/stdlib
       section spec-train 270 $py tools/train_drafter.py --out /tmp/res/drafter --device cuda \
