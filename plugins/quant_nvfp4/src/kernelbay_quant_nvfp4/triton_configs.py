@@ -79,14 +79,13 @@ class KernelConfig:
 
 
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
-#: Set from the second H200 sweep (every candidate timed per shape, N x K of 8192 x 8192,
-#: 28672 x 8192, 8192 x 28672): M <= 16: ``w8-16x64x256`` (38.5 us at 8192 x 8192, best on
-#: both N = 8192 shapes, 10 % behind ``xpt-16x128x256`` at N = 28672; the ``xpt`` tiles of
-#: 256 rows were twice as slow); M <= 64: ``xpt-64x128x128`` (best or tied with the 128-row
-#: tile cut to 64 rows on all three); larger M: dequantize then cuBLAS (best on all three).
+#: Set from the third H200 sweep (bench/results/nvfp4-h200.md; geometric mean of the ratio to
+#: bf16 over the three N x K shapes): M <= 16: ``hw-16x64x512-s2`` (1.34x at M = 1, 1.41x at
+#: M = 16); M <= 64: ``hw-64x128x128`` (0.94x); larger M: dequantize then cuBLAS (0.55x, tied
+#: with ``hw-128x128x64`` and steadier across shapes).
 DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
-    (16, KernelConfig("w8-16x64x256", "fused", 16, 64, 256, 0, 8, 4, True, True)),
-    (64, KernelConfig("xpt-64x128x128", "fused", 64, 128, 128, 0, 8, 3, True, True, True, True)),
+    (16, KernelConfig("hw-16x64x512-s2", "fused", 16, 64, 512, 2, 4, 4, halfword=True)),
+    (64, KernelConfig("hw-64x128x128", "fused", 64, 128, 128, 0, 4, 3, halfword=True)),
     (1 << 62, KernelConfig("dequant-cublas", "dequant")),
 )
 
