@@ -313,11 +313,12 @@ def default_config(m: int, n: int, k: int, sm_count: int = 132) -> GemmConfig:
     M = 64, both split along K for about three programs per SM, and beyond that the weight
     decoded to bf16 once for torch's matmul (decoding per 128-row tile costs more).
 
-    M <= 16: 16x64 tiles with K tiles of 512, the fastest of the sweep on an H200 at
-    N = K = 8192 (split 2, 4 warps, 4 stages: 23.5 us against 25.2 us with K tiles of 256)."""
+    M <= 16: 16x64 tiles with K tiles of 512 and the ``pairs`` decode, the fastest of the
+    second H200 sweep on all three benchmark shapes (23.1 us at N = K = 8192 against 23.6 us
+    for the halfword decode; 70.6 against 80.3 us at N = 28672, K = 8192)."""
     if m <= 16:
         block_k = _block_k(k, 512)
-        return GemmConfig(16, 64, block_k, _split(n, k, 64, block_k, sm_count), 4, 4)
+        return GemmConfig(16, 64, block_k, _split(n, k, 64, block_k, sm_count), 4, 4, "pairs")
     if m <= 64:
         block_k = _block_k(k, 128)
         tiles_m = triton.cdiv(m, 64)
