@@ -52,10 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "ws_ptr": "*fp32", "lock_ptr": "*i32"}
     failed = 0
     every = dict.fromkeys(c for cands in SHAPE_CANDIDATES.values() for c in cands)
-    for bm, bn, bk, warps, stages, split, in_kernel, tma in every:
-        ways = [("one", True, False)] if split == 1 else (
-            [("whole", True, False), ("split", False, in_kernel)])
-        for way, whole, sum_in in ways:
+    for bm, bn, bk, warps, split_stages, split, in_kernel, split_tma, whole_tma, whole_st \
+            in every:
+        ways = [("one", True, False, 1)] if split == 1 else (
+            [("whole", True, False, 1), ("split", False, in_kernel, 1)])
+        if split >= 4 and split % 2 == 0:  # two slices a program (mid M: kernels.py)
+            ways.append(("split pairs", False, in_kernel, 2))
+        for way, whole, sum_in, group in ways:
+            # The whole-tile mode may load and pipeline differently (config.whole_tma / stages).
+            tma = split_tma or (whole and whole_tma)
+            stages = whole_st if whole and whole_st else split_stages
             # As the launcher specializes them: unit K strides (constants), 16-divisible
             # pointers, sizes and row strides; without that the loads would not vectorize
             # and the pipeliner would not stage them through shared memory as on the GPU.
@@ -63,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                 "stride_xk": 1, "stride_wk": 1, "stride_yn": 1,
                 "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "IEEE": False,
                 "USE_DOT": True, "EVEN_K": True, "SPLITS": split, "WHOLE_TILE": whole,
-                "SUM_IN_KERNEL": sum_in, "TMA": tma}
+                "SUM_IN_KERNEL": sum_in, "TMA": tma, "GROUP": group}
             y = "*bf16" if whole or sum_in else "*fp32"
             loads = ({"x_ptr": f"tensordesc<bf16[{bm}, {bk}]>",
                       "w_ptr": f"tensordesc<bf16[{bn}, {bk}]>"} if tma else {})

@@ -28,32 +28,48 @@ import time
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 BATCHES = [1, 16, 64, 128, 256, 1024]
 TARGET = 1.3
-#: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, split_k, sum_in_kernel, tma) tried
-#: by ``--configs all``, per (N, K) (``CANDIDATES`` for any other shape). Earlier sweeps:
-#: N = 4096 has only 32..64 column tiles, so at M <= 256 a fixed split-K (2..4 slices;
-#: partials summed by a second kernel or by each tile's last program, same order) gives the
-#: device enough programs, while M = 1024 wants 128 x 128 tiles with 8 warps; from as many
-#: tiles as SMs a split config runs as whole tiles (one pipelined K loop that adds each
-#: slice at its end: the same bits). N = 14336 has 112 column tiles: no split, 128-wide
-#: tiles. ``tma``: tensor-descriptor loads (fewer registers: 90 instead of 117..126 at
-#: 128 x 128 x 64 on sm_90, ``registers.py``); only with BLOCK_K 64 (128-byte rows).
-_N4096 = [(128, 128, 64, 8, 3, 4, False, False), (128, 128, 64, 8, 3, 4, True, False),
-          (128, 128, 64, 8, 3, 4, True, True), (128, 128, 64, 8, 4, 4, True, True),
-          (128, 128, 64, 8, 3, 2, True, False), (64, 128, 64, 4, 4, 4, False, False),
-          (64, 128, 64, 4, 4, 4, True, False), (64, 128, 64, 4, 4, 4, True, True),
-          (64, 128, 64, 4, 4, 2, False, False), (64, 128, 128, 4, 3, 2, False, False),
-          (64, 128, 128, 4, 3, 1, False, False), (128, 128, 64, 8, 3, 1, False, False)]
+#: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, split_k, sum_in_kernel, tma,
+#: whole_tma, whole_stages) tried by ``--configs all``, per (N, K) (``CANDIDATES`` for any
+#: other shape); the first of each list is the sweep's pick for ``configs.TABLE``.
+#: Earlier sweeps, ratio to cuBLAS: N = 4096 has only 32..64 column tiles, so at M <= 256 a
+#: fixed split-K gives the device enough programs (4096 x 4096, 64 x 128 x 64 split 4 summed
+#: in the kernel: 1.15 / 1.29 at M = 64 / 128, but 1.73 at M = 256 where 128 tiles x 4 slices
+#: are 512 short programs; split 2 there: 1.20); 4096 x 14336, 128 x 128 x 64, 8 warps,
+#: split 4 summed by a second kernel: 1.24 / 1.22 / 1.19 at M = 64 / 128 / 256. From as many
+#: tiles as SMs (M = 1024) a split config runs as whole tiles: one K loop with two fp32
+#: accumulator tiles (174 registers at 128 x 128 x 64 with pointer loads: one block per SM,
+#: 1.45 / 1.65 where the unsplit loop at 117 registers gives 1.12 / 1.16); with
+#: tensor-descriptor loads and 4 stages (150 registers) it gave 1.13 at K = 14336, so the
+#: whole-tile mode now loads that way (``whole_tma``, ``whole_stages``: same bits) while the
+#: split programs keep the loads that were fastest for them. Between the two, a program
+#: walks as many consecutive slices as still leave one program per SM (4096 x 4096 at
+#: M = 129..256 with 64 x 128 split 4: two, 256 programs as split 2 had; same bits); it
+#: stages each stored partial through shared memory (+32 KiB at 64 x 128: 3 stages keep two
+#: blocks per SM, ``registers.py``). N = 14336 has 112 column tiles: no split, 128-wide.
+_SPLIT4_WHOLE_TMA = (128, 128, 64, 8, 3, 4, False, False, True, 4)
 SHAPE_CANDIDATES = {
-    (4096, 4096): _N4096,
-    (4096, 14336): _N4096,
-    (14336, 4096): [(128, 128, 64, 8, 3, 1, False, False), (128, 128, 64, 8, 3, 1, False, True),
-                    (128, 128, 64, 8, 4, 1, False, False), (128, 128, 64, 8, 4, 1, False, True),
-                    (64, 128, 64, 4, 4, 1, False, False), (64, 128, 64, 4, 6, 1, False, True),
-                    (128, 256, 64, 8, 3, 1, False, False), (128, 256, 64, 8, 3, 1, False, True),
-                    (64, 256, 64, 8, 4, 1, False, False), (128, 128, 128, 8, 2, 1, False, False),
-                    (128, 128, 64, 4, 3, 1, False, False), (64, 128, 128, 4, 3, 1, False, False)],
+    (4096, 4096): [(64, 128, 64, 4, 3, 4, True, False, True, 4),
+                   (64, 128, 64, 4, 4, 4, True, False, True, 4),
+                   (64, 128, 64, 4, 3, 4, True, False, True, 3),
+                   (64, 128, 64, 4, 4, 2, True, False, True, 4),
+                   (128, 64, 64, 4, 4, 2, True, False, True, 4),
+                   _SPLIT4_WHOLE_TMA,
+                   (128, 128, 64, 8, 3, 2, True, False, True, 4),
+                   (64, 128, 128, 4, 3, 1, False, False, False, 0)],
+    (4096, 14336): [_SPLIT4_WHOLE_TMA,
+                    (128, 128, 64, 8, 3, 4, False, False, True, 3),
+                    (128, 128, 64, 8, 3, 4, False, False, True, 5),
+                    (128, 128, 64, 8, 4, 4, False, False, True, 4),
+                    (128, 128, 64, 8, 3, 8, False, False, True, 4),
+                    (128, 128, 64, 8, 3, 4, True, False, True, 4),
+                    (64, 128, 64, 4, 4, 4, True, False, True, 4),
+                    (128, 128, 64, 8, 3, 4, False, False, False, 0)],
+    (14336, 4096): [(128, 128, 64, 8, 3, 1, False, False, False, 0),
+                    (128, 128, 64, 8, 4, 1, False, False, False, 0),
+                    (128, 128, 64, 4, 3, 1, False, False, False, 0),
+                    (64, 128, 64, 4, 4, 1, False, False, False, 0)],
 }
-CANDIDATES = _N4096
+CANDIDATES = SHAPE_CANDIDATES[(4096, 4096)]
 
 
 def _check(mm, x, w, n: int, k: int) -> dict[str, object]:  # type: ignore[no-untyped-def]
@@ -98,8 +114,12 @@ def _pick(entries: list[dict[str, object]]) -> dict[str, object]:
 
 def _describe(c: dict[str, int]) -> str:
     where = " in-kernel" if c["split_k"] > 1 and c["sum_in_kernel"] else ""
+    whole = ""
+    if c.get("whole_tma") or c.get("whole_stages"):
+        whole = (f"; whole: {'tma ' if c.get('whole_tma') else ''}"
+                 f"s{c.get('whole_stages') or c['num_stages']}")
     return (f"{c['block_m']}x{c['block_n']}x{c['block_k']}, {c['num_warps']}, "
-            f"{c['num_stages']}, {c['split_k']}{where}{' tma' if c.get('tma') else ''}")
+            f"{c['num_stages']}, {c['split_k']}{where}{' tma' if c.get('tma') else ''}{whole}")
 
 
 def main() -> int:
@@ -160,15 +180,18 @@ def main() -> int:
             # The table's own config first: its ratios here, next to the table rows above,
             # show how far the sweep's shorter timings drift.
             own = (config.block_m, config.block_n, config.block_k, config.num_warps,
-                   config.num_stages, config.split_k, config.sum_in_kernel, config.tma)
+                   config.num_stages, config.split_k, config.sum_in_kernel, config.tma,
+                   config.whole_tma, config.whole_stages)
             for cand in [own, *(c for c in SHAPE_CANDIDATES.get((n, k), CANDIDATES)
                                  if c != own)]:
                 if time.monotonic() > deadline:
                     skipped.append(f"N={n} K={k} {cand}")
                     continue
-                *tile, split, in_kernel, tma = cand
+                *tile, split, in_kernel, tma, whole_tma, whole_stages = cand
                 cfg = choose_stages(MatmulConfig(*tile, split_k=split,
-                                                 sum_in_kernel=in_kernel, tma=tma), 2,
+                                                 sum_in_kernel=in_kernel, tma=tma,
+                                                 whole_tma=whole_tma,
+                                                 whole_stages=whole_stages), 2,
                                     device_shared_memory(device))
                 try:  # a wrong candidate is reported and skipped; the exit status says so
                     full = invariant_matmul(x[:256], w, cfg)
@@ -232,7 +255,10 @@ def main() -> int:
                              f"{c['block_n']}, {c['block_k']}, {c['num_warps']}, "
                              f"{c['num_stages']}, split_k={c['split_k']}, "
                              f"sum_in_kernel={c['sum_in_kernel']}"
-                             + (", tma=True" if c.get("tma") else "") + "),  # worst "
+                             + (", tma=True" if c.get("tma") else "")
+                             + (", whole_tma=True" if c.get("whole_tma") else "")
+                             + (f", whole_stages={c['whole_stages']}"
+                                if c.get("whole_stages") else "") + "),  # worst "
                              f"{best['worst_m_ge_64']:.2f}, geomean "
                              f"{best['geomean_m_ge_64']:.2f}")
         lines.append("```")

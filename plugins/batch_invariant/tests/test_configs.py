@@ -71,6 +71,14 @@ def test_linear_verdicts() -> None:
     assert BatchInvariantLinear.batch_invariant
 
 
+def test_the_stage_chooser_fits_the_whole_tile_stages_too() -> None:
+    tuned = MatmulConfig(128, 128, 64, 8, 3, split_k=4, whole_tma=True, whole_stages=5)
+    assert choose_stages(tuned, 2, HOPPER).whole_stages == 5  # 5 x 32 KiB fit in 227 KiB
+    fitted = choose_stages(tuned, 2, 100 * 1024)
+    assert (fitted.num_stages, fitted.whole_stages, fitted.whole_tma) == (3, 3, True)
+    assert choose_stages(MatmulConfig(64, 64, 64), 2, HOPPER).whole_stages == 0  # own depth
+
+
 def test_the_stage_chooser_keeps_the_split() -> None:
     split = MatmulConfig(64, 128, 64, 4, 4, split_k=4, sum_in_kernel=True)
     for limit in (ADA, 40 * 1024, 1024):

@@ -49,7 +49,10 @@ def test_split_k_sums_are_invariant_and_agree(split: int, dtype: torch.dtype,
     per whole tile: one K loop adding each slice at its last tile) gives the same bits, also
     for a zero row against all-negative weight rows (products -0.0), and rows do not depend
     on M, also across the tile count at which the default switches from per-slice programs
-    to whole tiles. The last tile shape also with tensor-descriptor (TMA) loads."""
+    to whole tiles. The last tile shape also with tensor-descriptor (TMA) loads; bf16 also
+    with descriptor loads for whole tiles only, and programs walking several slices."""
+    from dataclasses import replace
+
     from kernelbay_batch_invariant.configs import MatmulConfig, choose_stages, device_shared_memory
     from kernelbay_batch_invariant.kernels import invariant_matmul
 
@@ -69,10 +72,17 @@ def test_split_k_sums_are_invariant_and_agree(split: int, dtype: torch.dtype,
     x[5] = 0.0
     bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
     full = invariant_matmul(x, w, configs[0], whole_tiles=True)
+    if dtype == torch.bfloat16:  # whole tiles through descriptor loads, 4 stages
+        configs.append(replace(configs[1], whole_tma=True, whole_stages=4))
     for config in configs:
         for whole in (False, True, None):
             got = invariant_matmul(x, w, config, whole_tiles=whole)
             assert torch.equal(got.view(bits), full.view(bits)), (config, whole)
+        for group in range(2, split + 1):  # programs walking several slices each
+            if split % group == 0:
+                got = invariant_matmul(x, w, config, whole_tiles=False,
+                                       slices_per_program=group)
+                assert torch.equal(got.view(bits), full.view(bits)), (config, group)
     ref = x.float() @ w.float().T
     tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
     torch.testing.assert_close(full.float(), ref, atol=tol * ref.abs().max().item(), rtol=tol)

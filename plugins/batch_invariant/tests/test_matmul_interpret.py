@@ -193,6 +193,52 @@ def test_split_k_with_k_zero_gives_positive_zeros(how: str) -> None:
     assert torch.equal(_bits(y), _bits(torch.zeros(3, 16))), how
 
 
+@pytest.mark.parametrize("in_kernel", [False, True])
+@pytest.mark.parametrize("split, group", [(4, 2), (4, 4), (6, 3), (8, 2), (8, 4)])
+def test_programs_walking_several_slices_give_the_per_slice_bits(split: int, group: int,
+                                                                 in_kernel: bool) -> None:
+    """``slices_per_program``: each program walks ``group`` consecutive slices and stores
+    each partial apart; raw bits equal one program per slice and the whole-tile loop, also
+    with slices past the end of K (K = 70: five tiles of 16; split 6 / 8 leave empty ones,
+    whole programs of them included), rows of -0.0 against negative weights, ragged M."""
+    from kernelbay_batch_invariant.configs import MatmulConfig
+    from kernelbay_batch_invariant.kernels import invariant_matmul
+
+    g = torch.Generator().manual_seed(41 + split * 10 + group)
+    n, k = 24, 70
+    w = torch.randn(n, k, generator=g)
+    w[:4] = -w[:4].abs()
+    x = torch.randn(7, k, generator=g)
+    x[1] = -0.0
+    x[2, : k // 2] = -0.0
+    cfg = MatmulConfig(16, 16, 16, 4, 1, split_k=split, sum_in_kernel=in_kernel)
+    expected = _bits(invariant_matmul(x, w, cfg, whole_tiles=False, slices_per_program=1))
+    assert torch.equal(_bits(invariant_matmul(x, w, cfg, whole_tiles=True)), expected)
+    for m in (1, 5, 7):
+        got = invariant_matmul(x[:m], w, cfg, whole_tiles=False, slices_per_program=group)
+        assert torch.equal(_bits(got), expected[:m]), f"M={m}"
+    # A second call: the in-kernel arrival counters were reset by the last program.
+    again = invariant_matmul(x, w, cfg, whole_tiles=False, slices_per_program=group)
+    assert torch.equal(_bits(again), expected)
+
+
+def test_slices_per_program_must_divide_the_split() -> None:
+    from kernelbay_batch_invariant.configs import MatmulConfig
+    from kernelbay_batch_invariant.kernels import _slices_per_program, invariant_matmul
+
+    with pytest.raises(ValueError, match=r"slices_per_program is 3; valid: a divisor of "
+                                         r"config\.split_k = 4"):
+        invariant_matmul(torch.zeros(2, 32), torch.zeros(16, 32),
+                         MatmulConfig(16, 16, 16, split_k=4), whole_tiles=False,
+                         slices_per_program=3)
+    # 132 SMs: 64 x 128 tiles at N = 4096, split 4: M = 256 has 128 tiles (2 slices a
+    # program, 256 programs), M = 128 has 64 (one slice a program, 256 programs).
+    assert _slices_per_program(128, 4, 132) == 2
+    assert _slices_per_program(64, 4, 132) == 1
+    assert _slices_per_program(32, 8, 132) == 1
+    assert _slices_per_program(64, 8, 132) == 2
+
+
 @pytest.mark.parametrize("how", list(SUMS))
 @pytest.mark.parametrize("split", [1, 3])
 def test_tma_loads_give_the_pointer_loads_bits_and_rows_do_not_follow_m(split: int,
@@ -221,6 +267,41 @@ def test_tma_loads_give_the_pointer_loads_bits_and_rows_do_not_follow_m(split: i
     odd = torch.randn(9, k + 1, generator=g).to(torch.bfloat16)
     odd[:, 1:] = rows
     assert torch.equal(_bits(mm(odd[:, 1:], True)), _bits(full))  # 2-byte offset, stride 73
+
+
+@pytest.mark.parametrize("split", [1, 3])
+def test_whole_tile_loads_and_stages_keep_the_bits_at_every_m(split: int) -> None:
+    """``whole_tma`` / ``whole_stages`` (descriptor loads and another pipeline depth for the
+    whole-tile mode only) give the plain config's raw bits in every way of summing, and rows
+    for M = 1..9 equal those of M = 9 whichever mode each M takes."""
+    from kernelbay_batch_invariant.configs import MatmulConfig
+    from kernelbay_batch_invariant.kernels import invariant_matmul
+
+    g = torch.Generator().manual_seed(31 + split)
+    n, k = 24, 72
+    w = torch.randn(n, k, generator=g).to(torch.bfloat16)
+    rows = torch.randn(9, k, generator=g).to(torch.bfloat16)
+    plain = MatmulConfig(16, 16, 16, 4, 1, split_k=split, sum_in_kernel=True)
+    tuned = MatmulConfig(16, 16, 16, 4, 1, split_k=split, sum_in_kernel=True, whole_tma=True,
+                         whole_stages=2)
+    full = invariant_matmul(rows, w, plain, whole_tiles=True)
+    for whole in (True, False, None):
+        got = invariant_matmul(rows, w, tuned, whole_tiles=whole)
+        assert torch.equal(_bits(got), _bits(full)), whole
+    for m in range(1, 10):
+        assert torch.equal(_bits(invariant_matmul(rows[:m], w, tuned)), _bits(full[:m])), m
+
+
+def test_whole_tma_refuses_an_undescribable_k_at_every_m() -> None:
+    """The refusal does not wait for an M large enough to run whole tiles."""
+    from kernelbay_batch_invariant.configs import MatmulConfig
+    from kernelbay_batch_invariant.kernels import invariant_matmul
+
+    cfg = MatmulConfig(16, 16, 16, split_k=2, whole_tma=True)
+    for whole in (False, True):
+        with pytest.raises(ValueError, match=r"config\.whole_tma needs K \* itemsize .* K is 70"):
+            invariant_matmul(torch.zeros(2, 70, dtype=torch.bfloat16),
+                             torch.zeros(16, 70, dtype=torch.bfloat16), cfg, whole_tiles=whole)
 
 
 def test_tma_refuses_a_row_stride_it_cannot_describe() -> None:

@@ -11,15 +11,21 @@ still kept to one value per (N, K) so that the compiled dot (its MMA instruction
 same kernel for every M.
 
 Reasoning for the table (H200: 132 SMs, 228 KB shared memory per SM; GPU sweeps of
-``bench/batch_invariant``, ratio to cuBLAS at M >= 64): each entry is the sweep's best by
-its worst ratio there. With N = 4096 and 64..128-wide tiles there are only 32..64 column
-tiles, so at M <= 256 most SMs idle unless a fixed split-K gives each tile several programs;
-from as many tiles as SMs a split config runs as whole tiles (``kernels.invariant_matmul``:
-one pipelined K loop adding each slice at its end, the same bits). 4096 x 4096: 64 x 128 x
-128, 4 warps, 3 stages, no split (worst 1.74, geometric mean 1.57); 14336 x 4096 (112 column
-tiles): 128 x 128 x 64, 8 warps, 3 stages, no split (1.32 / 1.27); 4096 x 14336: 64 x 128 x
-64, 4 warps, 4 stages, split-K 2 summed by a second kernel (1.56 / 1.35; its worst was at
-M = 1024, measured before whole tiles became one loop). Shapes not in the table use
+``bench/batch_invariant``, ratio to cuBLAS at M >= 64). With N = 4096 and 64..128-wide
+tiles there are only 32..64 column tiles, so at M <= 256 most SMs idle unless a fixed
+split-K gives each tile several programs; from as many tiles as SMs a split config runs as
+whole tiles (``kernels.invariant_matmul``: one pipelined K loop adding each slice at its end,
+the same bits), and in between a program may walk several slices. Which of these runs, and
+the loads and pipeline depth of the whole-tile mode (``whole_tma``, ``whole_stages``), may
+follow M: they do not change the sums. 4096 x 4096: 64 x 128 x 64, 4 warps, split-K 4
+summed in the kernel (measured 1.15 / 1.29 at M = 64 / 128; M = 256 now runs two slices a
+program, as split 2's 1.20; M = 1024 whole tiles with descriptor loads, 1.37 under host
+load), 3 stages so that two blocks fit per SM with the partial's staging; before, 64 x 128
+x 128 unsplit, worst 1.74. 14336 x 4096 (112 column tiles): 128 x 128 x 64, 8 warps, 3
+stages, no split (worst 1.30, geometric mean 1.27). 4096 x 14336: 128 x 128 x 64, 8 warps,
+split-K 4 summed by a second kernel (1.24 / 1.22 / 1.19 at M = 64..256), whole tiles
+(M = 1024) with descriptor loads and 4 stages (150 instead of 174 registers: 1.13 against
+1.45). To be confirmed by the next sweep. Shapes not in the table use
 ``_rule`` (BLOCK_M 64, BLOCK_N from N, BLOCK_K 64, 32 for float32, no split).
 ``python bench/batch_invariant/run.py --configs all`` re-measures the candidates and prints
 table lines to paste here.
@@ -59,6 +65,13 @@ class MatmulConfig:
     #: descriptors) instead of pointer loads: the same values reach the same dot, so the
     #: K order is unchanged. Needs K * itemsize a multiple of 16 bytes.
     tma: bool = False
+    #: When the tiles run whole (as many output tiles as SMs: large M), load through tensor
+    #: descriptors even if ``tma`` is off, with ``whole_stages`` pipeline stages (0: the
+    #: config's own). Loads and pipelining only: the same values reach the same dots in the
+    #: same K order, so the bits do not change with the mode. The two-accumulator whole-tile
+    #: loop needs fewer registers with descriptor loads; the split programs may not.
+    whole_tma: bool = False
+    whole_stages: int = 0
 
     def stage_bytes(self, itemsize: int) -> int:
         """Shared memory one pipeline stage holds: an x tile and a W tile."""
@@ -67,9 +80,11 @@ class MatmulConfig:
 
 #: Tuned entries by (N, K, dtype); shapes not listed use the rule in ``matmul_config``.
 TABLE: dict[tuple[int, int, str], MatmulConfig] = {
-    (4096, 4096, "bfloat16"): MatmulConfig(64, 128, 128, 4, 3),
+    (4096, 4096, "bfloat16"): MatmulConfig(64, 128, 64, 4, 3, split_k=4, sum_in_kernel=True,
+                                           whole_tma=True, whole_stages=4),
     (14336, 4096, "bfloat16"): MatmulConfig(128, 128, 64, 8, 3),
-    (4096, 14336, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, split_k=2),
+    (4096, 14336, "bfloat16"): MatmulConfig(128, 128, 64, 8, 3, split_k=4, whole_tma=True,
+                                            whole_stages=4),
 }
 
 
@@ -97,7 +112,8 @@ def choose_stages(config: MatmulConfig, itemsize: int, shared_memory: int,
     while config.stage_bytes(itemsize) > budget and config.block_k > 16:
         config = replace(config, block_k=config.block_k // 2)
     fit = budget // config.stage_bytes(itemsize)
-    return replace(config, num_stages=int(max(1, min(top, fit))))
+    whole = int(max(1, min(config.whole_stages, fit))) if config.whole_stages else 0
+    return replace(config, num_stages=int(max(1, min(top, fit))), whole_stages=whole)
 
 
 def matmul_config(n: int, k: int, dtype: str, shared_memory: int) -> MatmulConfig:

@@ -24,17 +24,19 @@ def _interpreting() -> bool:
 
 @triton.jit
 def _k_walk(x_ptr, w_ptr, m0, n0, offs_m, offs_n, M, N, K, t_lo, t_hi, TILES_PER_SPLIT,
-            stride_xm, stride_xk, stride_wn, stride_wk,
+            stride_xm, stride_xk, stride_wn, stride_wk, part_ptrs, part_stride, part_mask,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
             IEEE: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr,
-            MANY: tl.constexpr, TMA: tl.constexpr):
+            MANY: tl.constexpr, TMA: tl.constexpr, STORE_EACH: tl.constexpr):
     # One loop over the K tiles [t_lo, t_hi) (BLOCK_K wide). Every split-K slice
     # (TILES_PER_SPLIT tiles, starting at a multiple of it) is summed from zero into `acc`
     # and, at its last tile, added to `total`: (((slice 0) + slice 1) + ..). A range of one
     # slice gives that slice's partial; the whole of K gives the tile's sum with the same
     # arithmetic, in one software-pipelined loop (no restart of the pipeline per slice).
     # MANY: the range may hold several slices (else it is one slice, or all of K unsplit,
-    # and `acc` alone is the result: one accumulator's registers, not two).
+    # and `acc` alone is the result: one accumulator's registers, not two). STORE_EACH: the
+    # range holds several slices and each one's partial is stored on its own (at
+    # part_ptrs + slice * part_stride) for a later sum in slice order; nothing is returned.
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # -0.0 + p == p for every p (also p = -0.0): the first slice lands unchanged.
@@ -68,6 +70,11 @@ def _k_walk(x_ptr, w_ptr, m0, n0, offs_m, offs_n, M, N, K, t_lo, t_hi, TILES_PER
             if ((t + 1) % TILES_PER_SPLIT == 0) | (t == t_hi - 1):
                 total += acc
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if STORE_EACH:  # noqa: SIM102 (a constexpr test apart: no branch compiled without it)
+            if ((t + 1) % TILES_PER_SPLIT == 0) | (t == t_hi - 1):
+                tl.store(part_ptrs + (t // TILES_PER_SPLIT) * part_stride, acc,
+                         mask=part_mask)
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if not MANY:
         total = acc
     return total
@@ -79,19 +86,23 @@ def _matmul_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, lock_ptr, M, N, K, K_PER_SPLIT,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, IEEE: tl.constexpr, USE_DOT: tl.constexpr,
                    EVEN_K: tl.constexpr, SPLITS: tl.constexpr, WHOLE_TILE: tl.constexpr,
-                   SUM_IN_KERNEL: tl.constexpr, TMA: tl.constexpr):
+                   SUM_IN_KERNEL: tl.constexpr, TMA: tl.constexpr, GROUP: tl.constexpr):
     # Slice s of K is [s * K_PER_SPLIT, (s + 1) * K_PER_SPLIT), fixed by K and the config,
     # never by M; an element is (((slice 0) + slice 1) + ..), each slice summed from zero.
     # WHOLE_TILE: this program sums every slice of its tile in that order. Otherwise one
     # program per (tile, slice), the slice varying fastest so a tile's slices run side by
     # side, and the partials are added in the same order afterwards. Same arithmetic, same
     # bits: which one runs may follow M (it is chosen from the number of tiles).
+    # GROUP > 1 (not whole tiles): each program walks GROUP consecutive slices in one loop
+    # and stores each slice's partial apart (SPLITS // GROUP programs per tile); the sum
+    # afterwards is the same. `split` is then the program's first slice.
+    parts = SPLITS // GROUP
     if WHOLE_TILE:
         pid = tl.program_id(0)
         split = 0
     else:
-        pid = tl.program_id(0) // SPLITS
-        split = tl.program_id(0) % SPLITS
+        pid = tl.program_id(0) // parts
+        split = (tl.program_id(0) % parts) * GROUP
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     # Grouped launch order (L2 reuse of W tiles): it moves tiles between programs only.
@@ -111,27 +122,45 @@ def _matmul_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, lock_ptr, M, N, K, K_PER_SPLIT,
         short = tl.cdiv(k_tiles, per) < SPLITS
     else:
         t_lo = tl.minimum(split * per, k_tiles)
-        t_hi = tl.minimum(t_lo + per, k_tiles)
+        t_hi = tl.minimum(t_lo + per * GROUP, k_tiles)
         short = t_lo >= t_hi  # an empty slice's partial is +0.0
-    acc = _k_walk(x_ptr, w_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, offs_m, offs_n, M, N, K,
-                  t_lo, t_hi, per, stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_M,
-                  BLOCK_N, BLOCK_K, IEEE, USE_DOT, EVEN_K, WHOLE_TILE and SPLITS > 1, TMA)
-    if SPLITS > 1:  # noqa: SIM102 (a constexpr test apart: no branch compiled without it)
-        if short:
-            acc += 0.0
     y_ptrs = y_ptr + split * stride_ys + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
     y_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    slot = BLOCK_M * BLOCK_N
+    tiles = tl.num_programs(0) // parts
+    # Where GROUP > 1 stores slice s's partial: ws_ptr + (s * tiles + pid) * slot (in-kernel
+    # sum) or y_ptr + s * stride_ys (second kernel), as one program per slice would.
+    if SUM_IN_KERNEL:
+        part_ptrs = ws_ptr + pid * slot + tile
+        part_stride = tiles * slot
+        part_mask = tile >= 0
+    else:
+        part_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
+        part_stride = stride_ys
+        part_mask = y_mask
+    acc = _k_walk(x_ptr, w_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, offs_m, offs_n, M, N, K,
+                  t_lo, t_hi, per, stride_xm, stride_xk, stride_wn, stride_wk, part_ptrs,
+                  part_stride, part_mask, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, USE_DOT, EVEN_K,
+                  WHOLE_TILE and SPLITS > 1, TMA, GROUP > 1 and not WHOLE_TILE)
+    if GROUP > 1 and not WHOLE_TILE:
+        # Slices of this program past the end of K were not walked: their partial is +0.0.
+        for g in tl.static_range(GROUP):
+            if (split + g) * per >= k_tiles:
+                tl.store(part_ptrs + (split + g) * part_stride,
+                         tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), mask=part_mask)
+    elif SPLITS > 1:  # noqa: SIM102 (a constexpr test apart: no branch compiled without it)
+        if short:
+            acc += 0.0
     if SUM_IN_KERNEL and not WHOLE_TILE:
         # Each slice parks its partial tile in a tile-major workspace; the program that
         # arrives last (counted per tile) adds all SPLITS partials in slice order 0, 1, ..
         # and writes the output. Which program sums depends on timing, the order does not.
-        tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        slot = BLOCK_M * BLOCK_N
-        tiles = tl.num_programs(0) // SPLITS
-        tl.store(ws_ptr + (split * tiles + pid) * slot + tile, acc)
+        if GROUP == 1:
+            tl.store(ws_ptr + (split * tiles + pid) * slot + tile, acc)
         tl.debug_barrier()  # every thread's partial is written before the release below
         arrived = tl.atomic_add(lock_ptr + pid, 1, sem="acq_rel")
-        if arrived == SPLITS - 1:
+        if arrived == parts - 1:
             tl.debug_barrier()
             # .cg: read the peers' partials from L2, never from a stale L1 line.
             total = tl.load(ws_ptr + pid * slot + tile, cache_modifier=".cg")
@@ -140,7 +169,7 @@ def _matmul_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, lock_ptr, M, N, K, K_PER_SPLIT,
                                  cache_modifier=".cg")
             tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=y_mask)
             tl.atomic_xchg(lock_ptr + pid, 0)  # ready for the next launch
-    else:
+    elif WHOLE_TILE or GROUP == 1:
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
 
 
@@ -219,8 +248,21 @@ def _descriptors(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
                              [config.block_n, config.block_k]))
 
 
+def _slices_per_program(tiles: int, splits: int, programs: int) -> int:
+    """How many consecutive slices one program walks when the slices run on separate
+    programs: the most (a divisor of ``splits``) that still leaves at least ``programs``
+    programs, else 1. Fewer, longer programs where one per slice would be far more than
+    the device runs at once."""
+    group = 1
+    for g in range(2, splits + 1):
+        if splits % g == 0 and tiles * (splits // g) >= programs:
+            group = g
+    return group
+
+
 def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig,
-                     *, whole_tiles: bool | None = None) -> torch.Tensor:
+                     *, whole_tiles: bool | None = None,
+                     slices_per_program: int | None = None) -> torch.Tensor:
     """``x [M, K] @ weight[N, K]^T`` with ``config``'s tiling (chosen from N, K, dtype).
 
     With ``config.split_k > 1`` each output tile's K range is cut into ``split_k`` fixed
@@ -233,10 +275,13 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
     least as many output tiles as the device has SMs (``whole_tiles``, by default) one
     program sums all slices of its tile in slice order, with no workspace; with fewer, one
     program per (tile, slice) gives the device enough programs. ``whole_tiles`` forces
-    either (tests compare their bits).
+    either (tests compare their bits). Between the two, a program may walk several
+    consecutive slices (``_slices_per_program``, or forced by ``slices_per_program``, a
+    divisor of ``split_k``) and store each one's partial apart: the sum is the same.
 
     ``config.tma`` loads the tiles through tensor descriptors (``_descriptors``) instead of
-    pointers; the values and the K walk are the same.
+    pointers; the values and the K walk are the same. ``config.whole_tma`` and
+    ``config.whole_stages`` do so / set the pipeline depth only when the tiles run whole.
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"invariant_matmul: wants x [M, K] and weight [N, K], got "
@@ -258,6 +303,14 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
         whole_tiles = splits == 1 or tiles >= _programs_to_fill(x.device)
     whole_tiles = whole_tiles or splits == 1
     in_kernel = not whole_tiles and config.sum_in_kernel
+    if slices_per_program is None:  # CUDA only: the interpreter's split tests force it
+        group = 1 if whole_tiles or x.device.type != "cuda" else _slices_per_program(
+            tiles, splits, _programs_to_fill(x.device))
+    elif slices_per_program < 1 or splits % slices_per_program:
+        raise ValueError(f"invariant_matmul: slices_per_program is {slices_per_program}; "
+                         f"valid: a divisor of config.split_k = {splits}")
+    else:
+        group = 1 if whole_tiles else slices_per_program
     # Slices on separate programs summed by a second kernel write fp32 partials
     # [splits, M, N]; otherwise the kernel writes the output (the in-kernel sum parks
     # partials in a tile workspace first).
@@ -269,8 +322,13 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
         ws = torch.empty(splits * tiles * config.block_m * config.block_n,
                          dtype=torch.float32, device=x.device)
         locks = _tile_locks(x.device, tiles)
-    grid = (tiles if whole_tiles else tiles * splits,)
-    tma = config.tma and k > 0  # K = 0 loads nothing: no descriptor of an empty extent
+    grid = (tiles if whole_tiles else tiles * (splits // group),)
+    if config.whole_tma and (k * x.element_size()) % 16:  # refused at every M, not only large
+        raise ValueError(f"invariant_matmul: config.whole_tma needs K * itemsize to be a "
+                         f"multiple of 16 bytes; K is {k} for {x.dtype}")
+    # K = 0 loads nothing: no descriptor of an empty extent.
+    tma = (config.tma or (whole_tiles and config.whole_tma)) and k > 0
+    stages = config.whole_stages if whole_tiles and config.whole_stages else config.num_stages
     xa, wa = _descriptors(x, weight, config) if tma else (x, weight)
     _matmul_kernel[grid](xa, wa, out, ws, locks, m, n, k, _k_per_split(k, config),
                          x.stride(0), x.stride(1), weight.stride(0),
@@ -280,7 +338,8 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
                          IEEE=x.dtype == torch.float32, USE_DOT=not _interpreting(),
                          EVEN_K=k % config.block_k == 0, SPLITS=splits,
                          WHOLE_TILE=whole_tiles, SUM_IN_KERNEL=in_kernel, TMA=tma,
-                         num_warps=config.num_warps, num_stages=config.num_stages)
+                         GROUP=group,
+                         num_warps=config.num_warps, num_stages=stages)
     if out is not y:
         numel = m * n
         block = 1024
