@@ -57,6 +57,11 @@ for s in "$@"; do
       else
         lane_a; lane_b
       fi ;;
+    invariant)  # the batch-invariant matmul sweep, then the engine's bit-exact check
+      section bi-bench 100 $py bench/batch_invariant/run.py --configs all --budget 70 \
+        --out /tmp/res/bi-bench
+      section bi-engine 55 $py -m pytest -q -p no:cacheprovider plugins/batch_invariant/tests/test_gpu.py \
+        -k speculative ;;
     spec)
       mkdir -p /tmp/stdlib && tar -xzf .corpus/stdlib-3.11.7.tar.gz -C /tmp/stdlib
       section spec-train 270 $py tools/train_drafter.py --out /tmp/res/drafter --device cuda \
