@@ -32,7 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import triton
     from kernelbay_quant_nvfp4 import triton_halfword as th
-    from kernelbay_quant_nvfp4 import triton_kernels as tk
     from kernelbay_quant_nvfp4.triton_configs import CANDIDATES
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -68,25 +67,14 @@ def main(argv: list[str] | None = None) -> int:
             if c.path != "fused":
                 continue
             for partial in (True, False):
-                fn = th.nvfp4_matmul_hw if c.halfword else \
-                    (tk.nvfp4_matmul_xpt if c.swap_ab else tk.nvfp4_matmul_xp) if c.xprep \
-                    else tk.nvfp4_matmul_w8 if c.decode8 else tk.nvfp4_matmul
+                fn = th.nvfp4_matmul_hw
                 names = list(inspect.signature(fn.fn).parameters)
-                types = {"x_ptr": f"*{dt}", "xs_ptr": "*fp16", "down_ptr": "*fp32",
-                         "w_ptr": "*i16" if c.halfword else "*i32" if c.decode8 else "*u8", "fin_ptr": f"*{dt}",
-                         "cnt_ptr": "*i32",
-                         "s_ptr": "*u8", "g_ptr": "*fp32", "b_ptr": f"*{dt}",
-                         "out_ptr": "*fp32" if partial else f"*{dt}"}
+                types = {"x_ptr": f"*{dt}", "w_ptr": "*i16", "s_ptr": "*u8", "g_ptr": "*fp32",
+                         "b_ptr": f"*{dt}", "out_ptr": "*fp32" if partial else f"*{dt}"}
                 const: dict[str, Any] = {"HAS_BIAS": not partial, "BLOCK_M": c.block_m,
                                          "BLOCK_N": c.block_n, "BLOCK_K": c.block_k,
-                                         "PARTIAL": partial}
-                if c.xprep:
-                    const["SUM_IN_KERNEL"] = c.sum_in_kernel and partial
-                if c.halfword:
-                    const.update({"ASM": True, "EVEN_K": True, "INTERPRET": False})
-                else:
-                    const.update({"ASM": True} if c.decode8 or c.xprep else
-                                 {"DOT_FP32": False, "DOT16": c.dot16})
+                                         "PARTIAL": partial, "ASM": True, "EVEN_K": True,
+                                         "INTERPRET": False}
                 sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in names}
                 # Pointers, strides and K divisible by 16, as the launcher specializes them
                 # for real shapes (without it, loads are not vectorized nor pipelined).

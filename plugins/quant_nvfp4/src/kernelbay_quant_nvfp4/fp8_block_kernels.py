@@ -7,7 +7,7 @@ The weight arrives padded (``fp8_block.pad_fp8_block``) to whole 128 x 128 tiles
 BLOCK_N x BLOCK_K tile (both dividing 128) lies inside one scale tile: one fp32 scale per
 tile, and the weight loads need no masks. E4M3 is decoded from its bits (uint8 view):
 ``(b & 0x80) << 8 | (b & 0x7F) << 7`` is the fp16 pattern of the value times 2^-8, the 2^8 is
-folded into the tile scale (the same decoding as ``triton_kernels``; no fp8 conversion
+folded into the tile scale (``triton_kernels.e4m3_2m8``; no fp8 conversion
 instructions needed, so compute capability 8.0 runs it). The padded columns of W are zero
 and the matching x columns are masked to zero; padded rows are never stored.
 """
@@ -20,7 +20,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelbay_quant_nvfp4.triton_kernels import _interpreting
+from kernelbay_quant_nvfp4.triton_kernels import (
+    e4m3_2m8,
+    interpreting,
+    kernels,
+    split_plan,
+    store_tile,
+    sum_partials,
+)
 
 __all__ = ["fp8_block_linear_triton"]
 
@@ -51,9 +58,7 @@ def fp8_block_matmul(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, KP, stride_xm
                     other=0)
         s = tl.load(s_ptr + scale_row * stride_sn
                     + (tl.minimum(t, k_tiles - 1) * BLOCK_K) // 128) * 256.0
-        b = w.to(tl.int16)
-        bits = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
-        wd = (bits.to(tl.float16, bitcast=True).to(tl.float32) * s).to(x_ptr.dtype.element_ty)
+        wd = (e4m3_2m8(w) * s).to(x_ptr.dtype.element_ty)
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + kk[None, :],
                     mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
         if DOT_FP32:
@@ -61,16 +66,8 @@ def fp8_block_matmul(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, KP, stride_xm
             acc += tl.dot(x.to(tl.float32), wd.to(tl.float32))
         else:
             acc += tl.dot(x, wd)
-    n_ok = offs_n < N
-    o_mask = m_ok[:, None] & n_ok[None, :]
-    if not PARTIAL:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
-                 acc.to(out_ptr.dtype.element_ty), mask=o_mask)
-    else:
-        tl.store(out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
-                 acc, mask=o_mask)
+    store_tile(acc, out_ptr, b_ptr, offs_m, offs_n, m_ok, offs_n < N, stride_om,
+               pid_k.to(tl.int64) * stride_os, HAS_BIAS, PARTIAL)
 
 
 def fp8_block_linear_triton(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
@@ -79,8 +76,6 @@ def fp8_block_linear_triton(x: torch.Tensor, weight: torch.Tensor, scales: torch
                             num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
     """``x [M, K] @ W^T (+ bias)`` -> [M, n] for the padded ``weight`` E4M3 [Np, Kp] (both
     multiples of 128) with fp32 ``scales`` [Np/128, Kp/128]; ``n`` is the real N."""
-    from kernelbay_quant_nvfp4.triton_kernels import kernels
-
     m, k = x.shape
     npad, kpad = weight.shape
     if npad % TILE or kpad % TILE or TILE % block_n or TILE % block_k:
@@ -88,15 +83,13 @@ def fp8_block_linear_triton(x: torch.Tensor, weight: torch.Tensor, scales: torch
                          f"whole {TILE}x{TILE} tiles and blocks ({block_n}, {block_k}) must "
                          f"divide {TILE}")
     k_tiles = kpad // block_k
-    split_k = max(1, min(split_k, k_tiles))
-    per_split = -(-k_tiles // split_k)
-    split_k = -(-k_tiles // per_split)
+    split_k, per_split = split_plan(k_tiles, split_k)
     w_bits = weight.view(torch.uint8)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     bias_arg = bias if bias is not None else out
     grid = (npad // block_n, -(-m // block_m), split_k)
     opts: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages} if x.is_cuda else {}
-    interp = _interpreting()
+    interp = interpreting()
     kernel = _kernel()
     if split_k == 1:
         kernel[grid](x, w_bits, scales, bias_arg, out, m, n, k, kpad, x.stride(0),
@@ -109,10 +102,7 @@ def fp8_block_linear_triton(x: torch.Tensor, weight: torch.Tensor, scales: torch
                  scales.stride(0), HAS_BIAS=False, BLOCK_M=block_m, BLOCK_N=block_n,
                  BLOCK_K=block_k, TILES_PER_SPLIT=per_split, PARTIAL=True,
                  DOT_FP32=interp, **opts)
-    block = 1024
-    kernels().reduce[(-(-(m * n) // block),)](part, bias_arg, out, m * n, n, SPLIT_K=split_k,
-                                               HAS_BIAS=bias is not None, BLOCK=block)
-    return out
+    return sum_partials(part, bias, out)
 
 
 def _kernel() -> Any:
@@ -121,13 +111,11 @@ def _kernel() -> Any:
     import importlib
     import sys
 
-    from kernelbay_quant_nvfp4 import triton_kernels
-
-    if _interpreting() != _BUILT_INTERPRETED:
-        triton_kernels.kernels()
+    if interpreting() != _BUILT_INTERPRETED:
+        kernels()
         module = importlib.reload(sys.modules[__name__])
         return module.fp8_block_matmul
     return fp8_block_matmul
 
 
-_BUILT_INTERPRETED = _interpreting()
+_BUILT_INTERPRETED = interpreting()

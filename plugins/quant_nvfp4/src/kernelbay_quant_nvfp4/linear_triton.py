@@ -2,7 +2,7 @@
 
 Math: ``y = x @ W^T (+ b)`` with ``W[n, k] = e2m1(code[n, k]) * float(scale[n, k // 16]) *
 weight_scale_2``, each weight element rounded to the activation dtype (bf16/fp16) before the
-tensor-core product, accumulated in fp32 (``triton_kernels``). For W4A4 checkpoints
+tensor-core product, accumulated in fp32 (``triton_halfword``, ``triton_kernels``). For W4A4 checkpoints
 (``nvfp4-dynamic``) this is the weight-only reading FORMATS.md gives for Hopper and older:
 ``input_scale`` is not used.
 
@@ -85,7 +85,8 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
     """``x2 [M, K]`` through one kernel configuration (the benchmark calls it directly)."""
     import torch.nn.functional as F
 
-    from kernelbay_quant_nvfp4.triton_kernels import dequantize_nvfp4_triton, nvfp4_linear_triton
+    from kernelbay_quant_nvfp4.triton_halfword import nvfp4_linear_hw
+    from kernelbay_quant_nvfp4.triton_kernels import dequantize_nvfp4_triton
 
     m, k = x2.shape
     if config.path == "dequant":
@@ -95,21 +96,10 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
         return F.linear(x2, weight, bias)
     config = fit_block_m(config, m)
     sms = _sm_count(x2.device.index or 0) if x2.is_cuda else 4
-    if config.halfword:
-        from kernelbay_quant_nvfp4.triton_halfword import nvfp4_linear_hw
-
-        return nvfp4_linear_hw(x2, packed, scales, global_scale, bias, block_m=config.block_m,
-                               block_n=config.block_n, block_k=config.block_k,
-                               split_k=split_k_for(config, m, packed.shape[0], k, sms),
-                               num_warps=config.num_warps, num_stages=config.num_stages)
-    return nvfp4_linear_triton(x2, packed, scales, global_scale, bias,
-                               block_m=config.block_m, block_n=config.block_n,
-                               block_k=config.block_k,
-                               split_k=split_k_for(config, m, packed.shape[0], k, sms),
-                               num_warps=config.num_warps, num_stages=config.num_stages,
-                               dot16=config.dot16, decode8=config.decode8,
-                               xprep=config.xprep, swap_ab=config.swap_ab,
-                               sum_in_kernel=config.sum_in_kernel)
+    return nvfp4_linear_hw(x2, packed, scales, global_scale, bias, block_m=config.block_m,
+                           block_n=config.block_n, block_k=config.block_k,
+                           split_k=split_k_for(config, m, packed.shape[0], k, sms),
+                           num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 class Nvfp4TritonLinear(LinearMethod):

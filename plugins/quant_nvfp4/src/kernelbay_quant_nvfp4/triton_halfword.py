@@ -36,19 +36,31 @@ Plain Triton path (the interpreter, ROCm): per element the fp16 bits ``(c & 8) <
 in fp32 under the interpreter (its bf16 conversion truncates and flushes subnormals).
 
 M <= 16 runs 16-row tiles over many N tiles with split-K (fp32 partials, summed in split
-order by ``triton_kernels.splitk_reduce``); larger M uses larger row tiles.
+order by ``triton_kernels.splitk_reduce``); larger M uses larger row tiles. Loads
+(``_load_k_tile``), the E2M1/E4M3 plain decodes and the epilogue (``triton_kernels.store_tile``)
+are shared helpers.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
+
+from kernelbay_quant_nvfp4.triton_kernels import (
+    e2m1_2m14,
+    e4m3_2m8,
+    interpreting,
+    kernels,
+    scale_bits,
+    split_plan,
+    store_tile,
+    sum_partials,
+)
 
 __all__ = ["hw_kernel", "nvfp4_linear_hw"]
 
@@ -77,20 +89,12 @@ def _codes_in_dot_order(halves, R: tl.constexpr, KH: tl.constexpr):
 
 
 @triton.jit
-def _scale_s_2m8(sbits):
-    """E4M3 bytes -> fp32 ``S * 2^-8`` (exact; from its fp16 bit pattern)."""
-    b = sbits.to(tl.int16)
-    half = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True)
-    return half.to(tl.float32)
-
-
-@triton.jit
 def decode_halfwords(halves, sbits, R: tl.constexpr, KH: tl.constexpr, ASM: tl.constexpr):
     """``halves`` int16 [R, KH] and E4M3 bytes [R, KH // 4] -> ``e2m1 * S * 2^-8`` [R, 4 KH]
     in K order: bf16 (``ASM``) or fp32 holding the same values (plain)."""
     BK: tl.constexpr = KH * 4
     G: tl.constexpr = KH // 4
-    s = _scale_s_2m8(sbits)
+    s = e4m3_2m8(sbits)
     if ASM:
         mult = (s * 8.507059173023462e37).to(tl.bfloat16)  # S * 2^118
         mult = mult.to(tl.int16, bitcast=True)
@@ -101,11 +105,19 @@ def decode_halfwords(halves, sbits, R: tl.constexpr, KH: tl.constexpr, ASM: tl.c
     else:
         shifts = tl.arange(0, 4) * 4
         nib = ((halves.to(tl.int32) & 0xFFFF)[:, :, None] >> shifts[None, None, :]) & 15
-        nib = tl.reshape(nib, (R, BK))
-        val = (((nib & 8) << 12) | ((nib & 7) << 9)).to(tl.int16).to(tl.float16, bitcast=True)
         s = tl.reshape(tl.broadcast_to((s * 16384.0)[:, :, None], (R, G, 16)), (R, BK))
-        out = val.to(tl.float32) * s
+        out = e2m1_2m14(tl.reshape(nib, (R, BK))) * s
     return out
+
+
+@triton.jit
+def _load_k_tile(rows, cols, row_ok, limit, EVEN_K: tl.constexpr):
+    """The tile ``rows[:, None] + cols[None, :]`` (zero outside ``row_ok`` and, unless
+    ``EVEN_K`` says every K tile is whole, at ``cols >= limit``)."""
+    mask = row_ok[:, None]
+    if not EVEN_K:
+        mask = mask & (cols < limit)[None, :]
+    return tl.load(rows + cols[None, :], mask=mask, other=0)
 
 
 @triton.jit
@@ -135,48 +147,29 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = pid_k * TILES_PER_SPLIT
     for t in range(first, first + TILES_PER_SPLIT):
-        kw = t * KH + rw
-        kg = t * G + rg
-        kk = t * BLOCK_K + rk
-        if EVEN_K:
-            halves = tl.load(w_rows + kw[None, :], mask=n_ok[:, None], other=0)
-            sb = tl.load(s_rows + kg[None, :], mask=n_ok[:, None], other=0)
-            xa = tl.load(x_rows + kk[None, :], mask=m_ok[:, None], other=0.0)
-        else:
-            halves = tl.load(w_rows + kw[None, :], mask=n_ok[:, None] & (kw < K // 4)[None, :],
-                             other=0)
-            sb = tl.load(s_rows + kg[None, :], mask=n_ok[:, None] & (kg < K // 16)[None, :],
-                         other=0)
-            xa = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :],
-                         other=0.0)
+        halves = _load_k_tile(w_rows, t * KH + rw, n_ok, K // 4, EVEN_K)
+        sb = _load_k_tile(s_rows, t * G + rg, n_ok, K // 16, EVEN_K)
+        xa = _load_k_tile(x_rows, t * BLOCK_K + rk, m_ok, K, EVEN_K)
         w = decode_halfwords(halves, sb, BLOCK_N, KH, ASM)
         if INTERPRET:  # exact values either way; the interpreter's 16-bit dot is not exact
             acc = tl.dot(xa.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
         else:
             acc = tl.dot(xa, tl.trans(w.to(xa.dtype)), acc)
     acc = acc * (tl.load(g_ptr).to(tl.float32) * 256.0)
-    o_mask = m_ok[:, None] & n_ok[None, :]
-    o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-    if PARTIAL:
-        tl.store(o_ptrs + pid_k.to(tl.int64) * stride_os, acc, mask=o_mask)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=o_mask)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    store_tile(acc, out_ptr, b_ptr, rm, rn, m_ok, n_ok, stride_om,
+               pid_k.to(tl.int64) * stride_os, HAS_BIAS, PARTIAL)
 
 
 #: The mode the decorators above ran in.
-_BUILT_INTERPRETED = _interpreting()
+_BUILT_INTERPRETED = interpreting()
 
 
 def hw_kernel() -> Any:
-    """The jitted ``nvfp4_matmul_hw`` for the current ``TRITON_INTERPRET`` setting (the module
-    is re-executed when the setting changed since it was imported, as in ``triton_kernels``)."""
-    if _interpreting() != _BUILT_INTERPRETED:
+    """The jitted ``nvfp4_matmul_hw`` for the current ``TRITON_INTERPRET`` setting: when it
+    changed since this module was imported, ``triton_kernels`` (whose helpers the kernel
+    calls) and then this module are re-executed, so the decorators run in the current mode."""
+    if interpreting() != _BUILT_INTERPRETED:
+        kernels()
         return importlib.reload(sys.modules[__name__]).hw_kernel()
     return nvfp4_matmul_hw
 
@@ -188,40 +181,27 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     """``x [M, K] @ dequant(packed, scales, global_scale)^T (+ bias)`` -> [M, N] in x's dtype
     through ``nvfp4_matmul_hw``. ``block_k``: a power of two >= 64; ``split_k`` > 1 writes
     fp32 partials summed in split order."""
-    from kernelbay_quant_nvfp4.triton_kernels import kernels
-
     if block_k < 64 or block_k & (block_k - 1):
         raise ValueError(f"nvfp4-triton: block_k={block_k} for the halfword kernel; valid: a "
                          "power of two >= 64 (whole 16-element blocks, dots of >= 16)")
     m, k = x.shape
     n = packed.shape[0]
     words = packed.view(torch.int16)
-    sbits = scales.view(torch.uint8) if scales.dtype == torch.float8_e4m3fn else scales
+    sbits = scale_bits(scales)
     k_tiles = -(-k // block_k)
-    split_k = max(1, min(split_k, k_tiles))
-    per_split = -(-k_tiles // split_k)
-    split_k = -(-k_tiles // per_split)  # no empty splits
-    interp = _interpreting()
+    split_k, per_split = split_plan(k_tiles, split_k)
+    interp = interpreting()
     asm = x.is_cuda and not interp and torch.version.hip is None
     even = k % block_k == 0 and k_tiles % per_split == 0
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    bias_arg = bias if bias is not None else out
+    partial = split_k > 1
+    dest = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device) if partial else out
     grid = (-(-n // block_n), -(-m // block_m), split_k)
     opts: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages} if x.is_cuda else {}
-    common = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=even, ASM=asm,
-                  INTERPRET=interp, **opts)
-    kernel = hw_kernel()
-    if split_k == 1:
-        kernel[grid](x, words, sbits, global_scale, bias_arg, out, m, n, k, x.stride(0),
-                     words.stride(0), sbits.stride(0), out.stride(0), 0,
-                     HAS_BIAS=bias is not None, TILES_PER_SPLIT=per_split, PARTIAL=False,
-                     **common)
-        return out
-    part = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
-    kernel[grid](x, words, sbits, global_scale, bias_arg, part, m, n, k, x.stride(0),
-                 words.stride(0), sbits.stride(0), n, m * n,
-                 HAS_BIAS=False, TILES_PER_SPLIT=per_split, PARTIAL=True, **common)
-    block = 1024
-    kernels().reduce[(-(-(m * n) // block),)](part, bias_arg, out, m * n, n, SPLIT_K=split_k,
-                                              HAS_BIAS=bias is not None, BLOCK=block)
-    return out
+    hw_kernel()[grid](x, words, sbits, global_scale, bias if bias is not None else out, dest,
+                      m, n, k, x.stride(0), words.stride(0), sbits.stride(0), dest.stride(-2),
+                      m * n if partial else 0, HAS_BIAS=bias is not None and not partial,
+                      BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                      TILES_PER_SPLIT=per_split, PARTIAL=partial, EVEN_K=even, ASM=asm,
+                      INTERPRET=interp, **opts)
+    return sum_partials(dest, bias, out) if partial else out
