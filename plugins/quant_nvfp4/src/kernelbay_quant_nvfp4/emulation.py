@@ -22,7 +22,12 @@ from kernelbay.layers.linear import LinearMethod, TensorSpec
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
-from kernelbay_quant_nvfp4.schemes import FLOAT_DTYPES, NVFP4_BLOCK
+from kernelbay_quant_nvfp4.schemes import (
+    FLOAT_DTYPES,
+    NVFP4_BLOCK,
+    W4A4_ACTIVATION,
+    nvfp4_layer_checks,
+)
 from kernelbay_quant_nvfp4.tp import block_scale_sharding
 
 if TYPE_CHECKING:
@@ -35,7 +40,6 @@ __all__ = ["DEQUANTIZED_WEIGHT", "W4A4_ACTIVATION", "Nvfp4EmulationLinear",
 #: Name of the buffer holding the dequantized weight after loading.
 DEQUANTIZED_WEIGHT = "dequantized_weight"
 #: The activation quantization of W4A4 NVFP4 schemes (the only one emulated).
-W4A4_ACTIVATION = "nvfp4-dynamic"
 
 
 def fake_quantize_nvfp4(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
@@ -68,14 +72,8 @@ class Nvfp4EmulationLinear(LinearMethod):
             Verdict.handles(request.num_experts is None,
                             f"handles dense layers only, request is a routed-expert MLP of "
                             f"{request.num_experts} experts"),
-            Verdict.handles(s.name == "nvfp4",
-                            f"handles NVFP4 weights only, layer is {s.describe()}"),
-            Verdict.check(s.group_shape == (1, NVFP4_BLOCK) and s.scale_dtype == "float8_e4m3fn",
-                          f"needs NVFP4 blocks of 1x{NVFP4_BLOCK} with float8_e4m3fn scales, "
-                          f"scheme has group {s.group_shape} with {s.scale_dtype!r} scales"),
-            Verdict.check(s.activation in (None, W4A4_ACTIVATION),
-                          f"emulates activations None or {W4A4_ACTIVATION!r}, scheme has "
-                          f"{s.activation!r}"),
+            nvfp4_layer_checks(s, "weights",
+                               f"emulates activations None or {W4A4_ACTIVATION!r}"),
             Verdict.check(request.activation_dtype in FLOAT_DTYPES,
                           f"needs activation dtype in {FLOAT_DTYPES}, request has "
                           f"{request.activation_dtype!r}"),

@@ -37,9 +37,8 @@ from kernelbay.layers.moe import EXPERT_PROJECTIONS, MoEMethod, combine_experts,
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
-from kernelbay_quant_nvfp4.emulation import W4A4_ACTIVATION
 from kernelbay_quant_nvfp4.linear_triton import gpu_triton_checks
-from kernelbay_quant_nvfp4.schemes import NVFP4_BLOCK
+from kernelbay_quant_nvfp4.schemes import NVFP4_BLOCK, W4A4_ACTIVATION, nvfp4_layer_checks
 
 if TYPE_CHECKING:
     import torch
@@ -142,14 +141,8 @@ class Nvfp4MoETriton(MoEMethod):
         s = r.scheme
         verdict = Verdict.all(
             cls.routed_expert_checks(r),
-            Verdict.handles(s.name == "nvfp4",
-                            f"handles NVFP4 experts only, layer is {s.describe()}"),
-            Verdict.check(s.group_shape == (1, NVFP4_BLOCK) and s.scale_dtype == "float8_e4m3fn",
-                          f"needs NVFP4 blocks of 1x{NVFP4_BLOCK} with float8_e4m3fn scales, "
-                          f"scheme has group {s.group_shape} with {s.scale_dtype!r} scales"),
-            Verdict.check(s.activation in (None, W4A4_ACTIVATION),
-                          f"runs weight-only NVFP4 (activations None, or {W4A4_ACTIVATION!r} "
-                          f"read as weight-only), scheme has {s.activation!r}"),
+            nvfp4_layer_checks(s, "experts", f"runs weight-only NVFP4 (activations None, or "
+                                              f"{W4A4_ACTIVATION!r} read as weight-only)"),
             gpu_triton_checks(device),
             Verdict.check(r.activation_dtype in ("bfloat16", "float16"),
                           f"needs activation dtype in ('bfloat16', 'float16'), request has "

@@ -22,8 +22,7 @@ from kernelbay.layers.linear import LinearMethod, TensorSpec
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
-from kernelbay_quant_nvfp4.emulation import W4A4_ACTIVATION
-from kernelbay_quant_nvfp4.schemes import NVFP4_BLOCK
+from kernelbay_quant_nvfp4.schemes import NVFP4_BLOCK, W4A4_ACTIVATION, nvfp4_layer_checks
 from kernelbay_quant_nvfp4.triton_configs import (
     DEFAULT_CONFIGS,
     KernelConfig,
@@ -122,14 +121,8 @@ class Nvfp4TritonLinear(LinearMethod):
             Verdict.handles(request.num_experts is None,
                             f"handles dense layers only, request is a routed-expert MLP of "
                             f"{request.num_experts} experts"),
-            Verdict.handles(s.name == "nvfp4",
-                            f"handles NVFP4 weights only, layer is {s.describe()}"),
-            Verdict.check(s.group_shape == (1, NVFP4_BLOCK) and s.scale_dtype == "float8_e4m3fn",
-                          f"needs NVFP4 blocks of 1x{NVFP4_BLOCK} with float8_e4m3fn scales, "
-                          f"scheme has group {s.group_shape} with {s.scale_dtype!r} scales"),
-            Verdict.check(s.activation in (None, W4A4_ACTIVATION),
-                          f"runs weight-only NVFP4 (activations None, or {W4A4_ACTIVATION!r} "
-                          f"read as weight-only), scheme has {s.activation!r}"),
+            nvfp4_layer_checks(s, "weights", f"runs weight-only NVFP4 (activations None, or "
+                                              f"{W4A4_ACTIVATION!r} read as weight-only)"),
             gpu_triton_checks(device),
             Verdict.check(request.activation_dtype in _ACT_DTYPES,
                           f"needs activation dtype in {_ACT_DTYPES} for the tensor-core dot, "

@@ -26,8 +26,7 @@ from kernelbay.layers.linear import LinearMethod, TensorSpec
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
-from kernelbay_quant_nvfp4.emulation import W4A4_ACTIVATION
-from kernelbay_quant_nvfp4.schemes import NVFP4_BLOCK
+from kernelbay_quant_nvfp4.schemes import NVFP4_BLOCK, W4A4_ACTIVATION
 
 if TYPE_CHECKING:
     import torch

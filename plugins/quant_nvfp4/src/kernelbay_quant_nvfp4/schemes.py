@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from kernelbay.errors import CheckpointError
 from kernelbay.requests import QuantScheme
+from kernelbay.verdict import Verdict
 
 if TYPE_CHECKING:
     from kernelbay.checkpoint.tensors import TensorInfo
@@ -19,19 +20,38 @@ __all__ = [
     "FP8_BLOCK_MODELOPT",
     "FP8_MODELOPT",
     "NVFP4_BLOCK",
+    "W4A4_ACTIVATION",
     "check_linear",
+    "nvfp4_layer_checks",
     "nvfp4_scheme",
 ]
 
 NVFP4_BLOCK = 16
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+#: The activation of W4A4 NVFP4 schemes: dynamic NVFP4 with ``input_scale`` as global scale.
+W4A4_ACTIVATION = "nvfp4-dynamic"
 
 
 def nvfp4_scheme(dialect: str, w4a4: bool) -> QuantScheme:
     """NVFP4 weights (E2M1, E4M3 scales per 1x16, an fp32 global scale); ``w4a4`` when the
     checkpoint carries ``input_scale`` for dynamic NVFP4 activations."""
     return QuantScheme("nvfp4", "e2m1", (1, NVFP4_BLOCK), "float8_e4m3fn", True,
-                       "nvfp4-dynamic" if w4a4 else None, dialect)
+                       W4A4_ACTIVATION if w4a4 else None, dialect)
+
+
+def nvfp4_layer_checks(scheme: QuantScheme, layers: str, activations: str) -> Verdict:
+    """What every NVFP4 method asks of a layer's scheme: NVFP4 at all (else not applicable:
+    "handles NVFP4 ``layers`` only"), 1x16 blocks with E4M3 scales, and activations None or
+    dynamic NVFP4 (``activations`` says what the method does with them)."""
+    s = scheme
+    return Verdict.all(
+        Verdict.handles(s.name == "nvfp4", f"handles NVFP4 {layers} only, layer is {s.describe()}"),
+        Verdict.check(s.group_shape == (1, NVFP4_BLOCK) and s.scale_dtype == "float8_e4m3fn",
+                      f"needs NVFP4 blocks of 1x{NVFP4_BLOCK} with float8_e4m3fn scales, "
+                      f"scheme has group {s.group_shape} with {s.scale_dtype!r} scales"),
+        Verdict.check(s.activation in (None, W4A4_ACTIVATION),
+                      f"{activations}, scheme has {s.activation!r}"),
+    )
 
 
 #: ModelOpt ``FP8``: E4M3 weight, one fp32 weight scale, a static fp32 input scale.
