@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
 from kernelbay.layers.linear import LinearMethod, TensorSpec
-from kernelbay.requests import LinearRequest
+from kernelbay.requests import LinearRequest, QuantScheme
 from kernelbay.verdict import Verdict
 
 from kernelbay_quant_mxfp4_rocm.devices import home_note
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from kernelbay.device import DeviceCapability
 
 __all__ = ["DEQUANTIZED_WEIGHT", "MX_ACTIVATIONS", "SCALE_RULES", "Mxfp4EmulationLinear",
-           "dense_mx_checks", "fake_quantize_mx"]
+           "dense_mx_checks", "fake_quantize_mx", "mx_layer_checks"]
 
 #: Name of the buffer holding the dequantized weight after loading.
 DEQUANTIZED_WEIGHT = "dequantized_weight"
@@ -55,19 +55,15 @@ def fake_quantize_mx(x: torch.Tensor, elem: str, rule: str) -> torch.Tensor:
     return dequantize_mx(data, scales, elem)  # type: ignore[arg-type]
 
 
-def dense_mx_checks(request: LinearRequest) -> Verdict:
-    """What every dense MXFP4 linear method of this plugin needs from the request: a dense
-    layer, MXFP4 weights in 1x32 E8M0 blocks, activations None or dynamic MX with a scale
-    rule of ``kernelbay.formats.mx``, float activations, K a multiple of 32."""
-    s = request.scheme
-    k = request.in_features
+def mx_layer_checks(scheme: QuantScheme, layers: str) -> Verdict:
+    """What every MXFP4 method asks of a layer's scheme: MXFP4 at all (else not applicable:
+    "handles OCP MXFP4 ``layers`` only"), 1x32 E8M0 blocks, activations None or dynamic MX with
+    a scale rule of ``kernelbay.formats.mx``."""
+    s = scheme
     rule = s.option("scale_mode", "even")
     return Verdict.all(
-        Verdict.handles(request.num_experts is None,
-                        f"handles dense layers only, request is a routed-expert MLP of "
-                        f"{request.num_experts} experts"),
         Verdict.handles(s.name == "mxfp4",
-                        f"handles OCP MXFP4 weights only, layer is {s.describe()}"),
+                        f"handles OCP MXFP4 {layers} only, layer is {s.describe()}"),
         Verdict.check(s.group_shape == (1, _BLOCK) and s.scale_dtype == "e8m0",
                       f"needs MX blocks of 1x{_BLOCK} with e8m0 scales, scheme has group "
                       f"{s.group_shape} with {s.scale_dtype!r} scales"),
@@ -77,6 +73,19 @@ def dense_mx_checks(request: LinearRequest) -> Verdict:
         Verdict.check(s.activation is None or rule in SCALE_RULES,
                       f"needs an MX scale rule in {list(SCALE_RULES)} for its activations, "
                       f"scheme has scale_mode {rule!r}"),
+    )
+
+
+def dense_mx_checks(request: LinearRequest) -> Verdict:
+    """What every dense MXFP4 linear method of this plugin needs from the request: a dense
+    layer, MXFP4 weights in 1x32 E8M0 blocks, activations None or dynamic MX with a scale
+    rule of ``kernelbay.formats.mx``, float activations, K a multiple of 32."""
+    k = request.in_features
+    return Verdict.all(
+        Verdict.handles(request.num_experts is None,
+                        f"handles dense layers only, request is a routed-expert MLP of "
+                        f"{request.num_experts} experts"),
+        mx_layer_checks(request.scheme, "weights"),
         Verdict.check(request.activation_dtype in _FLOAT_DTYPES,
                       f"needs activation dtype in {_FLOAT_DTYPES}, request has "
                       f"{request.activation_dtype!r}"),

@@ -27,7 +27,7 @@ from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
 from kernelbay_quant_mxfp4_rocm.devices import home_note
-from kernelbay_quant_mxfp4_rocm.emulation import MX_ACTIVATIONS, SCALE_RULES
+from kernelbay_quant_mxfp4_rocm.emulation import MX_ACTIVATIONS, mx_layer_checks
 from kernelbay_quant_mxfp4_rocm.moe_backend import load_choice
 
 if TYPE_CHECKING:
@@ -54,21 +54,9 @@ class Mxfp4MoEEmulation(MoEMethod):
     @classmethod
     def can_implement(cls, request: LinearRequest, device: DeviceCapability) -> Verdict:
         r = request
-        s = r.scheme
-        rule = s.option("scale_mode", "even")
         verdict = Verdict.all(
             cls.routed_expert_checks(r),
-            Verdict.handles(s.name == "mxfp4",
-                            f"handles OCP MXFP4 experts only, layer is {s.describe()}"),
-            Verdict.check(s.group_shape == (1, _BLOCK) and s.scale_dtype == "e8m0",
-                          f"needs MX blocks of 1x{_BLOCK} with e8m0 scales, scheme has group "
-                          f"{s.group_shape} with {s.scale_dtype!r} scales"),
-            Verdict.check(s.activation is None or s.activation in MX_ACTIVATIONS,
-                          f"emulates activations None or {sorted(MX_ACTIVATIONS)}, scheme has "
-                          f"{s.activation!r}"),
-            Verdict.check(s.activation is None or rule in SCALE_RULES,
-                          f"needs an MX scale rule in {list(SCALE_RULES)} for its activations, "
-                          f"scheme has scale_mode {rule!r}"),
+            mx_layer_checks(r.scheme, "experts"),
             Verdict.check(r.in_features > 0 and r.in_features % _BLOCK == 0,
                           f"hidden size K={r.in_features} is not a multiple of the MX block "
                           f"{_BLOCK}"),
@@ -79,7 +67,9 @@ class Mxfp4MoEEmulation(MoEMethod):
         if not verdict.accepted:
             return verdict
         notes = [home_note(device), load_choice().describe()]
+        s = r.scheme
         if s.activation is not None:
+            rule = s.option("scale_mode", "even")
             notes.append(f"activations fake-quantized {s.activation} (scale rule {rule})")
         return Verdict.accept(*notes)
 
