@@ -13,10 +13,11 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
-import subprocess
 import sys
-import tempfile
 from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import sm90_tools  # from bench/, put on the path above
 
 #: Integer arguments that are multiples of 16 at the benchmark's shapes.
 _DIVISIBLE = {"N", "K", "K_PER_SPLIT", "stride_xm", "stride_wn", "stride_ys", "stride_ym"}
@@ -28,24 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import triton
     from kernelbay_batch_invariant import kernels
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from run import SHAPE_CANDIDATES
 
-    target = GPUTarget("cuda", args.arch, 32)
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                             "cuobjdump")
-
-    def usage(kernel: Any) -> str:
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(kernel.asm["cubin"])
-        out = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
-                             text=True, check=True).stdout
-        os.unlink(f.name)
-        line = next(x for x in out.splitlines() if "REG" in x).split()
-        return f"{line[0]} {line[1]}"
+    target = sm90_tools.target(args.arch)
 
     fn = kernels._matmul_kernel
     names = list(inspect.signature(fn.fn).parameters)
@@ -92,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             ttgir = kernel.asm.get("ttgir", "")
             asyncs = ttgir.count("isAsync = true") if args.arch == 90 else -1
             copies = ttgir.count("async_tma_copy_global_to_local")
-            print(f"{what:44s} {usage(kernel)} SHARED:{kernel.metadata.shared} "
+            regs = sm90_tools.registers(kernel.asm["cubin"])
+            print(f"{what:44s} {regs} SHARED:{kernel.metadata.shared} "
                   f"async-wgmma:{asyncs} tma-copies:{copies}", flush=True)
     return 1 if failed else 0
 

@@ -13,60 +13,20 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
-import re
-import subprocess
 import sys
-import tempfile
 from collections import Counter
 from typing import Any
 
-
-def _tool(name: str) -> str:
-    import triton
-
-    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import sm90_tools  # from bench/, put on the path above
 
 
 def _usage(cubin: bytes) -> tuple[str, int, Counter[str]]:
-    """``REG:n STACK:n`` of the cubin, its tile loop's SASS instruction count and opcodes."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(cubin)
-    try:
-        res = subprocess.run([_tool("cuobjdump"), "-res-usage", f.name], capture_output=True,
-                             text=True, check=True).stdout
-        sass = subprocess.run([_tool("nvdisasm"), "-c", f.name], capture_output=True,
-                              text=True, check=False).stdout
-    finally:
-        os.unlink(f.name)
-    line = next(x for x in res.splitlines() if "REG" in x).split()
-    size, ops = _loop(sass)
-    return f"{line[0]} {line[1]}", size, ops
-
-
-def _loop(sass: str) -> tuple[int, Counter[str]]:
-    """SASS instructions of the largest loop, from a label to a later branch back to it
-    (the decode kernel's KV-tile loop), and how many of each opcode it holds (where the
-    per-element dequantization cost shows: conversions, permutes, packed multiplies)."""
-    labels: dict[str, int] = {}
-    body: list[str] = []
-    best = (0, 0)
-    for text in sass.splitlines():
-        label = re.match(r"^(\.L_x_\d+):", text)
-        if label:
-            labels[label.group(1)] = len(body)
-        elif re.search(r"/\*[0-9a-f]{4,}\*/", text):
-            body.append(text)
-            target = re.search(r"BRA\s+`\((\.L_x_\d+)\)", text)
-            if target and target.group(1) in labels:
-                begin = labels[target.group(1)]
-                if len(body) - begin > best[1] - best[0]:
-                    best = (begin, len(body))
-    ops: Counter[str] = Counter()
-    for text in body[best[0]:best[1]]:
-        op = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", text)
-        if op:
-            ops[op.group(1)] += 1
-    return best[1] - best[0], ops
+    """``REG:n STACK:n`` of the cubin, its tile loop's SASS instruction count and opcodes
+    (the largest loop: the decode kernel's KV-tile loop, where the per-element
+    dequantization cost shows: conversions, permutes, packed multiplies)."""
+    body = sm90_tools.loop_body(sm90_tools.disassemble(cubin, check=False))
+    return sm90_tools.registers(cubin), len(body), Counter(map(sm90_tools.opcode, body))
 
 
 def compile_config(kind: str, heads: int, block_n: int, warps: int, stages: int,
@@ -77,7 +37,6 @@ def compile_config(kind: str, heads: int, block_n: int, warps: int, stages: int,
     from kernelbay_attn_flashmla import triton_kernels as tk
     from kernelbay_attn_flashmla.records import RECORDS
     from kernelbay_attn_flashmla.triton_mla import launch_constants
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     record = RECORDS[kind]
@@ -96,7 +55,7 @@ def compile_config(kind: str, heads: int, block_n: int, warps: int, stages: int,
     src = ASTSource(fn=tk.mla_decode_kernel, signature=sig,
                     constexprs={(names.index(n),): v for n, v in const.items()},
                     attrs=aligned)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+    return triton.compile(src, target=sm90_tools.target(arch),
                           options={"num_warps": warps, "num_stages": stages})
 
 

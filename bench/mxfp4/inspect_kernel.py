@@ -14,18 +14,18 @@ import argparse
 import inspect
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import sm90_tools  # from bench/, put on the path above
 
 
 def compile_config(cfg: Any, a_kind: int, arch: int, split: bool) -> Any:
     """The compiled kernel of one config (triton.compile on an ASTSource, no GPU)."""
     import triton
     from kernelbay_quant_mxfp4_rocm import triton_gemm as tg
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     fn = tg._mxfp4_gemm_kernel
@@ -46,59 +46,16 @@ def compile_config(cfg: Any, a_kind: int, arch: int, split: bool) -> Any:
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n in names}
     src = ASTSource(fn=fn, signature=sig,
                     constexprs={(names.index(n),): v for n, v in const.items()}, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+    return triton.compile(src, target=sm90_tools.target(arch),
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
-
-
-def sass_of(kernel: Any) -> str:
-    """Disassembly of the kernel's cubin (nvdisasm)."""
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                        "nvdisasm")
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(kernel.asm["cubin"])
-    try:
-        return subprocess.run([tool, "-c", "-g", f.name], capture_output=True, text=True,
-                              check=True).stdout
-    finally:
-        os.unlink(f.name)
-
-
-def resources(kernel: Any) -> str:
-    """Registers and spill stack of the cubin (``cuobjdump -res-usage``)."""
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                        "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(kernel.asm["cubin"])
-    try:
-        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
-                             check=True).stdout
-    finally:
-        os.unlink(f.name)
-    line = next((x for x in out.splitlines() if "REG" in x), "REG:? STACK:?").split()
-    return f"{line[0]} {line[1]}"
 
 
 def loop_stats(sass: str) -> dict[str, int]:
     """Instruction counts of the largest loop (label .. backward BRA to it) of the SASS."""
-    lines = [ln for ln in sass.splitlines() if ln.strip()]
-    label_at: dict[str, int] = {}
-    body: list[str] = []
-    for i, ln in enumerate(lines):
-        m = re.match(r"^\s*\.?(L_x_\d+):", ln)
-        if m:
-            label_at[m.group(1)] = i
-        b = re.search(r"\bBRA\b.*`?\(?\.?(L_x_\d+)", ln)
-        if b and b.group(1) in label_at:
-            cand = lines[label_at[b.group(1)] + 1:i + 1]
-            if len(cand) > len(body):
-                body = cand
-    insts = [ln for ln in body if re.search(r"/\*[0-9a-f]{4}\*/", ln)]
-    ops = [re.sub(r".*?\*/\s*(@!?U?P\d\s+)?", "", ln).split()[0].split(".")[0]
-           for ln in insts]
+    # Only register predicates dropped: a never-run placeholder (``@!PT LDS RZ, [RZ]``) is
+    # a loop instruction but no shared-memory load, so it counts under no opcode.
+    ops = [re.sub(r"^@!?U?P\d\s+", "", i).split()[0].split(".")[0]
+           for i in sm90_tools.loop_body(sass)]
     out = {"loop": len(ops)}
     for key in ("HMMA", "LDS", "STS", "LDSM", "LDG", "BAR", "F2F", "PRMT", "LOP3", "SHF",
                 "HMUL2", "HFMA2", "FMUL", "I2F", "F2FP", "IMAD", "SEL"):
@@ -133,13 +90,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{cfg.describe()}: FAILED {str(exc)[:300]}", flush=True)
             continue
         ttgir = kernel.asm["ttgir"]
-        sass = sass_of(kernel)
+        sass = sm90_tools.disassemble(kernel.asm["cubin"], line_info=True)
         st = loop_stats(sass)
         per_tile = cfg.block_n * cfg.block_k // (32 * cfg.num_warps)  # per thread
         body = ttgir[ttgir.find("scf.for"):]
         cvt = body.count("ttg.convert_layout")
         alloc = body.count("ttg.local_alloc")
-        print(f"{cfg.describe()}: {resources(kernel)} "
+        regs = sm90_tools.registers(kernel.asm["cubin"])
+        print(f"{cfg.describe()}: {regs} "
               f"smem {kernel.metadata.shared} | loop SASS {st['loop']} = "
               f"{st['loop'] / per_tile:.2f}/weight elem | cvt {cvt} alloc {alloc} | "
               + " ".join(f"{k}:{v}" for k, v in st.items() if k != "loop" and v), flush=True)

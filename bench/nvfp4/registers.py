@@ -16,11 +16,11 @@ import argparse
 import collections
 import inspect
 import os
-import re
-import subprocess
 import sys
-import tempfile
 from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import sm90_tools  # from bench/, put on the path above
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,30 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     import triton
     from kernelbay_quant_nvfp4 import triton_halfword as th
     from kernelbay_quant_nvfp4.triton_configs import CANDIDATES
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    target = GPUTarget("cuda", args.arch, 32)
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                             "cuobjdump")
-
-    def usage(kernel: Any) -> str:
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(kernel.asm["cubin"])
-        out = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
-                             text=True, check=True).stdout
-        os.unlink(f.name)
-        line = next(x for x in out.splitlines() if "REG" in x).split()
-        return f"{line[0]} {line[1]}"
+    target = sm90_tools.target(args.arch)
 
     def loop(kernel: Any, c: Any) -> str:
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(kernel.asm["cubin"])
-        text = subprocess.run([os.path.join(os.path.dirname(cuobjdump), "nvdisasm"), "-c",
-                               f.name], capture_output=True, text=True, check=True).stdout
-        os.unlink(f.name)
-        body = loop_body(text)
-        ops = collections.Counter(op.split(".")[0] for op in body)
+        body = sm90_tools.loop_body(sm90_tools.disassemble(kernel.asm["cubin"]))
+        ops = collections.Counter(sm90_tools.opcode(i).split(".")[0] for i in body)
         per = len(body) * 32 * c.num_warps / (c.block_n * c.block_k)
         return (f" loop {len(body)} instr, {per:.2f}/element; "
                 + " ".join(f"{k}:{v}" for k, v in ops.most_common(8)))
@@ -92,37 +75,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{dt} {c.name} {'partial' if partial else 'direct'}: FAILED "
                           f"{str(exc)[:300]}", flush=True)
                     continue
-                print(f"{dt} {c.name} {'partial' if partial else 'direct'}: {usage(kernel)} "
+                regs = sm90_tools.registers(kernel.asm["cubin"])
+                print(f"{dt} {c.name} {'partial' if partial else 'direct'}: {regs} "
                       f"SHARED:{kernel.metadata.shared}"
                       + (loop(kernel, c) if args.loop else ""), flush=True)
     return 1 if failed else 0
-
-
-def loop_body(sass: str) -> list[str]:
-    """Opcodes (predicates dropped) of the largest loop in an ``nvdisasm -c`` listing: the
-    instructions from a label to the furthest backward branch to it."""
-    labels: dict[str, int] = {}
-    pending: str | None = None
-    instrs: list[tuple[int, str]] = []
-    for line in sass.splitlines():
-        label = re.match(r"^\s*\.(L_x_\d+):", line)
-        if label:
-            pending = label.group(1)
-            continue
-        m = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
-        if not m:
-            continue
-        addr = int(m.group(1), 16)
-        if pending:
-            labels[pending], pending = addr, None
-        instrs.append((addr, re.sub(r"^@!?U?P\w+\s+", "", m.group(2).strip())))
-    best = (0, -1)
-    for addr, text in instrs:
-        target = re.search(r"BRA.*`\(\.(L_x_\d+)\)", text)
-        start = labels.get(target.group(1), addr) if target else addr
-        if start < addr and addr - start > best[1] - best[0]:
-            best = (start, addr)
-    return [t.split()[0] for a, t in instrs if best[0] <= a <= best[1]]
 
 
 if __name__ == "__main__":
