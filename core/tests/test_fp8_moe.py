@@ -17,6 +17,7 @@ from kernelbay.formats.fp8 import (
     quantize_fp8_per_tensor,
 )
 from kernelbay.layers.moe import MOE_EXPERTS_ROLE, TorchFp8MoE, TorchMoE, expert_tensor
+from kernelbay.testing import load_method
 from torch import nn
 
 CPU = parse_device("cpu")
@@ -85,22 +86,7 @@ def plain_moe(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
 
 def load_layer(method: TorchMoE, tensors: dict[str, torch.Tensor]) -> nn.Module:
     """What the loader does: create, copy each present tensor (this rank's shard), finish."""
-    layer = nn.Module()
-    method.create_weights(layer)
-    r = method.request
-    for name, spec in method.tensor_specs().items():
-        if name not in tensors:
-            assert not spec.required, name
-            del layer._parameters[name]
-            continue
-        value = tensors[name]
-        if spec.shard_dim is not None and r.tp_size > 1:
-            size = spec.shape[spec.shard_dim]
-            value = value.narrow(spec.shard_dim, r.tp_rank * size, size)
-        assert tuple(value.shape) == spec.shape, (name, value.shape, spec.shape)
-        getattr(layer, name).data.copy_(value)
-    method.process_weights_after_loading(layer)
-    return layer
+    return load_method(method, tensors, exact_dtype=False)
 
 
 def routing(tokens: int, experts: int, k: int, gen: torch.Generator

@@ -20,6 +20,7 @@ from kernelbay.formats.fp8 import (
     quantize_fp8_per_tensor,
 )
 from kernelbay.layers.torch_fp8_linear import TorchFp8DequantLinear
+from kernelbay.testing import load_method
 
 PER_TENSOR = QuantScheme("fp8", "float8_e4m3fn", None, "float32", dialect="modelopt")
 
@@ -29,16 +30,7 @@ def block_scheme(block: tuple[int, int]) -> QuantScheme:
 
 
 def _load(method: TorchFp8DequantLinear, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
-    layer = torch.nn.Module()
-    method.create_weights(layer)
-    for name, spec in method.tensor_specs().items():
-        if not spec.required and name not in tensors:
-            continue
-        value = tensors[name]
-        assert tuple(value.shape) == spec.shape and str(value.dtype) == f"torch.{spec.dtype}"
-        getattr(layer, name).data.copy_(value)
-    method.process_weights_after_loading(layer)
-    return layer
+    return load_method(method, tensors)
 
 
 @pytest.mark.parametrize("n, k, block", [(256, 384, (128, 128)), (200, 300, (128, 128)),

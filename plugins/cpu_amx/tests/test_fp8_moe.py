@@ -11,6 +11,7 @@ from cpu_amx_helpers import KERNEL_FLAGS
 from kernelbay import BackendKind, LinearRequest, QuantScheme, Registry, parse_device, select
 from kernelbay.formats.fp8 import quantize_fp8_per_block, quantize_fp8_per_tensor
 from kernelbay.layers.moe import MOE_EXPERTS_ROLE, TorchFp8MoE, TorchMoE, expert_tensor
+from kernelbay.testing import load_method
 from kernelbay_cpu_amx.moe import CpuFp8MoE
 
 AVX = parse_device("cpu+avx512_bf16")
@@ -133,22 +134,7 @@ def quantized_experts(experts: int, hidden: int, inter: int, block: tuple[int, i
 
 def load_layer(method: TorchMoE, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
     """What the loader does: create, copy this rank's shard of each present tensor, finish."""
-    layer = torch.nn.Module()
-    method.create_weights(layer)
-    r = method.request
-    for name, spec in method.tensor_specs().items():
-        if name not in tensors:
-            assert not spec.required, name
-            del layer._parameters[name]
-            continue
-        value = tensors[name]
-        if spec.shard_dim is not None and r.tp_size > 1:
-            size = spec.shape[spec.shard_dim]
-            value = value.narrow(spec.shard_dim, r.tp_rank * size, size)
-        assert tuple(value.shape) == spec.shape, (name, value.shape, spec.shape)
-        getattr(layer, name).data.copy_(value)
-    method.process_weights_after_loading(layer)
-    return layer
+    return load_method(method, tensors, exact_dtype=False)
 
 
 def routing(tokens: int, experts: int, gen: torch.Generator

@@ -10,6 +10,7 @@ from kernelbay.device import parse_device
 from kernelbay.formats import dequantize_mx, quantize_mx
 from kernelbay.layers.moe import MOE_EXPERTS_ROLE, TorchMoE, expert_tensor
 from kernelbay.requests import LinearRequest, QuantScheme
+from kernelbay.testing import load_method
 from kernelbay_quant_mxfp4_rocm.emulation import Mxfp4EmulationLinear
 from kernelbay_quant_mxfp4_rocm.moe import Mxfp4MoEEmulation
 
@@ -42,22 +43,12 @@ def _weights(experts: int, hidden: int, inter: int, seed: int
 
 def _load(method: Mxfp4MoEEmulation, weights: dict[tuple[int, str], torch.Tensor]
           ) -> torch.nn.Module:
-    layer = torch.nn.Module()
-    method.create_weights(layer)
-    specs = method.tensor_specs()
     tensors: dict[str, torch.Tensor] = {}
     for (e, p), w in weights.items():
         tensors[expert_tensor(e, p)], tensors[expert_tensor(e, p, "weight_scale")] = (
             quantize_mx(w, "e2m1", "even"))
-    assert set(tensors) == set(specs)
-    for name, value in tensors.items():
-        spec = specs[name]
-        if spec.shard_dim is not None and tuple(value.shape) != spec.shape:
-            value = value.chunk(method.request.tp_size, spec.shard_dim)[method.request.tp_rank]
-        assert tuple(value.shape) == spec.shape, name
-        getattr(layer, name).data.copy_(value)
-    method.process_weights_after_loading(layer)
-    return layer
+    assert set(tensors) == set(method.tensor_specs())
+    return load_method(method, tensors, exact_dtype=False)
 
 
 def _routing(tokens: int, experts: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from kernelbay.device import parse_device
 from kernelbay.formats import dequantize_nvfp4, nvfp4_global_scale, quantize_nvfp4
 from kernelbay.requests import LayerRole, LinearRequest, QuantScheme
+from kernelbay.testing import load_method
 from kernelbay_quant_nvfp4.emulation import Nvfp4EmulationLinear
 from kernelbay_quant_nvfp4.schemes import nvfp4_scheme
 from kernelbay_quant_nvfp4.tp import shard_block_scales
@@ -19,15 +20,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 def _layer(method: Nvfp4EmulationLinear, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
     """Create the method's parameters, load ``tensors`` into them, finish loading."""
-    layer = torch.nn.Module()
-    method.create_weights(layer)
-    specs = method.tensor_specs()
-    for name, value in tensors.items():
-        spec = specs[name]
-        assert tuple(value.shape) == spec.shape and str(value.dtype) == f"torch.{spec.dtype}"
-        getattr(layer, name).data.copy_(value)
-    method.process_weights_after_loading(layer)
-    return layer
+    return load_method(method, tensors)
 
 
 def _weights(n: int, k: int, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:

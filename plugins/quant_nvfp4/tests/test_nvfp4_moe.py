@@ -10,6 +10,7 @@ from kernelbay.device import parse_device
 from kernelbay.formats import dequantize_nvfp4, quantize_nvfp4
 from kernelbay.layers.moe import MOE_EXPERTS_ROLE, TorchMoE, expert_tensor
 from kernelbay.requests import LinearRequest, QuantScheme
+from kernelbay.testing import load_method
 from kernelbay_quant_nvfp4.emulation import Nvfp4EmulationLinear
 from kernelbay_quant_nvfp4.moe import Nvfp4MoEEmulation
 from kernelbay_quant_nvfp4.schemes import nvfp4_scheme
@@ -38,15 +39,8 @@ def _experts(experts: int, hidden: int, inter: int, seed: int
 
 
 def _load(method: Nvfp4MoEEmulation, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
-    layer = torch.nn.Module()
-    method.create_weights(layer)
-    specs = method.tensor_specs()
-    assert set(specs) == set(tensors)
-    for name, value in tensors.items():
-        assert tuple(value.shape) == specs[name].shape, name
-        getattr(layer, name).data.copy_(value)
-    method.process_weights_after_loading(layer)
-    return layer
+    assert set(method.tensor_specs()) == set(tensors)
+    return load_method(method, tensors, exact_dtype=False)
 
 
 def _quantized(weights: dict[tuple[int, str], torch.Tensor], w4a4: bool,

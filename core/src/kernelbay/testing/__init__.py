@@ -2,6 +2,7 @@
 suite each plugin runs over its own classes."""
 
 from kernelbay.testing.conformance import PluginConformance
+from kernelbay.testing.loading import load_method
 from kernelbay.testing.samples import sample_devices, sample_requests
 
-__all__ = ["PluginConformance", "sample_devices", "sample_requests"]
+__all__ = ["PluginConformance", "load_method", "sample_devices", "sample_requests"]
