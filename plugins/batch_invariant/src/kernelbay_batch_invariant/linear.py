@@ -16,8 +16,6 @@ if TYPE_CHECKING:
 
 __all__ = ["BatchInvariantLinear"]
 
-_DTYPES = ("bfloat16", "float16", "float32")
-
 
 class BatchInvariantLinear(TorchUnquantizedLinear):
     """``y = x W^T (+ b)`` whose rows do not depend on how many rows the batch has: the
@@ -37,16 +35,9 @@ class BatchInvariantLinear(TorchUnquantizedLinear):
 
     @classmethod
     def can_implement(cls, request: LinearRequest, device: DeviceCapability) -> Verdict:
+        # the reference's own checks (unquantized, dense, float activations), then the device
         return Verdict.all(
-            Verdict.handles(not request.scheme.is_quantized,
-                            f"handles unquantized weights only, layer is "
-                            f"{request.scheme.describe()}"),
-            Verdict.handles(request.num_experts is None,
-                            f"handles dense layers only, request stacks {request.num_experts} "
-                            "routed experts"),
-            Verdict.check(request.activation_dtype in _DTYPES,
-                          f"needs activation dtype in {_DTYPES}, request has "
-                          f"{request.activation_dtype!r}"),
+            super().can_implement(request, device),
             Verdict.check(device.platform == "cuda",
                           f"runs Triton on CUDA devices, device platform is "
                           f"{device.platform!r}"),
