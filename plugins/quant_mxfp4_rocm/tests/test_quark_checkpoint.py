@@ -13,6 +13,7 @@ from kernelbay.errors import CheckpointError
 from kernelbay.plan import plan_checkpoint
 from kernelbay.plugins import ENTRY_POINT_GROUP, Registry
 from kernelbay.policy import Policy
+from kernelbay.testing import load_method
 from kernelbay_quant_mxfp4_rocm.quark_format import QuarkFormat
 from kernelbay_quant_mxfp4_rocm.quark_names import (
     MODULE_SCALES,
@@ -143,13 +144,8 @@ def test_checkpoint_tensors_load_into_the_emulation(tmp_path: Path,
     decision = next(d for d in plan.linears if d.module == Q)
     assert decision.selection is not None
     method = decision.selection.backend(decision.request)
-    layer = torch.nn.Module()
-    method.create_weights(layer)
-    for name, spec in method.tensor_specs().items():
-        value = fmt.convert(Q, name, stored[fmt.source_name(Q, name)])
-        assert tuple(value.shape) == spec.shape and str(value.dtype) == f"torch.{spec.dtype}"
-        getattr(layer, name).data.copy_(value)
-    method.process_weights_after_loading(layer)
+    layer = load_method(method, {name: fmt.convert(Q, name, stored[fmt.source_name(Q, name)])
+                                 for name in method.tensor_specs()})
     w = dequantize_mx(stored[f"{Q}.weight"], stored[f"{Q}.weight_scale"], "e2m1")
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     xq = dequantize_mx(*quantize_mx(x, "e2m1", "even"), "e2m1")

@@ -14,6 +14,7 @@ from kernelbay.formats import nvfp4_global_scale, quantize_nvfp4
 from kernelbay.plan import plan_checkpoint
 from kernelbay.plugins import Registry
 from kernelbay.requests import UNQUANTIZED, FormatRequest
+from kernelbay.testing import load_method
 from kernelbay_quant_nvfp4.compressed_tensors_format import CompressedTensorsNvfp4Format
 from kernelbay_quant_nvfp4.modelopt_format import ModelOptFormat
 from kernelbay_quant_nvfp4.schemes import nvfp4_scheme
@@ -162,13 +163,8 @@ def test_checkpoint_tensors_load_into_the_emulation(ct_checkpoint: Callable[...,
     decision = next(d for d in plan.linears if d.module == Q)
     assert decision.selection is not None
     method = decision.selection.backend(decision.request)
-    layer = torch.nn.Module()
-    method.create_weights(layer)
-    for name, spec in method.tensor_specs().items():
-        value = fmt.convert(Q, name, stored[fmt.source_name(Q, name)])
-        assert tuple(value.shape) == spec.shape and str(value.dtype) == f"torch.{spec.dtype}"
-        getattr(layer, name).data.copy_(value)
-    method.process_weights_after_loading(layer)
+    layer = load_method(method, {name: fmt.convert(Q, name, stored[fmt.source_name(Q, name)])
+                                 for name in method.tensor_specs()})
     g = 1.0 / stored[f"{Q}.weight_global_scale"].reshape(())
     w = dequantize_nvfp4(stored[f"{Q}.weight_packed"], stored[f"{Q}.weight_scale"], g)
     a = 1.0 / stored[f"{Q}.input_global_scale"].reshape(())
