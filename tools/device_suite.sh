@@ -31,8 +31,51 @@ two_gpus() {
   section coll-bench 60 torchrun --nproc-per-node 2 bench/collectives/run.py --out /tmp/res/coll-bench
   section coll-tp2 110 torchrun --nproc-per-node 2 bench/collectives/engine_tp2.py --out /tmp/res/coll-tp2
 }
+profile() {  # Nsight Compute on one launch of each kernel the speed targets hinge on
+  local ncu secs
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)
+  secs="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
+    --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats"
+  prof() {  # name, kernel regex, command...
+    local name=$1 kern=$2; shift 2
+    section "prof-$name" 150 "$ncu" --clock-control none -k "regex:$kern" --launch-skip 4 \
+      --launch-count 1 $secs "$@"
+  }
+  prof nvfp4-m16 nvfp4_matmul_hw $py bench/nvfp4/run.py --shapes 8192x8192 --ms 16 \
+    --timer events --rep-ms 2 --out /tmp/res/prof-nv
+  prof mxfp4-m16 _mxfp4_gemm_kernel $py bench/mxfp4/run.py --shapes 8192x8192 --ms 16 \
+    --rep 2 --out /tmp/res/prof-mx
+  prof mla-mxfp8 mla_decode_kernel $py bench/mla_decode/run.py --batches 64 --contexts 8192 \
+    --heads 16 --kinds mxfp8 --eager --rep 2 --no-tune --out /tmp/res/prof-mla
+  prof mla-bf16 mla_decode_kernel $py bench/mla_decode/run.py --batches 64 --contexts 8192 \
+    --heads 16 --kinds bf16 --eager --rep 2 --no-tune --out /tmp/res/prof-mla16
+  prof bi-4096-m64 _matmul_kernel $py bench/batch_invariant/run.py --shapes 4096x4096 \
+    --batches 64 --timer events --out /tmp/res/prof-bi
+}
+bi_sweep() {
+  section bi-bench 240 $py bench/batch_invariant/run.py --configs all --budget 200 \
+    --out /tmp/res/bi-bench
+}
+gpu_tests() {  # the GPU-marked tests of the plugins whose kernels changed since the last run
+  section gpu-tests 200 $py -m pytest -q -p no:cacheprovider -m gpu plugins/quant_nvfp4/tests \
+    plugins/batch_invariant/tests
+}
+lanes() {  # two commands (function names) side by side on two GPUs, else one after the other
+  if [ "$ngpu" -ge 2 ]; then
+    CUDA_VISIBLE_DEVICES=0 $1 & CUDA_VISIBLE_DEVICES=1 $2 & wait
+  else
+    $1; $2
+  fi
+}
 for s in "$@"; do
   case $s in
+    profile) profile ;;
+    bi) bi_sweep ;;
+    tp2) two_gpus ;;
+    gputests) gpu_tests ;;
+    diagnose)  # Nsight Compute profiles next to the matmul sweep and the GPU tests
+      lane_sweep_tests() { bi_sweep; gpu_tests; }
+      lanes lane_sweep_tests profile ;;
     final)
       if [ "$ngpu" -ge 2 ]; then
         CUDA_VISIBLE_DEVICES=0 kernels_a & CUDA_VISIBLE_DEVICES=1 kernels_b & wait
