@@ -53,12 +53,18 @@ profile() {  # Nsight Compute on one launch of each kernel the speed targets hin
     --batches 64 --timer events --out /tmp/res/prof-bi
 }
 bi_sweep() {
-  section bi-bench 240 $py bench/batch_invariant/run.py --configs all --budget 200 \
+  section bi-bench 200 $py bench/batch_invariant/run.py --configs all --budget "${BI_BUDGET:-150}" \
     --out /tmp/res/bi-bench
 }
 gpu_tests() {  # the GPU-marked tests of the plugins whose kernels changed since the last run
-  section gpu-tests 200 $py -m pytest -q -p no:cacheprovider -m gpu plugins/quant_nvfp4/tests \
-    plugins/batch_invariant/tests
+  section gpu-tests 260 $py -m pytest -v -p no:cacheprovider -m gpu --timeout 120 --durations 12 \
+    plugins/quant_nvfp4/tests plugins/batch_invariant/tests plugins/quant_mxfp4_rocm/tests
+}
+small_m_sweeps() {  # the M <= 16 kernel candidates of the two FP4 weight-only GEMMs
+  section nvfp4-bench 110 $py bench/nvfp4/run.py --configs all --rep-ms 10 --ms 1,16 \
+    --out /tmp/res/nvfp4-bench
+  section mxfp4-bench 110 $py bench/mxfp4/run.py --configs all --ms 1,16 --sweep-ms 16 \
+    --budget 80 --out /tmp/res/mxfp4-bench
 }
 lanes() {  # two commands (function names) side by side on two GPUs, else one after the other
   if [ "$ngpu" -ge 2 ]; then
@@ -73,6 +79,15 @@ for s in "$@"; do
     bi) bi_sweep ;;
     tp2) two_gpus ;;
     gputests) gpu_tests ;;
+    sweeps) small_m_sweeps ;;
+    tune)  # candidate sweeps next to the GPU tests, then the engine under TP = 2
+      lane_sweeps() { bi_sweep; section nvfp4-bench 110 $py bench/nvfp4/run.py --configs all \
+        --rep-ms 10 --ms 1,16 --out /tmp/res/nvfp4-bench; }
+      lane_tests() { gpu_tests; section mxfp4-bench 110 $py bench/mxfp4/run.py --configs all \
+        --ms 1,16 --sweep-ms 16 --budget 80 --out /tmp/res/mxfp4-bench; }
+      lanes lane_sweeps lane_tests
+      [ "$ngpu" -ge 2 ] && section coll-tp2 120 torchrun --nproc-per-node 2 \
+        bench/collectives/engine_tp2.py --out /tmp/res/coll-tp2 ;;
     diagnose)  # Nsight Compute profiles next to the matmul sweep and the GPU tests
       lane_sweep_tests() { bi_sweep; gpu_tests; }
       lanes lane_sweep_tests profile ;;

@@ -72,6 +72,11 @@ class MatmulConfig:
     #: loop needs fewer registers with descriptor loads; the split programs may not.
     whole_tma: bool = False
     whole_stages: int = 0
+    #: A split config runs as whole tiles from ``whole_from`` x (SM count) output tiles up;
+    #: below, one program per (tile, slice). Only who sums changes, never the order, so it
+    #: may be tuned per (N, K) like the loads: a tile count just under the SM count runs
+    #: faster whole than as four times as many programs that write and re-read partials.
+    whole_from: float = 1.0
 
     def stage_bytes(self, itemsize: int) -> int:
         """Shared memory one pipeline stage holds: an x tile and a W tile."""
@@ -82,11 +87,11 @@ class MatmulConfig:
 #: From the fourth H200 sweep (bench/results/batch_invariant-h200.md), worst ratio to cuBLAS
 #: at M >= 64: 4096 x 4096 1.37, 14336 x 4096 1.35-1.40, 4096 x 14336 1.25.
 TABLE: dict[tuple[int, int, str], MatmulConfig] = {
-    (4096, 4096, "bfloat16"): MatmulConfig(128, 64, 64, 4, 4, split_k=2, sum_in_kernel=True,
-                                           whole_tma=True, whole_stages=4),
-    (14336, 4096, "bfloat16"): MatmulConfig(128, 128, 64, 8, 3),
-    (4096, 14336, "bfloat16"): MatmulConfig(128, 128, 64, 8, 3, split_k=4, whole_tma=True,
-                                            whole_stages=4),
+    (4096, 4096, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, split_k=4, whole_tma=True,
+                                           whole_stages=4, whole_from=0.9),
+    (14336, 4096, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, whole_tma=True, whole_stages=4),
+    (4096, 14336, "bfloat16"): MatmulConfig(128, 128, 64, 8, 4, split_k=4, tma=True,
+                                            whole_tma=True, whole_stages=4),
 }
 
 

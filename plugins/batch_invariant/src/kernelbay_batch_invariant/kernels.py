@@ -272,7 +272,8 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
     result still does not depend on M.
 
     Who sums the slices may follow M, because the arithmetic does not change: with at
-    least as many output tiles as the device has SMs (``whole_tiles``, by default) one
+    least ``config.whole_from`` times as many output tiles as the device has SMs
+    (``whole_tiles``, by default) one
     program sums all slices of its tile in slice order, with no workspace; with fewer, one
     program per (tile, slice) gives the device enough programs. ``whole_tiles`` forces
     either (tests compare their bits). Between the two, a program may walk several
@@ -300,7 +301,7 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
     splits = config.split_k
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     if whole_tiles is None:
-        whole_tiles = splits == 1 or tiles >= _programs_to_fill(x.device)
+        whole_tiles = splits == 1 or tiles >= config.whole_from * _programs_to_fill(x.device)
     whole_tiles = whole_tiles or splits == 1
     in_kernel = not whole_tiles and config.sum_in_kernel
     if slices_per_program is None:  # CUDA only: the interpreter's split tests force it
