@@ -89,6 +89,46 @@ def test_plan_records_the_gemm_all_reduce_decision() -> None:
         "gemm_all_reduce over 2 ranks (gloo, bfloat16)")
     assert "gemm + all-reduce: torch-distributed" in render_plan(plan)
     assert "  gemm + all-reduce: torch-distributed" in summary_lines(plan)
+    assert plan.gather_collective is not None
+    assert plan.as_dict()["gather_collective"]["request"] == (  # type: ignore[index]
+        "all_gather over 2 ranks (gloo, bfloat16)")
+    assert "  all-gather: torch-distributed" in summary_lines(plan)
     single = plan_checkpoint(demo_path(), device=parse_device("cpu"),
                              registry=Registry(Policy(plugins=frozenset())))
     assert single.gemm_collective is None and single.collective is None
+    assert single.gather_collective is None
+
+
+class _ReduceOnly(_Recorder):
+    """An all-reduce-only backend, as the symmetric-memory one is: no all_gather."""
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        raise AssertionError("the all-reduce backend was asked to all-gather")
+
+
+class _Gather:
+    """A stand-in all-gather over two ranks holding the same shard."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        self.calls += 1
+        return torch.cat([x, x], dim=dim)
+
+
+def test_vocab_logits_gather_through_the_all_gather_collective() -> None:
+    """The logits are gathered by the collective selected for all-gather, never by the one
+    selected for all-reduce (which may implement nothing else)."""
+    from kernelbay.engine.modules import VocabParallelEmbedding, vocab_logits
+
+    gather = _Gather()
+    tp = TensorParallel(0, 2, None, _ReduceOnly(), None, gather)
+    embed = VocabParallelEmbedding(10, 4, tp, torch.float32, torch.device("cpu"))
+    with torch.no_grad():
+        embed.weight.copy_(torch.randn(embed.weight.shape))
+    x = torch.randn(3, 4)
+    logits = vocab_logits(x, None, embed)
+    shard = torch.nn.functional.linear(x, embed.weight)
+    torch.testing.assert_close(logits, torch.cat([shard, shard], dim=-1)[..., :10])
+    assert gather.calls == 1

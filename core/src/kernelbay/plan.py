@@ -139,12 +139,16 @@ class Plan:
     proposer: Decision | None = None
     #: The collective chosen for row-parallel GEMM + all-reduce (tensor parallel only).
     gemm_collective: Decision | None = None
+    #: The collective chosen for all-gather (the vocabulary-parallel logits; tensor parallel
+    #: only): its own decision, since a backend may implement all-reduce alone.
+    gather_collective: Decision | None = None
 
     @property
     def ok(self) -> bool:
         """True when every decision found a backend."""
         every = [self.format, self.attention, *self.linears]
-        every += [d for d in (self.collective, self.gemm_collective) if d is not None]
+        every += [d for d in (self.collective, self.gemm_collective, self.gather_collective)
+                  if d is not None]
         return all(d.selection is not None for d in every)
 
     def groups(self) -> list[tuple[str, int, Decision]]:
@@ -169,6 +173,8 @@ class Plan:
             "collective": self.collective.as_dict() if self.collective else None,
             "gemm_collective": (self.gemm_collective.as_dict() if self.gemm_collective
                                 else None),
+            "gather_collective": (self.gather_collective.as_dict() if self.gather_collective
+                                  else None),
             "linears": [d.as_dict() for d in self.linears],
         }
 
@@ -196,6 +202,7 @@ def plan_checkpoint(path: str, *, device: DeviceCapability | None = None,
     fmt = _decide(BackendKind.CHECKPOINT_FORMAT, "checkpoint", request, device, policy, registry)
     collective: Decision | None = None
     gemm_collective: Decision | None = None
+    gather_collective: Decision | None = None
     if tp_size > 1:
         transport = "nccl" if device.platform in ("cuda", "rocm") else "gloo"
         coll_req = CollectiveRequest("all_reduce", tp_size, folder.config.dtype_name, transport)
@@ -204,6 +211,9 @@ def plan_checkpoint(path: str, *, device: DeviceCapability | None = None,
         gemm_collective = _decide(BackendKind.COLLECTIVE, "gemm_all_reduce",
                                   replace(coll_req, op="gemm_all_reduce"), device, policy,
                                   registry)
+        gather_collective = _decide(BackendKind.COLLECTIVE, "all_gather",
+                                    replace(coll_req, op="all_gather"), device, policy,
+                                    registry)
     arch = ",".join(folder.config.architectures) or folder.config.model_type or "unknown"
     if fmt.selection is not None and _supported(folder):
         built = _plan_by_building(folder, fmt.selection.backend(request), registry, device,
@@ -212,7 +222,8 @@ def plan_checkpoint(path: str, *, device: DeviceCapability | None = None,
                          Decision("attention", None, None, "the model has no attention layer"))
         built_linears = tuple(d for d in built if d.module != "attention")
         return Plan(folder.path, arch, device, tp_size, fmt, built_linears, attention,
-                    collective, gemm_collective=gemm_collective)
+                    collective, gemm_collective=gemm_collective,
+                    gather_collective=gather_collective)
     linears: list[Decision] = []
     if fmt.selection is not None:
         handler: CheckpointFormat = fmt.selection.backend(request)
@@ -235,7 +246,7 @@ def plan_checkpoint(path: str, *, device: DeviceCapability | None = None,
     except ConfigError as exc:
         attention = Decision("attention", None, None, str(exc))
     return Plan(folder.path, arch, device, tp_size, fmt, tuple(linears), attention, collective,
-                gemm_collective=gemm_collective)
+                gemm_collective=gemm_collective, gather_collective=gather_collective)
 
 
 def _supported(folder: CheckpointFolder) -> bool:

@@ -45,6 +45,8 @@ def summary_lines(plan: Plan) -> list[str]:
         lines.append(f"  collective: {plan.collective.chosen}")
     if plan.gemm_collective is not None:
         lines.append(f"  gemm + all-reduce: {plan.gemm_collective.chosen}")
+    if plan.gather_collective is not None:
+        lines.append(f"  all-gather: {plan.gather_collective.chosen}")
     if plan.proposer is not None:
         lines.append(f"  proposer: {plan.proposer.chosen}")
     counts: dict[str, int] = {}
@@ -65,6 +67,8 @@ def render_plan(plan: Plan, verbose: bool = False) -> str:
         out += _section("collective", plan.collective, verbose)
     if plan.gemm_collective is not None:
         out += _section("gemm + all-reduce", plan.gemm_collective, verbose)
+    if plan.gather_collective is not None:
+        out += _section("all-gather", plan.gather_collective, verbose)
     out.append("")
     rows = []
     for pattern, count, d in plan.groups():

@@ -131,6 +131,11 @@ class LLM:
             decisions.append(Decision("gemm_all_reduce", gemm_request, gemm))
             if getattr(gemm.backend, "fuses_gemm", False):
                 self.tp.gemm_collective = gemm.backend(gemm_request)
+            gather_request = replace(request, op="all_gather")
+            gather = select(BackendKind.COLLECTIVE, gather_request, self.capability,
+                            self.policy, registry=self.registry)
+            decisions.append(Decision("all_gather", gather_request, gather))
+            self.tp.gather_collective = gather.backend(gather_request)
         builder = ModelBuilder(self.folder, self.handler, self.registry, self.capability,
                                self.policy, torch_device, self.dtype, self.tp, cache.record,
                                cache.page_size)
@@ -218,13 +223,14 @@ class LLM:
         attention = next(d for d in self._decisions if d.module == "attention")
         collective = next((d for d in self._decisions if d.module == "all_reduce"), None)
         gemm = next((d for d in self._decisions if d.module == "gemm_all_reduce"), None)
+        gather = next((d for d in self._decisions if d.module == "all_gather"), None)
         proposer = next((d for d in self._decisions if d.module == "proposer"), None)
         linears = tuple(d for d in self._decisions
                         if d.module not in ("checkpoint", "attention", "all_reduce",
-                                            "gemm_all_reduce", "proposer"))
+                                            "gemm_all_reduce", "all_gather", "proposer"))
         arch = ",".join(self.folder.config.architectures)
         return Plan(self.folder.path, arch, self.capability, self.tp.size, self._decisions[0],
-                    linears, attention, collective, proposer, gemm)
+                    linears, attention, collective, proposer, gemm, gather)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (needs the checkpoint's tokenizer.json)."""

@@ -158,7 +158,7 @@ def vocab_logits(x: torch.Tensor, head: Linear | None, embed: VocabParallelEmbed
     else:
         logits = F.linear(x, embed.weight)
     if embed.tp.size > 1:
-        logits = embed.tp.collective.all_gather(logits.contiguous(), dim=-1)
+        logits = embed.tp.gather_collective.all_gather(logits.contiguous(), dim=-1)
     return logits[..., : embed.vocab]
 
 

@@ -15,13 +15,16 @@ class TensorParallel:
     """This rank's place in the tensor-parallel group. ``collective`` is the selected
     collective backend instance (``None`` when ``size == 1``); ``gemm_collective`` the one
     selected for GEMM + all-reduce when it fuses the two (``fuses_gemm``), else ``None``
-    and row-parallel layers run their method's GEMM, then ``collective.all_reduce``."""
+    and row-parallel layers run their method's GEMM, then ``collective.all_reduce``;
+    ``gather_collective`` the one selected for all-gather (a backend chosen for all-reduce
+    need not implement the other operations)."""
 
     rank: int = 0
     size: int = 1
     group: Any = None
     collective: Any = None
     gemm_collective: Any = None
+    gather_collective: Any = None
 
     def shard_range(self, total: int) -> tuple[int, int]:
         """[start, end) of this rank's rows when ``total`` rows are split in ceil-sized
