@@ -88,6 +88,18 @@ for s in "$@"; do
       lanes lane_sweeps lane_tests
       [ "$ngpu" -ge 2 ] && section coll-tp2 120 torchrun --nproc-per-node 2 \
         bench/collectives/engine_tp2.py --out /tmp/res/coll-tp2 ;;
+    confirm)  # the tables as committed: matmul sweep, FP4 benchmarks, GPU tests, TP = 2 engine
+      lane_a() { bi_sweep; section nvfp4-bench 100 $py bench/nvfp4/run.py --rep-ms 15 \
+        --out /tmp/res/nvfp4-bench; }
+      lane_b() {
+        section gpu-tests 230 $py -m pytest -v -p no:cacheprovider -m gpu --timeout 150 \
+          --durations 8 -k "not split_k_sums" plugins/batch_invariant/tests \
+          plugins/quant_mxfp4_rocm/tests
+        section mxfp4-bench 100 $py bench/mxfp4/run.py --ms 1,4,16,64,256 --out /tmp/res/mxfp4-bench
+      }
+      lanes lane_a lane_b
+      [ "$ngpu" -ge 2 ] && section coll-tp2 120 torchrun --nproc-per-node 2 \
+        bench/collectives/engine_tp2.py --out /tmp/res/coll-tp2 ;;
     diagnose)  # Nsight Compute profiles next to the matmul sweep and the GPU tests
       lane_sweep_tests() { bi_sweep; gpu_tests; }
       lanes lane_sweep_tests profile ;;

@@ -39,7 +39,8 @@ L2_BYTES = 50 * 1024 * 1024
 BATCHES = [1, 16, 64, 128, 256, 1024]
 TARGET = 1.3
 #: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, split_k, sum_in_kernel, tma,
-#: whole_tma, whole_stages[, whole_from]) tried by ``--configs all``, per (N, K) (``CANDIDATES`` for any
+#: whole_tma, whole_stages[, whole_from[, lone_stages[, whole_warps]]]) tried by
+#: ``--configs all``, per (N, K) (``CANDIDATES`` for any
 #: other shape); the first of each list is the sweep's pick for ``configs.TABLE``.
 #: Earlier sweeps, ratio to cuBLAS: N = 4096 has only 32..64 column tiles, so at M <= 256 a
 #: fixed split-K gives the device enough programs (4096 x 4096, 64 x 128 x 64 split 4 summed
@@ -58,28 +59,21 @@ TARGET = 1.3
 #: blocks per SM, ``registers.py``). N = 14336 has 112 column tiles: no split, 128-wide.
 _SPLIT4_WHOLE_TMA = (128, 128, 64, 8, 3, 4, False, False, True, 4)
 SHAPE_CANDIDATES = {
-    (4096, 4096): [(64, 128, 64, 4, 4, 4, False, False, True, 4, 0.9),
-                   (64, 128, 64, 4, 4, 4, False, True, True, 4, 0.9),
-                   (64, 128, 64, 4, 4, 4, False, False, True, 5, 0.9),
-                   (64, 128, 64, 4, 4, 4, False, False, True, 3, 0.9),
-                   (64, 128, 64, 4, 3, 4, False, False, True, 4, 0.9),
-                   (128, 64, 64, 4, 4, 4, False, False, True, 4, 0.9),
-                   (64, 128, 64, 4, 4, 4, False, False, True, 4),
-                   (128, 128, 64, 8, 3, 4, False, False, True, 4, 0.9),
-                   (128, 128, 64, 8, 3, 8, False, False, True, 4, 0.9),
-                   (128, 64, 64, 4, 4, 2, True, False, True, 4)],
+    (4096, 4096): [(64, 128, 64, 4, 4, 4, False, False, True, 4, 0.9, 5),
+                   (64, 128, 64, 4, 4, 4, False, False, True, 4, 0.9, 5, 8),
+                   (64, 128, 64, 4, 4, 4, False, False, True, 4, 0.9, 6),
+                   (64, 128, 64, 4, 4, 4, False, False, True, 3, 0.9, 5, 8),
+                   (64, 128, 64, 4, 4, 4, False, False, True, 4, 0.9),
+                   (128, 64, 64, 4, 4, 4, False, False, True, 4, 0.9, 5),
+                   (128, 64, 64, 4, 4, 4, False, False, True, 4, 0.9, 5, 8)],
     (4096, 14336): [(128, 128, 64, 8, 4, 4, False, True, True, 4),
-                    (128, 128, 64, 8, 4, 4, False, True, True, 4, 0.9),
-                    (128, 128, 64, 8, 4, 4, False, False, True, 4),
-                    (128, 128, 64, 8, 3, 4, False, True, True, 4),
-                    _SPLIT4_WHOLE_TMA],
+                    (128, 128, 64, 8, 4, 4, False, True, True, 4, 0.9, 5)],
     (14336, 4096): [(64, 128, 64, 4, 4, 1, False, False, True, 4),
-                    (64, 128, 64, 4, 4, 1, False, False, True, 3),
-                    (64, 128, 64, 4, 4, 1, False, False, True, 5),
-                    (64, 128, 64, 4, 3, 1, False, False, True, 4),
-                    (64, 128, 64, 4, 4, 1, False, True, True, 4),
-                    (128, 128, 64, 8, 3, 2, False, False, True, 4),
-                    (128, 128, 64, 8, 3, 1, False, False, False, 0)],
+                    (64, 128, 64, 4, 4, 1, False, False, True, 4, 1.0, 5),
+                    (64, 128, 64, 4, 4, 1, False, False, True, 4, 1.0, 6),
+                    (64, 128, 64, 8, 4, 1, False, False, True, 4),
+                    (64, 128, 64, 8, 4, 1, False, False, True, 4, 1.0, 5),
+                    (64, 128, 64, 4, 3, 1, False, False, True, 4, 1.0, 5)],
 }
 CANDIDATES = SHAPE_CANDIDATES[(4096, 4096)]
 
@@ -132,6 +126,10 @@ def _describe(c: dict[str, int]) -> str:
                  f"s{c.get('whole_stages') or c['num_stages']}")
     if c["split_k"] > 1 and c.get("whole_from", 1.0) != 1.0:
         whole += f" from {c['whole_from']:g} x SMs"
+    if c.get("lone_stages"):
+        whole += f", lone s{c['lone_stages']}"
+    if c.get("whole_warps"):
+        whole += f", w{c['whole_warps']}"
     return (f"{c['block_m']}x{c['block_n']}x{c['block_k']}, {c['num_warps']}, "
             f"{c['num_stages']}, {c['split_k']}{where}{' tma' if c.get('tma') else ''}{whole}")
 
@@ -211,19 +209,23 @@ def main() -> int:
             # show how far the sweep's shorter timings drift.
             own = (config.block_m, config.block_n, config.block_k, config.num_warps,
                    config.num_stages, config.split_k, config.sum_in_kernel, config.tma,
-                   config.whole_tma, config.whole_stages, config.whole_from)
-            listed = [(*c, 1.0) if len(c) == 10 else c
+                   config.whole_tma, config.whole_stages, config.whole_from,
+                   config.lone_stages, config.whole_warps)
+            listed = [(*c, *(1.0, 0, 0)[len(c) - 10:])
                       for c in SHAPE_CANDIDATES.get((n, k), CANDIDATES)]
             for cand in [own, *(c for c in listed if c != own)]:
                 if time.monotonic() > deadline:
                     skipped.append(f"N={n} K={k} {cand}")
                     continue
-                *tile, split, in_kernel, tma, whole_tma, whole_stages, whole_from = cand
+                (*tile, split, in_kernel, tma, whole_tma, whole_stages, whole_from,
+                 lone_stages, whole_warps) = cand
                 cfg = choose_stages(MatmulConfig(*tile, split_k=split,
                                                  sum_in_kernel=in_kernel, tma=tma,
                                                  whole_tma=whole_tma,
                                                  whole_stages=whole_stages,
-                                                 whole_from=whole_from), 2,
+                                                 whole_from=whole_from,
+                                                 lone_stages=lone_stages,
+                                                 whole_warps=whole_warps), 2,
                                     device_shared_memory(device))
                 try:  # a wrong candidate is reported and skipped; the exit status says so
                     full = invariant_matmul(x[:256], w, cfg)
@@ -294,7 +296,9 @@ def main() -> int:
                              + (f", whole_stages={c['whole_stages']}"
                                 if c.get("whole_stages") else "")
                              + (f", whole_from={c['whole_from']:g}"
-                                if c.get("whole_from", 1.0) != 1.0 else "") + "),  # worst "
+                                if c.get("whole_from", 1.0) != 1.0 else "")
+                             + "".join(f", {f}={c[f]}" for f in ("lone_stages", "whole_warps")
+                                       if c.get(f)) + "),  # worst "
                              f"{best['worst_m_ge_64']:.2f}, geomean "
                              f"{best['geomean_m_ge_64']:.2f}")
         lines.append("```")

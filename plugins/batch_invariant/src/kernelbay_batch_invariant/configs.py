@@ -77,6 +77,13 @@ class MatmulConfig:
     #: may be tuned per (N, K) like the loads: a tile count just under the SM count runs
     #: faster whole than as four times as many programs that write and re-read partials.
     whole_from: float = 1.0
+    #: Pipeline stages when whole tiles are at most one per SM (0: ``whole_stages``): a lone
+    #: program per SM gains nothing from room for a second one, so it may pipeline deeper.
+    lone_stages: int = 0
+    #: Warps per program when the tiles run whole (0: ``num_warps``). The tile, BLOCK_K and
+    #: the slices stay as they are; the benchmark's bitwise row check compares the rows of
+    #: whole-tile runs with those of split runs before a config using it is timed.
+    whole_warps: int = 0
 
     def stage_bytes(self, itemsize: int) -> int:
         """Shared memory one pipeline stage holds: an x tile and a W tile."""
@@ -88,7 +95,7 @@ class MatmulConfig:
 #: at M >= 64: 4096 x 4096 1.37, 14336 x 4096 1.35-1.40, 4096 x 14336 1.25.
 TABLE: dict[tuple[int, int, str], MatmulConfig] = {
     (4096, 4096, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, split_k=4, whole_tma=True,
-                                           whole_stages=4, whole_from=0.9),
+                                           whole_stages=4, whole_from=0.9, lone_stages=5),
     (14336, 4096, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, whole_tma=True, whole_stages=4),
     (4096, 14336, "bfloat16"): MatmulConfig(128, 128, 64, 8, 4, split_k=4, tma=True,
                                             whole_tma=True, whole_stages=4),
@@ -120,7 +127,9 @@ def choose_stages(config: MatmulConfig, itemsize: int, shared_memory: int,
         config = replace(config, block_k=config.block_k // 2)
     fit = budget // config.stage_bytes(itemsize)
     whole = int(max(1, min(config.whole_stages, fit))) if config.whole_stages else 0
-    return replace(config, num_stages=int(max(1, min(top, fit))), whole_stages=whole)
+    lone = int(max(1, min(config.lone_stages, fit))) if config.lone_stages else 0
+    return replace(config, num_stages=int(max(1, min(top, fit))), whole_stages=whole,
+                   lone_stages=lone)
 
 
 def matmul_config(n: int, k: int, dtype: str, shared_memory: int) -> MatmulConfig:

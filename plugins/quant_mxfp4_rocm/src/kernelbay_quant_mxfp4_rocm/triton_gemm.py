@@ -300,11 +300,12 @@ def _block_k(k: int, want: int) -> int:
     return bk
 
 
-def _split(n: int, k: int, block_n: int, block_k: int, sm_count: int) -> int:
-    """Split-K factor giving about three programs per SM (a power of two), each split
-    keeping at least four K tiles."""
+def _split(n: int, k: int, block_n: int, block_k: int, sm_count: int, per_sm: int = 3,
+           least: int = 1) -> int:
+    """Split-K factor giving about ``per_sm`` programs per SM (a power of two, at least
+    ``least``), each split keeping at least four K tiles."""
     tiles = triton.cdiv(n, block_n)
-    split = _pow2_floor(max(1, (3 * sm_count) // max(tiles, 1)))
+    split = _pow2_floor(max(least, (per_sm * sm_count) // max(tiles, 1)))
     return min(split, max(1, k // (block_k * 4)))
 
 
@@ -313,12 +314,15 @@ def default_config(m: int, n: int, k: int, sm_count: int = 132) -> GemmConfig:
     M = 64, both split along K for about three programs per SM, and beyond that the weight
     decoded to bf16 once for torch's matmul (decoding per 128-row tile costs more).
 
-    M <= 16: 16x64 tiles with K tiles of 512 and the ``pairs`` decode, the fastest of the
-    second H200 sweep on all three benchmark shapes (23.1 us at N = K = 8192 against 23.6 us
-    for the halfword decode; 70.6 against 80.3 us at N = 28672, K = 8192)."""
+    M <= 16: 16x64 tiles with K tiles of 256, 3 stages and the ``pairs`` decode, split K for
+    about six programs per SM and at least two: the fastest of the third H200 sweep on all
+    three benchmark shapes (22.7 us at N = K = 8192 split 4, 69.0 us at N = 28672, K = 8192
+    split 2, 70.4 us at N = 8192, K = 28672 split 4; the four-stage K-512 tile before it,
+    101 KB of shared memory and two programs per SM, gave 23.1 / 80.6 / 72.2 us)."""
     if m <= 16:
-        block_k = _block_k(k, 512)
-        return GemmConfig(16, 64, block_k, _split(n, k, 64, block_k, sm_count), 4, 4, "pairs")
+        block_k = _block_k(k, 256)
+        split = _split(n, k, 64, block_k, sm_count, per_sm=6, least=2)
+        return GemmConfig(16, 64, block_k, split, 4, 3, "pairs")
     if m <= 64:
         block_k = _block_k(k, 128)
         tiles_m = triton.cdiv(m, 64)
