@@ -39,41 +39,30 @@ L2_BYTES = 50 * 1024 * 1024
 BATCHES = [1, 16, 64, 128, 256, 1024]
 TARGET = 1.3
 #: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, split_k, sum_in_kernel, tma,
-#: whole_tma, whole_stages[, whole_from[, lone_stages[, whole_warps]]]) tried by
+#: whole_tma, whole_stages[, whole_from[, lone_stages]]) tried by
 #: ``--configs all``, per (N, K) (``CANDIDATES`` for any
 #: other shape); the first of each list is the sweep's pick for ``configs.TABLE``.
-#: Earlier sweeps, ratio to cuBLAS: N = 4096 has only 32..64 column tiles, so at M <= 256 a
-#: fixed split-K gives the device enough programs (4096 x 4096, 64 x 128 x 64 split 4 summed
-#: in the kernel: 1.15 / 1.29 at M = 64 / 128, but 1.73 at M = 256 where 128 tiles x 4 slices
-#: are 512 short programs; split 2 there: 1.20); 4096 x 14336, 128 x 128 x 64, 8 warps,
-#: split 4 summed by a second kernel: 1.24 / 1.22 / 1.19 at M = 64 / 128 / 256. From as many
-#: tiles as SMs (M = 1024) a split config runs as whole tiles: one K loop with two fp32
-#: accumulator tiles (174 registers at 128 x 128 x 64 with pointer loads: one block per SM,
-#: 1.45 / 1.65 where the unsplit loop at 117 registers gives 1.12 / 1.16); with
-#: tensor-descriptor loads and 4 stages (150 registers) it gave 1.13 at K = 14336, so the
-#: whole-tile mode now loads that way (``whole_tma``, ``whole_stages``: same bits) while the
-#: split programs keep the loads that were fastest for them. Between the two, a program
-#: walks as many consecutive slices as still leave one program per SM (4096 x 4096 at
-#: M = 129..256 with 64 x 128 split 4: two, 256 programs as split 2 had; same bits); it
-#: stages each stored partial through shared memory (+32 KiB at 64 x 128: 3 stages keep two
-#: blocks per SM, ``registers.py``). N = 14336 has 112 column tiles: no split, 128-wide.
-_SPLIT4_WHOLE_TMA = (128, 128, 64, 8, 3, 4, False, False, True, 4)
+#: The sixth sweep (graph timing; bench/results/batch_invariant-h200.md) and what the earlier
+#: ones taught: N = 4096 has only 32..64 column tiles, so at M <= 128 a fixed split-K gives
+#: the device enough programs, and partials summed by a second kernel beat the in-kernel sum
+#: (1.21 against 1.41 at 4096 x 4096, M = 64). From as many tiles as SMs a split config runs
+#: as whole tiles: one K loop with two fp32 accumulator tiles, loaded through tensor
+#: descriptors (``whole_tma``: fewer registers). A tile count just under the SM count (4096 x
+#: 4096 at M = 256: 128 tiles) runs faster whole, with a deeper pipeline since one block per
+#: SM leaves the shared memory free (``whole_from`` 0.9, ``lone_stages`` 5: 1.21 against 1.39
+#: as 512 split programs). Eight warps per whole-tile program (a field of that sweep, since
+#: removed) lost at M = 1024: 1.41-1.45 against 1.26-1.27. N = 14336: 64-wide tiles unsplit.
 SHAPE_CANDIDATES = {
     (4096, 4096): [(64, 128, 64, 4, 4, 4, False, False, True, 4, 0.9, 5),
-                   (64, 128, 64, 4, 4, 4, False, False, True, 4, 0.9, 5, 8),
                    (64, 128, 64, 4, 4, 4, False, False, True, 4, 0.9, 6),
-                   (64, 128, 64, 4, 4, 4, False, False, True, 3, 0.9, 5, 8),
                    (64, 128, 64, 4, 4, 4, False, False, True, 4, 0.9),
-                   (128, 64, 64, 4, 4, 4, False, False, True, 4, 0.9, 5),
-                   (128, 64, 64, 4, 4, 4, False, False, True, 4, 0.9, 5, 8)],
+                   (128, 64, 64, 4, 4, 4, False, False, True, 4, 0.9, 5)],
     (4096, 14336): [(128, 128, 64, 8, 4, 4, False, True, True, 4),
                     (128, 128, 64, 8, 4, 4, False, True, True, 4, 0.9, 5)],
-    (14336, 4096): [(64, 128, 64, 4, 4, 1, False, False, True, 4),
-                    (64, 128, 64, 4, 4, 1, False, False, True, 4, 1.0, 5),
-                    (64, 128, 64, 4, 4, 1, False, False, True, 4, 1.0, 6),
-                    (64, 128, 64, 8, 4, 1, False, False, True, 4),
-                    (64, 128, 64, 8, 4, 1, False, False, True, 4, 1.0, 5),
-                    (64, 128, 64, 4, 3, 1, False, False, True, 4, 1.0, 5)],
+    (14336, 4096): [(64, 128, 64, 4, 4, 1, False, False, True, 4, 1.0, 5),
+                    (64, 128, 64, 4, 4, 1, False, False, True, 4),
+                    (64, 128, 64, 4, 3, 1, False, False, True, 4, 1.0, 5),
+                    (128, 128, 64, 8, 3, 1, False, False, False, 0)],
 }
 CANDIDATES = SHAPE_CANDIDATES[(4096, 4096)]
 
@@ -128,8 +117,6 @@ def _describe(c: dict[str, int]) -> str:
         whole += f" from {c['whole_from']:g} x SMs"
     if c.get("lone_stages"):
         whole += f", lone s{c['lone_stages']}"
-    if c.get("whole_warps"):
-        whole += f", w{c['whole_warps']}"
     return (f"{c['block_m']}x{c['block_n']}x{c['block_k']}, {c['num_warps']}, "
             f"{c['num_stages']}, {c['split_k']}{where}{' tma' if c.get('tma') else ''}{whole}")
 
@@ -210,22 +197,21 @@ def main() -> int:
             own = (config.block_m, config.block_n, config.block_k, config.num_warps,
                    config.num_stages, config.split_k, config.sum_in_kernel, config.tma,
                    config.whole_tma, config.whole_stages, config.whole_from,
-                   config.lone_stages, config.whole_warps)
-            listed = [(*c, *(1.0, 0, 0)[len(c) - 10:])
+                   config.lone_stages)
+            listed = [(*c, *(1.0, 0)[len(c) - 10:])
                       for c in SHAPE_CANDIDATES.get((n, k), CANDIDATES)]
             for cand in [own, *(c for c in listed if c != own)]:
                 if time.monotonic() > deadline:
                     skipped.append(f"N={n} K={k} {cand}")
                     continue
                 (*tile, split, in_kernel, tma, whole_tma, whole_stages, whole_from,
-                 lone_stages, whole_warps) = cand
+                 lone_stages) = cand
                 cfg = choose_stages(MatmulConfig(*tile, split_k=split,
                                                  sum_in_kernel=in_kernel, tma=tma,
                                                  whole_tma=whole_tma,
                                                  whole_stages=whole_stages,
                                                  whole_from=whole_from,
-                                                 lone_stages=lone_stages,
-                                                 whole_warps=whole_warps), 2,
+                                                 lone_stages=lone_stages), 2,
                                     device_shared_memory(device))
                 try:  # a wrong candidate is reported and skipped; the exit status says so
                     full = invariant_matmul(x[:256], w, cfg)
@@ -297,7 +283,7 @@ def main() -> int:
                                 if c.get("whole_stages") else "")
                              + (f", whole_from={c['whole_from']:g}"
                                 if c.get("whole_from", 1.0) != 1.0 else "")
-                             + "".join(f", {f}={c[f]}" for f in ("lone_stages", "whole_warps")
+                             + "".join(f", {f}={c[f]}" for f in ("lone_stages",)
                                        if c.get(f)) + "),  # worst "
                              f"{best['worst_m_ge_64']:.2f}, geomean "
                              f"{best['geomean_m_ge_64']:.2f}")

@@ -65,6 +65,8 @@ def main() -> int:
                          "collective": plan.collective.chosen if plan.collective else None,
                          "gemm_collective": (plan.gemm_collective.chosen
                                              if plan.gemm_collective else None),
+                         "gather_collective": (plan.gather_collective.chosen
+                                               if plan.gather_collective else None),
                          "attention": plan.attention.chosen,
                          "linears": sorted({d.chosen for d in plan.linears})})
             if dtype in required and not all(same):
@@ -84,7 +86,8 @@ def main() -> int:
             md += ["", f"## {r['dtype']}" + (" (required to match)" if r["required"] else
                                               " (reported)"), "",
                    f"- collective: {r['collective']}; gemm + all-reduce: "
-                   f"{r['gemm_collective']}; attention: {r['attention']}; linears: "
+                   f"{r['gemm_collective']}; all-gather: {r.get('gather_collective')}; "
+                   f"attention: {r['attention']}; linears: "
                    f"{', '.join(r['linears'])}",
                    f"- {n_same}/{len(r['per_prompt_identical'])} prompts x "
                    f"{r['max_tokens']} greedy tokens identical",

@@ -11,21 +11,22 @@ still kept to one value per (N, K) so that the compiled dot (its MMA instruction
 same kernel for every M.
 
 Reasoning for the table (H200: 132 SMs, 228 KB shared memory per SM; GPU sweeps of
-``bench/batch_invariant``, ratio to cuBLAS at M >= 64). With N = 4096 and 64..128-wide
-tiles there are only 32..64 column tiles, so at M <= 256 most SMs idle unless a fixed
-split-K gives each tile several programs; from as many tiles as SMs a split config runs as
-whole tiles (``kernels.invariant_matmul``: one pipelined K loop adding each slice at its end,
-the same bits), and in between a program may walk several slices. Which of these runs, and
-the loads and pipeline depth of the whole-tile mode (``whole_tma``, ``whole_stages``), may
-follow M: they do not change the sums. 4096 x 4096: 64 x 128 x 64, 4 warps, split-K 4
-summed in the kernel (measured 1.15 / 1.29 at M = 64 / 128; M = 256 now runs two slices a
-program, as split 2's 1.20; M = 1024 whole tiles with descriptor loads, 1.37 under host
-load), 3 stages so that two blocks fit per SM with the partial's staging; before, 64 x 128
-x 128 unsplit, worst 1.74. 14336 x 4096 (112 column tiles): 128 x 128 x 64, 8 warps, 3
-stages, no split (worst 1.30, geometric mean 1.27). 4096 x 14336: 128 x 128 x 64, 8 warps,
-split-K 4 summed by a second kernel (1.24 / 1.22 / 1.19 at M = 64..256), whole tiles
-(M = 1024) with descriptor loads and 4 stages (150 instead of 174 registers: 1.13 against
-1.45). To be confirmed by the next sweep. Shapes not in the table use
+``bench/batch_invariant``, CUDA-graph timing over weight copies past 2x L2, ratio to cuBLAS
+at M >= 64). With N = 4096 and 64..128-wide tiles there are only 32..64 column tiles, so at
+M <= 128 most SMs idle unless a fixed split-K gives each tile several programs; from
+``whole_from`` x SMs tiles a split config runs as whole tiles (``kernels.invariant_matmul``:
+one pipelined K loop adding each slice at its end, the same bits), and in between a program
+may walk several slices. Which of these runs, and the loads and pipeline depth (``whole_tma``,
+``whole_stages``, ``lone_stages``), may follow M: they do not change the sums.
+4096 x 4096: 64 x 128 x 64, 4 warps, split-K 4 summed by a second kernel (1.20 / 1.21 at
+M = 64 / 128), whole tiles from 119 tiles (M = 256: 128 tiles, one per SM, 5 stages: 1.21;
+as 512 split programs it was 1.39, with 4 stages 1.39 too) and at M = 1024 (4 stages, two
+blocks per SM: 1.27). 14336 x 4096 (224 column tiles of 64): 64 x 128 x 64 unsplit, whole
+tiles through descriptor loads, 5 stages while there is at most one tile per SM (0.95 / 1.02
+/ 1.12 / 1.26 at M = 64..1024; 128 x 128 x 64 with 8 warps gave 1.31-1.38). 4096 x 14336:
+128 x 128 x 64, 8 warps, split-K 4 with descriptor loads summed by a second kernel, whole
+tiles with 4 stages (1.07 / 1.05 / 1.22 / 1.19). Eight warps per whole-tile program (64 x
+128 tiles) lost at M = 1024 (1.41-1.45). Shapes not in the table use
 ``_rule`` (BLOCK_M 64, BLOCK_N from N, BLOCK_K 64, 32 for float32, no split).
 ``python bench/batch_invariant/run.py --configs all`` re-measures the candidates and prints
 table lines to paste here.
@@ -80,10 +81,6 @@ class MatmulConfig:
     #: Pipeline stages when whole tiles are at most one per SM (0: ``whole_stages``): a lone
     #: program per SM gains nothing from room for a second one, so it may pipeline deeper.
     lone_stages: int = 0
-    #: Warps per program when the tiles run whole (0: ``num_warps``). The tile, BLOCK_K and
-    #: the slices stay as they are; the benchmark's bitwise row check compares the rows of
-    #: whole-tile runs with those of split runs before a config using it is timed.
-    whole_warps: int = 0
 
     def stage_bytes(self, itemsize: int) -> int:
         """Shared memory one pipeline stage holds: an x tile and a W tile."""
@@ -91,12 +88,13 @@ class MatmulConfig:
 
 
 #: Tuned entries by (N, K, dtype); shapes not listed use the rule in ``matmul_config``.
-#: From the fourth H200 sweep (bench/results/batch_invariant-h200.md), worst ratio to cuBLAS
-#: at M >= 64: 4096 x 4096 1.37, 14336 x 4096 1.35-1.40, 4096 x 14336 1.25.
+#: From the sixth H200 sweep (bench/results/batch_invariant-h200.md), worst ratio to cuBLAS
+#: at M >= 64: 4096 x 4096 1.27, 14336 x 4096 1.26-1.28, 4096 x 14336 1.22-1.23.
 TABLE: dict[tuple[int, int, str], MatmulConfig] = {
     (4096, 4096, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, split_k=4, whole_tma=True,
                                            whole_stages=4, whole_from=0.9, lone_stages=5),
-    (14336, 4096, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, whole_tma=True, whole_stages=4),
+    (14336, 4096, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, whole_tma=True, whole_stages=4,
+                                            lone_stages=5),
     (4096, 14336, "bfloat16"): MatmulConfig(128, 128, 64, 8, 4, split_k=4, tma=True,
                                             whole_tma=True, whole_stages=4),
 }

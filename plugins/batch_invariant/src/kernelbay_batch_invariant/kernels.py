@@ -283,8 +283,7 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
     ``config.tma`` loads the tiles through tensor descriptors (``_descriptors``) instead of
     pointers; the values and the K walk are the same. ``config.whole_tma`` and
     ``config.whole_stages`` do so / set the pipeline depth only when the tiles run whole
-    (``config.lone_stages`` when they are at most one per SM), ``config.whole_warps`` the
-    warps per program.
+    (``config.lone_stages`` when they are at most one per SM).
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"invariant_matmul: wants x [M, K] and weight [N, K], got "
@@ -334,7 +333,6 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
     stages = config.whole_stages if whole_tiles and config.whole_stages else config.num_stages
     if whole_tiles and config.lone_stages and tiles <= _programs_to_fill(x.device):
         stages = config.lone_stages
-    warps = config.whole_warps if whole_tiles and config.whole_warps else config.num_warps
     xa, wa = _descriptors(x, weight, config) if tma else (x, weight)
     _matmul_kernel[grid](xa, wa, out, ws, locks, m, n, k, _k_per_split(k, config),
                          x.stride(0), x.stride(1), weight.stride(0),
@@ -345,7 +343,7 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
                          EVEN_K=k % config.block_k == 0, SPLITS=splits,
                          WHOLE_TILE=whole_tiles, SUM_IN_KERNEL=in_kernel, TMA=tma,
                          GROUP=group,
-                         num_warps=warps, num_stages=stages)
+                         num_warps=config.num_warps, num_stages=stages)
     if out is not y:
         numel = m * n
         block = 1024
