@@ -100,6 +100,24 @@ for s in "$@"; do
       lanes lane_a lane_b
       [ "$ngpu" -ge 2 ] && section coll-tp2 120 torchrun --nproc-per-node 2 \
         bench/collectives/engine_tp2.py --out /tmp/res/coll-tp2 ;;
+    smallm)  # the FP4 GEMMs' small-M defaults profiled, next to their candidate sweeps
+      lane_prof() {
+        local ncu secs
+        ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)
+        secs="--section SpeedOfLight --section Occupancy --section LaunchStats
+          --section WarpStateStats --section SchedulerStats --section InstructionStats"
+        section prof-nvfp4-m16-p3 120 "$ncu" --clock-control none -k regex:nvfp4_matmul_hw \
+          --launch-skip 4 --launch-count 1 --print-details all $secs $py bench/nvfp4/run.py --shapes 8192x8192 \
+          --ms 16 --timer events --rep-ms 2 --out /tmp/res/prof-nv
+        section prof-mxfp4-m16-p3 120 "$ncu" --clock-control none -k regex:_mxfp4_gemm_kernel \
+          --launch-skip 4 --launch-count 1 --print-details all $secs $py bench/mxfp4/run.py --shapes 8192x8192 \
+          --ms 16 --rep 2 --out /tmp/res/prof-mx
+        section mxfp4-bench 110 $py bench/mxfp4/run.py --configs all --ms 1,16 --sweep-ms 16 \
+          --budget 80 --out /tmp/res/mxfp4-bench
+      }
+      lane_sweep() { section nvfp4-bench 110 $py bench/nvfp4/run.py --configs all --rep-ms 10 \
+        --ms 1,16 --out /tmp/res/nvfp4-bench; }
+      lanes lane_sweep lane_prof ;;
     diagnose)  # Nsight Compute profiles next to the matmul sweep and the GPU tests
       lane_sweep_tests() { bi_sweep; gpu_tests; }
       lanes lane_sweep_tests profile ;;

@@ -333,7 +333,7 @@ def default_config(m: int, n: int, k: int, sm_count: int = 132) -> GemmConfig:
 
 def candidate_configs(m: int, n: int, k: int) -> list[GemmConfig]:
     """Configs a tuning run tries for one shape (each valid for it: BLOCK_K divides K and
-    every split gets at least two K tiles): 13 for M <= 16, 6 beyond, chosen so that the
+    every split gets at least two K tiles): 16 for M <= 16, 6 beyond, chosen so that the
     benchmark's sweep stays within a few minutes (every config compiles once per M class)."""
     out: list[GemmConfig] = []
     if m <= 16:
@@ -346,7 +346,9 @@ def candidate_configs(m: int, n: int, k: int) -> list[GemmConfig]:
                 (64, 512, 2, 4, "pairs", 4), (64, 512, 2, 4, "pairs", 2),
                 (64, 256, 2, 4, "pairs", 4), (64, 256, 2, 4, "pairs", 3),
                 (64, 256, 2, 4, "pairs", 2), (64, 256, 4, 4, "pairs", 3),
-                (128, 256, 2, 8, "pairs", 3), (64, 128, 4, 4, "pairs", 4)):
+                (128, 256, 2, 8, "pairs", 3), (64, 128, 4, 4, "pairs", 4),
+                (64, 256, 2, 4, "pairs", 1), (64, 128, 4, 4, "pairs", 2),
+                (32, 256, 4, 4, "pairs", 3)):
             if k % bk == 0 and k // (bk * split) >= 2:
                 out.append(GemmConfig(16, bn, bk, split, warps, stages, path))
         out.append(GemmConfig(16, 64, 64, 1, 4, 3, "dequant"))

@@ -80,6 +80,12 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     _hw("hw-16x64x256-p3", 16, 64, 256, 4, 3),
     _hw("hw-16x128x256-w8", 16, 128, 256, 8, 3),
     _hw("hw-16x64x128", 16, 64, 128, 4, 4),
+    # Without the shared-memory pipeline (1 stage: loads straight to registers) and narrower
+    # tiles: more programs per SM for the decode's dependent chains, the top stall in the
+    # profile of the four-stage tile (bench/results/profiles/nvfp4-m16-h200-ncu.txt).
+    _hw("hw-16x64x256-p1", 16, 64, 256, 4, 1),
+    _hw("hw-16x64x128-p2", 16, 64, 128, 4, 2),
+    _hw("hw-16x32x256-p3", 16, 32, 256, 4, 3),
     _hw("hw-64x128x128", 64, 128, 128, 4, 3),
     _hw("hw-128x128x64", 128, 128, 64, 8, 3),
     KernelConfig("dequant-cublas", "dequant"),
