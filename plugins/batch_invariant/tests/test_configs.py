@@ -77,6 +77,22 @@ def test_the_stage_chooser_fits_the_whole_tile_stages_too() -> None:
     fitted = choose_stages(tuned, 2, 100 * 1024)
     assert (fitted.num_stages, fitted.whole_stages, fitted.whole_tma) == (3, 3, True)
     assert choose_stages(MatmulConfig(64, 64, 64), 2, HOPPER).whole_stages == 0  # own depth
+    lone = MatmulConfig(64, 128, 64, 4, 4, split_k=4, whole_stages=4, lone_stages=6)
+    assert choose_stages(lone, 2, HOPPER).lone_stages == 6  # 6 x 24 KiB fit in 227 KiB
+    assert choose_stages(lone, 2, 100 * 1024).lone_stages == 4  # 4 x 24 KiB in 98 KiB
+    assert choose_stages(MatmulConfig(64, 64, 64), 2, HOPPER).lone_stages == 0
+
+
+def test_whole_tiles_from_the_configured_share_of_the_sms() -> None:
+    from kernelbay_batch_invariant.kernels import runs_whole
+
+    table = TABLE[(4096, 4096, "bfloat16")]  # 64 x 128 tiles, split 4, whole from 0.9 x SMs
+    # M = 64 / 128 / 256 / 1024 on 132 SMs: 32 / 64 / 128 / 512 tiles
+    assert [runs_whole(table, t, 132) for t in (32, 64, 128, 512)] == [False, False, True,
+                                                                       True]
+    plain = MatmulConfig(64, 128, 64, 4, 4, split_k=4)  # default: from one tile per SM
+    assert [runs_whole(plain, t, 132) for t in (128, 132)] == [False, True]
+    assert runs_whole(MatmulConfig(64, 128, 64), 1, 132)  # no split: always whole
 
 
 def test_the_stage_chooser_keeps_the_split() -> None:

@@ -15,7 +15,8 @@ import triton.language as tl
 
 from kernelbay_batch_invariant.configs import MatmulConfig
 
-__all__ = ["invariant_matmul", "paged_attention", "split_ranges", "token_positions"]
+__all__ = ["invariant_matmul", "paged_attention", "runs_whole", "split_ranges",
+           "token_positions"]
 
 
 def _interpreting() -> bool:
@@ -210,6 +211,13 @@ def _tile_locks(device: torch.device, tiles: int) -> torch.Tensor:
     return locks
 
 
+def runs_whole(config: MatmulConfig, tiles: int, sms: int) -> bool:
+    """Whether ``tiles`` output tiles of ``config`` run as whole tiles (one program summing
+    every slice of its tile) on a device of ``sms`` SMs: always without a split, else from
+    ``config.whole_from * sms`` tiles up. Either way the bits are the same."""
+    return config.split_k == 1 or tiles >= config.whole_from * sms
+
+
 def split_ranges(k: int, config: MatmulConfig) -> list[tuple[int, int]]:
     """The ``[lo, hi)`` K ranges of ``config``'s split-K slices for reduction length ``k``
     (a function of K and the config only; trailing slices may be empty)."""
@@ -302,7 +310,7 @@ def invariant_matmul(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig
     splits = config.split_k
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     if whole_tiles is None:
-        whole_tiles = splits == 1 or tiles >= config.whole_from * _programs_to_fill(x.device)
+        whole_tiles = runs_whole(config, tiles, _programs_to_fill(x.device))
     whole_tiles = whole_tiles or splits == 1
     in_kernel = not whole_tiles and config.sum_in_kernel
     if slices_per_program is None:  # CUDA only: the interpreter's split tests force it
