@@ -100,6 +100,15 @@ for s in "$@"; do
       lanes lane_a lane_b
       [ "$ngpu" -ge 2 ] && section coll-tp2 120 torchrun --nproc-per-node 2 \
         bench/collectives/engine_tp2.py --out /tmp/res/coll-tp2 ;;
+    last)  # the committed matmul table, the split-K GPU test, two-rank tests and the TP = 2 engine
+      lane_a() { section bi-table 120 $py bench/batch_invariant/run.py --out /tmp/res/bi-table; }
+      lane_b() { section bi-split 200 $py -m pytest -v -p no:cacheprovider -m gpu --timeout 190 \
+        --durations 5 -k "split_k_sums and dtype0" plugins/batch_invariant/tests/test_gpu.py; }
+      lanes lane_a lane_b
+      [ "$ngpu" -ge 2 ] && section tp2-tests 120 $py -m pytest -v -p no:cacheprovider -m gpu \
+        --timeout 110 plugins/tp_collectives/tests
+      [ "$ngpu" -ge 2 ] && section coll-tp2 120 torchrun --nproc-per-node 2 \
+        bench/collectives/engine_tp2.py --out /tmp/res/coll-tp2 ;;
     smallm)  # the FP4 GEMMs' small-M defaults profiled, next to their candidate sweeps
       lane_prof() {
         local ncu secs
