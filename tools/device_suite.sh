@@ -100,6 +100,8 @@ for s in "$@"; do
       lanes lane_a lane_b
       [ "$ngpu" -ge 2 ] && section coll-tp2 120 torchrun --nproc-per-node 2 \
         bench/collectives/engine_tp2.py --out /tmp/res/coll-tp2 ;;
+    bi2) section bi-bench 200 $py bench/batch_invariant/run.py --configs all --budget 150 \
+           --shapes 4096x4096,14336x4096,4096x14336 --out /tmp/res/bi-bench ;;
     last)  # the committed matmul table, the split-K GPU test, two-rank tests and the TP = 2 engine
       lane_a() { section bi-table 120 $py bench/batch_invariant/run.py --out /tmp/res/bi-table; }
       lane_b() { section bi-split 200 $py -m pytest -v -p no:cacheprovider -m gpu --timeout 190 \

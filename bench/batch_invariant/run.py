@@ -39,7 +39,7 @@ L2_BYTES = 50 * 1024 * 1024
 BATCHES = [1, 16, 64, 128, 256, 1024]
 TARGET = 1.3
 #: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, split_k, sum_in_kernel, tma,
-#: whole_tma, whole_stages[, whole_from[, lone_stages]]) tried by
+#: whole_tma, whole_stages[, whole_from[, lone_stages[, group_m]]]) tried by
 #: ``--configs all``, per (N, K) (``CANDIDATES`` for any
 #: other shape); the first of each list is the sweep's pick for ``configs.TABLE``.
 #: The sixth sweep (graph timing; bench/results/batch_invariant-h200.md) and what the earlier
@@ -54,15 +54,18 @@ TARGET = 1.3
 #: removed) lost at M = 1024: 1.41-1.45 against 1.26-1.27. N = 14336: 64-wide tiles unsplit.
 SHAPE_CANDIDATES = {
     (4096, 4096): [(64, 128, 64, 4, 4, 4, False, False, True, 4, 0.9, 5),
-                   (64, 128, 64, 4, 4, 4, False, False, True, 4, 0.9, 6),
-                   (64, 128, 64, 4, 4, 4, False, False, True, 4, 0.9),
-                   (128, 64, 64, 4, 4, 4, False, False, True, 4, 0.9, 5)],
+                   (128, 64, 64, 4, 4, 8, False, False, True, 4, 0.9, 5),
+                   (128, 64, 64, 4, 4, 4, False, False, True, 4, 0.9, 5),
+                   (128, 64, 64, 4, 4, 2, False, False, True, 4, 0.9, 5),
+                   (64, 128, 64, 4, 4, 8, False, False, True, 4, 0.9, 5)],
     (4096, 14336): [(128, 128, 64, 8, 4, 4, False, True, True, 4),
-                    (128, 128, 64, 8, 4, 4, False, True, True, 4, 0.9, 5)],
+                    (128, 128, 64, 8, 4, 4, False, True, True, 4, 1.0, 0, 16)],
+    # GROUP_M (programs sharing a W column tile in launch order) only moves tiles between
+    # programs: at M = 1024 (16 row tiles) a group of 16 reads each W tile from HBM once.
     (14336, 4096): [(64, 128, 64, 4, 4, 1, False, False, True, 4, 1.0, 5),
-                    (64, 128, 64, 4, 4, 1, False, False, True, 4),
-                    (64, 128, 64, 4, 3, 1, False, False, True, 4, 1.0, 5),
-                    (128, 128, 64, 8, 3, 1, False, False, False, 0)],
+                    (64, 128, 64, 4, 4, 1, False, False, True, 4, 1.0, 5, 16),
+                    (64, 128, 64, 4, 4, 1, False, False, True, 4, 1.0, 5, 32),
+                    (64, 128, 64, 4, 3, 1, False, False, True, 4, 1.0, 5, 16)],
 }
 CANDIDATES = SHAPE_CANDIDATES[(4096, 4096)]
 
@@ -117,6 +120,8 @@ def _describe(c: dict[str, int]) -> str:
         whole += f" from {c['whole_from']:g} x SMs"
     if c.get("lone_stages"):
         whole += f", lone s{c['lone_stages']}"
+    if c.get("group_m", 8) != 8:
+        whole += f"; group {c['group_m']}"
     return (f"{c['block_m']}x{c['block_n']}x{c['block_k']}, {c['num_warps']}, "
             f"{c['num_stages']}, {c['split_k']}{where}{' tma' if c.get('tma') else ''}{whole}")
 
@@ -197,21 +202,22 @@ def main() -> int:
             own = (config.block_m, config.block_n, config.block_k, config.num_warps,
                    config.num_stages, config.split_k, config.sum_in_kernel, config.tma,
                    config.whole_tma, config.whole_stages, config.whole_from,
-                   config.lone_stages)
-            listed = [(*c, *(1.0, 0)[len(c) - 10:])
+                   config.lone_stages, config.group_m)
+            listed = [(*c, *(1.0, 0, 8)[len(c) - 10:])
                       for c in SHAPE_CANDIDATES.get((n, k), CANDIDATES)]
             for cand in [own, *(c for c in listed if c != own)]:
                 if time.monotonic() > deadline:
                     skipped.append(f"N={n} K={k} {cand}")
                     continue
                 (*tile, split, in_kernel, tma, whole_tma, whole_stages, whole_from,
-                 lone_stages) = cand
+                 lone_stages, group_m) = cand
                 cfg = choose_stages(MatmulConfig(*tile, split_k=split,
                                                  sum_in_kernel=in_kernel, tma=tma,
                                                  whole_tma=whole_tma,
                                                  whole_stages=whole_stages,
                                                  whole_from=whole_from,
-                                                 lone_stages=lone_stages), 2,
+                                                 lone_stages=lone_stages,
+                                                 group_m=group_m), 2,
                                     device_shared_memory(device))
                 try:  # a wrong candidate is reported and skipped; the exit status says so
                     full = invariant_matmul(x[:256], w, cfg)
@@ -284,7 +290,9 @@ def main() -> int:
                              + (f", whole_from={c['whole_from']:g}"
                                 if c.get("whole_from", 1.0) != 1.0 else "")
                              + "".join(f", {f}={c[f]}" for f in ("lone_stages",)
-                                       if c.get(f)) + "),  # worst "
+                                       if c.get(f))
+                             + (f", group_m={c['group_m']}" if c.get("group_m", 8) != 8
+                                else "") + "),  # worst "
                              f"{best['worst_m_ge_64']:.2f}, geomean "
                              f"{best['geomean_m_ge_64']:.2f}")
         lines.append("```")
