@@ -100,6 +100,10 @@ for s in "$@"; do
       lanes lane_a lane_b
       [ "$ngpu" -ge 2 ] && section coll-tp2 120 torchrun --nproc-per-node 2 \
         bench/collectives/engine_tp2.py --out /tmp/res/coll-tp2 ;;
+    bitable)  # the committed table alone, then its GPU row test
+      section bi-table 120 $py bench/batch_invariant/run.py --out /tmp/res/bi-table
+      section bi-rows 150 $py -m pytest -v -p no:cacheprovider -m gpu --timeout 140 \
+        -k "rows_bitwise and dtype0" plugins/batch_invariant/tests/test_gpu.py ;;
     bi2) section bi-bench 200 $py bench/batch_invariant/run.py --configs all --budget 150 \
            --shapes 4096x4096,14336x4096,4096x14336 --out /tmp/res/bi-bench ;;
     last)  # the committed matmul table, the split-K GPU test, two-rank tests and the TP = 2 engine

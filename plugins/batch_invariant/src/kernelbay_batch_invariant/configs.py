@@ -21,7 +21,7 @@ may walk several slices. Which of these runs, and the loads and pipeline depth (
 4096 x 4096: 64 x 128 x 64, 4 warps, split-K 4 summed by a second kernel (1.20 / 1.21 at
 M = 64 / 128), whole tiles from 119 tiles (M = 256: 128 tiles, one per SM, 5 stages: 1.21;
 as 512 split programs it was 1.39, with 4 stages 1.39 too) and at M = 1024 (4 stages, two
-blocks per SM: 1.27). 14336 x 4096 (224 column tiles of 64): 64 x 128 x 64 unsplit, whole
+blocks per SM, GROUP_M 16: 1.21, against 1.27-1.31 with GROUP_M 8). 14336 x 4096 (224 column tiles of 64): 64 x 128 x 64 unsplit, whole
 tiles through descriptor loads, 5 stages while there is at most one tile per SM (0.95 / 1.02
 / 1.18 / 1.19 at M = 64..1024; 128 x 128 x 64 with 8 warps gave 1.31-1.38), with GROUP_M 16:
 at M = 1024 all 16 row tiles of a W column tile run together, so the 117 MB weight is read
@@ -90,11 +90,12 @@ class MatmulConfig:
 
 
 #: Tuned entries by (N, K, dtype); shapes not listed use the rule in ``matmul_config``.
-#: From the sixth H200 sweep (bench/results/batch_invariant-h200.md), worst ratio to cuBLAS
-#: at M >= 64: 4096 x 4096 1.27, 14336 x 4096 1.26-1.28, 4096 x 14336 1.22-1.23.
+#: From the H200 sweeps of this table (bench/results/batch_invariant-h200.md), worst ratio to
+#: cuBLAS at M >= 64: 4096 x 4096 1.21, 14336 x 4096 1.19-1.22, 4096 x 14336 1.19-1.22.
 TABLE: dict[tuple[int, int, str], MatmulConfig] = {
-    (4096, 4096, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, split_k=4, whole_tma=True,
-                                           whole_stages=4, whole_from=0.9, lone_stages=5),
+    (4096, 4096, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, group_m=16, split_k=4,
+                                           whole_tma=True, whole_stages=4, whole_from=0.9,
+                                           lone_stages=5),
     (14336, 4096, "bfloat16"): MatmulConfig(64, 128, 64, 4, 4, group_m=16, whole_tma=True,
                                             whole_stages=4, lone_stages=5),
     (4096, 14336, "bfloat16"): MatmulConfig(128, 128, 64, 8, 4, split_k=4, tma=True,
