@@ -100,6 +100,14 @@ for s in "$@"; do
       lanes lane_a lane_b
       [ "$ngpu" -ge 2 ] && section coll-tp2 120 torchrun --nproc-per-node 2 \
         bench/collectives/engine_tp2.py --out /tmp/res/coll-tp2 ;;
+    mlaprof)  # the MXFP8 MLA decode kernel in detail: stall reasons and where they happen
+      ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)
+      section prof-mla-mxfp8-detail 200 "$ncu" --clock-control none -k regex:mla_decode_kernel \
+        --launch-skip 4 --launch-count 1 --print-details all --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
+        --section SourceCounters $py bench/mla_decode/run.py --batches 64 --contexts 8192 \
+        --heads 16 --kinds mxfp8 --eager --rep 2 --no-tune --out /tmp/res/prof-mla ;;
     bitable)  # the committed table alone, then its GPU row test
       section bi-table 120 $py bench/batch_invariant/run.py --out /tmp/res/bi-table
       section bi-rows 150 $py -m pytest -v -p no:cacheprovider -m gpu --timeout 140 \
