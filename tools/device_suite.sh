@@ -100,6 +100,11 @@ for s in "$@"; do
       lanes lane_a lane_b
       [ "$ngpu" -ge 2 ] && section coll-tp2 120 torchrun --nproc-per-node 2 \
         bench/collectives/engine_tp2.py --out /tmp/res/coll-tp2 ;;
+    nvpairs)  # the NVFP4 word-decode kernels: GPU tests, then the sweep at M = 1, 16, 64
+      section nv-tests 170 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 160 \
+        plugins/quant_nvfp4/tests/test_nvfp4_triton.py
+      section nvfp4-bench 130 $py bench/nvfp4/run.py --configs all --rep-ms 10 --ms 1,16,64 \
+        --out /tmp/res/nvfp4-bench ;;
     mlaprof)  # the MXFP8 MLA decode kernel in detail: stall reasons and where they happen
       ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)
       section prof-mla-mxfp8-detail 200 "$ncu" --clock-control none -k regex:mla_decode_kernel \

@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                                    for ly in layers])) if ok else float("nan")
             row: dict[str, Any] = {
                 "n": n, "k": k, "m": m, "config": fit_block_m(default, m).name
-                if default.path == "fused" else default.name,
+                if default.path != "dequant" else default.name,
                 "bf16_us": bf_t, "nvfp4_us": nv_t, "ratio": bf_t / nv_t,
                 "bf16_gbps": (bf_bytes + act_bytes) / bf_t / 1e3,
                 "nvfp4_gbps": (nv_bytes + act_bytes) / nv_t / 1e3, "correct": ok,

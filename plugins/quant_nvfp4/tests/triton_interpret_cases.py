@@ -50,9 +50,12 @@ def test_interpreter_matches_reference(dtype: torch.dtype, n: int, k: int,
 
 @pytest.mark.parametrize("config", [KernelConfig("split3", "fused", 16, 16, 64, 3, 4, 1),
                                     KernelConfig("nosplit", "fused", 32, 32, 64, 1, 4, 1),
+                                    KernelConfig("pairs-split3", "pairs", 16, 16, 64, 3, 4, 1),
+                                    KernelConfig("pairs", "pairs", 32, 32, 128, 1, 4, 1),
                                     KernelConfig("dequant", "dequant")], ids=str)
 def test_interpreter_every_path(config: KernelConfig) -> None:
-    """Split-K with a K not a multiple of the tile (272 = 4.25 tiles of 64), no split, and the
+    """Split-K with a K not a multiple of the tile (272 = 4.25 tiles of 64), no split, the
+    word decode (elements k and k + 4 paired, activations permuted to match) and the
     dequantize-then-F.linear path, all against the reference."""
     from kernelbay_quant_nvfp4.linear_triton import run_config
     from kernelbay_quant_nvfp4.triton_kernels import dequantize_nvfp4_triton

@@ -98,7 +98,8 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
     return nvfp4_linear_hw(x2, packed, scales, global_scale, bias, block_m=config.block_m,
                            block_n=config.block_n, block_k=config.block_k,
                            split_k=split_k_for(config, m, packed.shape[0], k, sms),
-                           num_warps=config.num_warps, num_stages=config.num_stages)
+                           num_warps=config.num_warps, num_stages=config.num_stages,
+                           pairs=config.path == "pairs")
 
 
 class Nvfp4TritonLinear(LinearMethod):

@@ -6,7 +6,9 @@ activations used as they come (bf16/fp16, no preparation pass).
 
 Weight layout unchanged (``packed`` uint8 [N, K/2] viewed as int16 [N, K/4]: halfword ``j``
 holds elements ``4j .. 4j+3`` in nibbles 0..3, little-endian), E4M3 block scales as bytes
-[N, K/16], fp32 ``weight_scale_2``.
+[N, K/16], fp32 ``weight_scale_2``. The ``pw-*`` kernels (``PAIRS``) view the same bytes as
+int32 words of eight codes and decode elements k and k + 4 of a word in one register
+(``decode_words``), with the activation tile permuted to that order.
 
 Decode of one element (code ``c = s e1 e0 m``, block scale ``S``):
 
@@ -62,7 +64,7 @@ from kernelbay_quant_nvfp4.triton_kernels import (
     sum_partials,
 )
 
-__all__ = ["hw_kernel", "nvfp4_linear_hw"]
+__all__ = ["decode_words", "hw_kernel", "nvfp4_linear_hw"]
 
 # Two elements per 32-bit register (pack=2 of 16-bit operands): $0 the two bf16 results, $1
 # the two codes (bits 12..15 of each half), $2 the two multipliers S * 2^118 (bf16 bits).
@@ -111,6 +113,37 @@ def decode_halfwords(halves, sbits, R: tl.constexpr, KH: tl.constexpr, ASM: tl.c
 
 
 @triton.jit
+def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.constexpr):
+    """``words`` int32 [R, KQ] (eight codes each, element ``j`` in nibble ``j``) and E4M3
+    bytes [R, KQ // 2] -> ``e2m1 * S * 2^-8`` [R, 8 KQ] with each word's elements in
+    ``PAIR_ORDER`` (0, 4, 1, 5, 2, 6, 3, 7): one 32-bit shift puts element j's code in bits
+    12..15 and element j + 4's in bits 28..31, the two lanes of ``_DECODE_PTX``, so no 16-bit
+    codes are packed into registers first (the ``pw-*`` kernels: 4.8 SASS instructions per
+    element in the K loop of a 16 x 64 x 256 tile against 6.2 for the halfword decode). The
+    caller permutes its activation tile to the same order."""
+    BK: tl.constexpr = KQ * 8
+    G: tl.constexpr = KQ // 2
+    s = e4m3_2m8(sbits)
+    u = words.to(tl.uint32, bitcast=True)
+    if ASM:
+        mult = (s * 8.507059173023462e37).to(tl.bfloat16)  # S * 2^118
+        mult = mult.to(tl.int16, bitcast=True)
+        mult = tl.reshape(tl.broadcast_to(mult[:, :, None], (R, G, 16)), (R, BK))
+        # [R, KQ, 2, 2] over j = 0..3 (two joins: dimensions the MMA layout keeps in registers)
+        code = tl.reshape(tl.join(tl.join(u << 12, u << 4), tl.join(u << 8, u)), (R, KQ * 4))
+        lanes = tl.reshape(tl.join(code.to(tl.uint16), (code >> 16).to(tl.uint16)), (R, BK))
+        out = tl.inline_asm_elementwise(_DECODE_PTX, "=r,r,r", [lanes, mult],
+                                        dtype=tl.bfloat16, is_pure=True, pack=2)
+    else:
+        pos = tl.arange(0, 8)
+        shifts = (pos // 2) * 4 + (pos % 2) * 16  # PAIR_ORDER: nibble j, then j + 4
+        nib = (u[:, :, None] >> shifts[None, None, :].to(tl.uint32)) & 15
+        s = tl.reshape(tl.broadcast_to((s * 16384.0)[:, :, None], (R, G, 16)), (R, BK))
+        out = e2m1_2m14(tl.reshape(nib, (R, BK))) * s
+    return out
+
+
+@triton.jit
 def _load_k_tile(rows, cols, row_ok, limit, EVEN_K: tl.constexpr):
     """The tile ``rows[:, None] + cols[None, :]`` (zero outside ``row_ok`` and, unless
     ``EVEN_K`` says every K tile is whole, at ``cols >= limit``)."""
@@ -125,17 +158,20 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
                     stride_xm, stride_wn, stride_sn, stride_om, stride_os,
                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, TILES_PER_SPLIT, PARTIAL: tl.constexpr,
-                    EVEN_K: tl.constexpr, ASM: tl.constexpr, INTERPRET: tl.constexpr):
-    # w_ptr: int16 halfwords [N, K/4]; s_ptr: E4M3 bytes [N, K/16]; out_ptr: [M, N] or, with
-    # PARTIAL, fp32 [split, M, N] (stride_os apart).
+                    EVEN_K: tl.constexpr, ASM: tl.constexpr, INTERPRET: tl.constexpr,
+                    PAIRS: tl.constexpr):
+    # w_ptr: int16 halfwords [N, K/4], or int32 words [N, K/8] with PAIRS; s_ptr: E4M3 bytes
+    # [N, K/16]; out_ptr: [M, N] or, with PARTIAL, fp32 [split, M, N] (stride_os apart).
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
     KH: tl.constexpr = BLOCK_K // 4
+    KQ: tl.constexpr = BLOCK_K // 8
     G: tl.constexpr = BLOCK_K // 16
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rw = tl.arange(0, KH)
+    rq = tl.arange(0, KQ)
     rg = tl.arange(0, G)
     rk = tl.arange(0, BLOCK_K)
     m_ok = rm < M
@@ -147,10 +183,19 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = pid_k * TILES_PER_SPLIT
     for t in range(first, first + TILES_PER_SPLIT):
-        halves = _load_k_tile(w_rows, t * KH + rw, n_ok, K // 4, EVEN_K)
+        if PAIRS:
+            packed = _load_k_tile(w_rows, t * KQ + rq, n_ok, K // 8, EVEN_K)
+        else:
+            packed = _load_k_tile(w_rows, t * KH + rw, n_ok, K // 4, EVEN_K)
         sb = _load_k_tile(s_rows, t * G + rg, n_ok, K // 16, EVEN_K)
         xa = _load_k_tile(x_rows, t * BLOCK_K + rk, m_ok, K, EVEN_K)
-        w = decode_halfwords(halves, sb, BLOCK_N, KH, ASM)
+        if PAIRS:
+            w = decode_words(packed, sb, BLOCK_N, KQ, ASM)
+            # the activations in the decoded tile's K order (a permutation in registers)
+            xa = tl.reshape(tl.permute(tl.reshape(xa, (BLOCK_M, KQ, 2, 4)), (0, 1, 3, 2)),
+                            (BLOCK_M, BLOCK_K))
+        else:
+            w = decode_halfwords(packed, sb, BLOCK_N, KH, ASM)
         if INTERPRET:  # exact values either way; the interpreter's 16-bit dot is not exact
             acc = tl.dot(xa.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
         else:
@@ -177,16 +222,17 @@ def hw_kernel() -> Any:
 def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                     global_scale: torch.Tensor, bias: torch.Tensor | None, *, block_m: int,
                     block_n: int, block_k: int, split_k: int, num_warps: int,
-                    num_stages: int) -> torch.Tensor:
+                    num_stages: int, pairs: bool = False) -> torch.Tensor:
     """``x [M, K] @ dequant(packed, scales, global_scale)^T (+ bias)`` -> [M, N] in x's dtype
     through ``nvfp4_matmul_hw``. ``block_k``: a power of two >= 64; ``split_k`` > 1 writes
-    fp32 partials summed in split order."""
+    fp32 partials summed in split order; ``pairs``: the weight read as 32-bit words and
+    decoded by ``decode_words`` (K is a multiple of 16, so rows are whole words)."""
     if block_k < 64 or block_k & (block_k - 1):
         raise ValueError(f"nvfp4-triton: block_k={block_k} for the halfword kernel; valid: a "
                          "power of two >= 64 (whole 16-element blocks, dots of >= 16)")
     m, k = x.shape
     n = packed.shape[0]
-    words = packed.view(torch.int16)
+    words = packed.view(torch.int32 if pairs else torch.int16)
     sbits = scale_bits(scales)
     k_tiles = -(-k // block_k)
     split_k, per_split = split_plan(k_tiles, split_k)
@@ -203,5 +249,5 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                       m * n if partial else 0, HAS_BIAS=bias is not None and not partial,
                       BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                       TILES_PER_SPLIT=per_split, PARTIAL=partial, EVEN_K=even, ASM=asm,
-                      INTERPRET=interp, **opts)
+                      INTERPRET=interp, PAIRS=pairs, **opts)
     return sum_partials(dest, bias, out) if partial else out
