@@ -48,13 +48,15 @@ class KernelConfig:
 
 
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
-#: Set from the H200 sweeps (bench/results/nvfp4-h200.md; geometric mean of the ratio to bf16
-#: over the three N x K shapes): M <= 16: ``hw-16x64x256-p3`` (fifth sweep: 1.39x over M = 1
-#: and 16, against 1.34x for the four-stage 16 x 64 x 512 tile it replaced: 52 instead of
-#: 104 KB of shared memory, twice the warps per SM); M <= 64: ``hw-64x128x128`` (0.94x);
-#: larger M: dequantize then cuBLAS (0.55x, tied with ``hw-128x128x64`` and steadier).
+#: Set from the H200 sweeps (bench/results/nvfp4-sweep-small-m-h200.md; geometric mean of the
+#: ratio to bf16 over the three N x K shapes at M = 1 and 16): M <= 16: ``pw-16x128x128``, the
+#: word decode on 16 x 128 x 128 tiles (sixth sweep: 1.50x, 1.33-1.71x, against 1.38x for the
+#: halfword decode's best, ``hw-16x64x256-p3``, and 1.34x for the four-stage 16 x 64 x 512
+#: tile before it); M <= 64: ``hw-64x128x128`` (0.81-1.02x; its word-decode twin needs 254
+#: registers and ran at 0.63-0.74x); larger M: dequantize then cuBLAS (0.55x, tied with
+#: ``hw-128x128x64`` and steadier).
 DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
-    (16, KernelConfig("hw-16x64x256-p3", "fused", 16, 64, 256, 0, 4, 3)),
+    (16, KernelConfig("pw-16x128x128", "pairs", 16, 128, 128, 0, 4, 3)),
     (64, KernelConfig("hw-64x128x128", "fused", 64, 128, 128, 0, 4, 3)),
     (1 << 62, KernelConfig("dequant-cublas", "dequant")),
 )
