@@ -231,6 +231,19 @@ def test_writes_leave_page_padding_alone_and_check_inputs() -> None:
     with pytest.raises(ValueError, match="value=None"):
         paged.backend.write_kv(paged.cache, torch.zeros(1, 512), torch.zeros(1, 512),
                                torch.zeros(1, dtype=torch.long))
+    before = paged.cache.clone()
+    for key, slots in ((torch.zeros(2, 576), 2), (torch.zeros(2, 512), 3),
+                       (torch.zeros(2, 2, 512), 2)):
+        with pytest.raises(ValueError, match=r"write_kv wants key \[T, 512\]"):
+            paged.backend.write_kv(paged.cache, key, None, torch.zeros(slots, dtype=torch.long))
+    assert torch.equal(paged.cache, before)  # nothing half-written
+    # The Triton backend validates through the same method before any kernel runs.
+    from kernelbay_attn_flashmla.triton_backend import MLATritonAttention
+
+    triton_backend = MLATritonAttention(paged.backend.request)
+    with pytest.raises(ValueError, match=r"write_kv wants key \[T, 512\]"):
+        triton_backend.write_kv(paged.cache, torch.zeros(2, 576), None,
+                                torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError, match=r"MLA query is \[T, H, 448\+64 = 512\]"):
         paged.backend.forward(torch.zeros(3, 1, 576), paged.cache, paged.meta, 0.1)
     with pytest.raises(ValueError, match="num_splits must be >= 1, got 0"):

@@ -114,20 +114,29 @@ class MLAReferenceAttention(AttentionBackend):
         return torch.zeros((num_pages, self.kv_layout().page_bytes), dtype=torch.uint8,
                            device=device)
 
+    def latents(self, key: torch.Tensor, value: torch.Tensor | None,
+                slot_mapping: torch.Tensor) -> torch.Tensor:
+        """``write_kv``'s ``key`` as the latents [T, kv_lora_rank + rope_dim] to encode;
+        raises ``ValueError`` naming the shapes when they are not that (or [T, 1, ...]), do
+        not match ``slot_mapping`` [T], or a ``value`` is given."""
+        if value is not None:
+            raise ValueError(f"{self.name}: MLA caches one latent per token; pass it as key "
+                             f"and value=None, got a value of shape {tuple(value.shape)}")
+        latent = key[:, 0] if key.dim() == 3 and key.shape[1] == 1 else key
+        if (latent.dim() != 2 or latent.shape[0] != slot_mapping.shape[0]
+                or latent.shape[1] != self.record.latent_dim):
+            raise ValueError(f"{self.name}: write_kv wants key [T, {self.record.latent_dim}] "
+                             f"(or [T, 1, {self.record.latent_dim}]) and slot_mapping [T], got "
+                             f"{tuple(key.shape)} and {tuple(slot_mapping.shape)}")
+        return latent
+
     def write_kv(self, cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None,
                  slot_mapping: torch.Tensor) -> None:
         """Encode the latents ``key`` [T, kv_lora_rank + rope_dim] into their slots."""
         from kernelbay_attn_flashmla.codec import encode_records
         from kernelbay_attn_flashmla.mla import token_view
 
-        if value is not None:
-            raise ValueError(f"{self.name}: MLA caches one latent per token; pass it as key "
-                             f"and value=None, got a value of shape {tuple(value.shape)}")
-        latent = key[:, 0] if key.dim() == 3 and key.shape[1] == 1 else key
-        if latent.dim() != 2 or latent.shape[0] != slot_mapping.shape[0]:
-            raise ValueError(f"{self.name}: write_kv wants key [T, {self.record.latent_dim}] "
-                             f"(or [T, 1, {self.record.latent_dim}]) and slot_mapping [T], got "
-                             f"{tuple(key.shape)} and {tuple(slot_mapping.shape)}")
+        latent = self.latents(key, value, slot_mapping)
         page_size = self.request.page_size
         tokens = token_view(cache, self.record, page_size)
         slots = slot_mapping.long()

@@ -86,10 +86,7 @@ class MLATritonAttention(MLAReferenceAttention):
         """Encode the latents ``key`` [T, kv_lora_rank + rope_dim] into their slots (Triton)."""
         from kernelbay_attn_flashmla.triton_mla import mla_write
 
-        if value is not None:
-            raise ValueError(f"{self.name}: MLA caches one latent per token; pass it as key "
-                             f"and value=None, got a value of shape {tuple(value.shape)}")
-        latent = key[:, 0] if key.dim() == 3 and key.shape[1] == 1 else key
+        latent = self.latents(key, value, slot_mapping)
         mla_write(cache, self.record, self.request.page_size, latent, slot_mapping)
 
     def forward_with_lse(self, query: torch.Tensor, cache: torch.Tensor,

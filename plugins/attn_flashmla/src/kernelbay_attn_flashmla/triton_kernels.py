@@ -107,20 +107,8 @@ def _group_scale(cache_u8, cache_f32, row, group, mask, SCALE_OFF: tl.constexpr,
                  SCALE: tl.constexpr, FAST_FP8: tl.constexpr):
     """Scales of groups ``group`` (broadcast against ``row[:, None]``): fp32 (SCALE 1), or
     E8M0 bytes (SCALE 2) as bfloat16 on the GPU and float32 under the interpreter."""
-    if SCALE == 1:
-        scale = tl.load(cache_f32 + ((row[:, None] + SCALE_OFF) // 4 + group[None, :]),
-                        mask=mask, other=0.0)
-    else:
-        byte = tl.load(cache_u8 + (row[:, None] + SCALE_OFF + group[None, :]), mask=mask,
-                       other=127)
-        if FAST_FP8:
-            # The byte is bfloat16's exponent field; byte 0 (2^-127) is the subnormal with
-            # mantissa bit 6.
-            bits = tl.where(byte == 0, 0x0040, byte.to(tl.int32) << 7).to(tl.int16)
-            scale = bits.to(tl.bfloat16, bitcast=True)
-        else:
-            scale = _pow2(byte.to(tl.int32) - 127)
-    return scale
+    return _group_scale3(cache_u8, cache_f32, row[:, None], group[None, :], mask, SCALE_OFF,
+                         SCALE, FAST_FP8)
 
 
 @triton.jit
@@ -165,13 +153,16 @@ def _load_nope3(cache_u8, cache_bf16, cache_f32, row3, ok3, col3, ELEM_OFF: tl.c
 @triton.jit
 def _group_scale3(cache_u8, cache_f32, row3, group, mask, SCALE_OFF: tl.constexpr,
                   SCALE: tl.constexpr, FAST_FP8: tl.constexpr):
-    """Scales of groups ``group`` of records ``row3`` (rank-3 broadcast), as
-    ``_group_scale``."""
+    """Scales of groups ``group`` of records ``row3`` (offsets that broadcast against
+    ``group``): fp32 (SCALE 1), or E8M0 bytes (SCALE 2) as bfloat16 on the GPU and float32
+    under the interpreter."""
     if SCALE == 1:
         scale = tl.load(cache_f32 + ((row3 + SCALE_OFF) // 4 + group), mask=mask, other=0.0)
     else:
         byte = tl.load(cache_u8 + (row3 + SCALE_OFF + group), mask=mask, other=127)
         if FAST_FP8:
+            # The byte is bfloat16's exponent field; byte 0 (2^-127) is the subnormal with
+            # mantissa bit 6.
             bits = tl.where(byte == 0, 0x0040, byte.to(tl.int32) << 7).to(tl.int16)
             scale = bits.to(tl.bfloat16, bitcast=True)
         else:
