@@ -10,6 +10,8 @@ from kernelbay.layers.torch_attention import TorchPagedAttention
 from kernelbay.layers.torch_mla import TorchMLAAttention
 from kernelbay.verdict import Verdict
 
+from kernelbay_batch_invariant.checks import runs_on_cuda
+
 if TYPE_CHECKING:
     import torch
     from kernelbay.device import DeviceCapability
@@ -29,12 +31,9 @@ def split_size(head_dim: int) -> int:
     """Keys per chunk for a key width of ``head_dim``: 64 up to 128, then fewer (>= 16)."""
     width = 1 << max(0, (head_dim - 1).bit_length())
     return max(16, min(BLOCK_N, 8192 // width))
+
+
 _MAX_HEAD_DIM = 1024
-
-
-def _cuda(device: DeviceCapability) -> Verdict:
-    return Verdict.check(device.platform == "cuda",
-                         f"runs Triton on CUDA devices, device platform is {device.platform!r}")
 
 
 class BatchInvariantPagedAttention(TorchPagedAttention):
@@ -50,7 +49,7 @@ class BatchInvariantPagedAttention(TorchPagedAttention):
     def can_implement(cls, request: AttentionRequest, device: DeviceCapability) -> Verdict:
         return Verdict.all(
             super().can_implement(request, device),
-            _cuda(device),
+            runs_on_cuda(device),
             Verdict.check(request.head_dim <= _MAX_HEAD_DIM,
                           f"needs head_dim <= {_MAX_HEAD_DIM}, request has "
                           f"{request.head_dim}"),
@@ -81,7 +80,7 @@ class BatchInvariantMLAAttention(TorchMLAAttention):
 
     @classmethod
     def can_implement(cls, request: AttentionRequest, device: DeviceCapability) -> Verdict:
-        return Verdict.all(super().can_implement(request, device), _cuda(device))
+        return Verdict.all(super().can_implement(request, device), runs_on_cuda(device))
 
     def forward(self, query: torch.Tensor, cache: torch.Tensor, metadata: AttentionMetadata,
                 scale: float) -> torch.Tensor:

@@ -36,10 +36,15 @@ table lines to paste here.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DEFAULT_SHARED_MEMORY", "MatmulConfig", "choose_stages", "device_shared_memory",
-           "matmul_config", "shared_memory_limit"]
+           "matmul_config", "shared_memory_limit", "weight_config"]
 
 #: Assumed shared-memory limit per block when the device cannot be asked (the CUDA default).
 DEFAULT_SHARED_MEMORY = 48 * 1024
@@ -141,6 +146,13 @@ def matmul_config(n: int, k: int, dtype: str, shared_memory: int) -> MatmulConfi
                          f"{sorted(_ITEMSIZE)}")
     base = TABLE.get((n, k, dtype)) or _rule(n, dtype)
     return choose_stages(base, _ITEMSIZE[dtype], shared_memory)
+
+
+@functools.cache
+def weight_config(n: int, k: int, dtype: str, device: torch.device) -> MatmulConfig:
+    """``matmul_config`` for a weight [N, K] of ``dtype`` on ``device``, decided once per
+    process for each such key (the shared-memory probe included)."""
+    return matmul_config(n, k, dtype, device_shared_memory(device))
 
 
 def device_shared_memory(device: object) -> int:
