@@ -38,7 +38,8 @@ from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
 from kernelbay_quant_nvfp4.linear_triton import gpu_triton_checks
-from kernelbay_quant_nvfp4.schemes import NVFP4_BLOCK, W4A4_ACTIVATION, nvfp4_layer_checks
+from kernelbay_quant_nvfp4.moe import expert_block_checks, expert_specs
+from kernelbay_quant_nvfp4.schemes import W4A4_ACTIVATION, nvfp4_layer_checks
 
 if TYPE_CHECKING:
     import torch
@@ -147,28 +148,15 @@ class Nvfp4MoETriton(MoEMethod):
             Verdict.check(r.activation_dtype in ("bfloat16", "float16"),
                           f"needs activation dtype in ('bfloat16', 'float16'), request has "
                           f"{r.activation_dtype!r}"),
-            Verdict.check(r.in_features > 0 and r.in_features % NVFP4_BLOCK == 0,
-                          f"hidden size K={r.in_features} is not a multiple of the NVFP4 block "
-                          f"{NVFP4_BLOCK}"),
-            Verdict.check(r.out_features > 0 and r.out_features % NVFP4_BLOCK == 0,
-                          f"expert intermediate size {r.out_features} (this rank's) is not a "
-                          f"multiple of the NVFP4 block {NVFP4_BLOCK}"),
+            expert_block_checks(r),
         )
         if verdict.accepted and s.activation is not None:
             return Verdict.accept("weight-only: the experts' input_scale is not used")
         return verdict
 
     def tensor_specs(self) -> Mapping[str, TensorSpec]:
-        specs: dict[str, TensorSpec] = {}
-        for e, proj, n, k, shard in self.projections():
-            specs[expert_tensor(e, proj)] = TensorSpec((n, k // 2), "uint8", shard)
-            specs[expert_tensor(e, proj, "weight_scale")] = TensorSpec(
-                (n, k // NVFP4_BLOCK), "float8_e4m3fn", shard)
-            specs[expert_tensor(e, proj, "weight_scale_2")] = TensorSpec((), "float32")
-            if self.request.scheme.activation is not None:
-                specs[expert_tensor(e, proj, "input_scale")] = TensorSpec(
-                    (), "float32", None, required=False)
-        return specs
+        # weight-only: a W4A4 checkpoint's input scales are read if present, never used
+        return expert_specs(self, False if self.request.scheme.activation is not None else None)
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Stack per projection: ``{proj}_w`` uint8 [E, N, K/2], ``{proj}_bs`` E4M3

@@ -33,7 +33,39 @@ if TYPE_CHECKING:
     import torch
     from kernelbay.device import DeviceCapability
 
-__all__ = ["Nvfp4MoEEmulation"]
+__all__ = ["Nvfp4MoEEmulation", "expert_block_checks", "expert_specs"]
+
+
+def expert_block_checks(request: LinearRequest) -> Verdict:
+    """The hidden size K and this rank's expert intermediate size (down_proj's K) in whole
+    NVFP4 blocks, as every NVFP4 expert method needs."""
+    r = request
+    return Verdict.all(
+        Verdict.check(r.in_features > 0 and r.in_features % NVFP4_BLOCK == 0,
+                      f"hidden size K={r.in_features} is not a multiple of the NVFP4 block "
+                      f"{NVFP4_BLOCK}"),
+        Verdict.check(r.out_features > 0 and r.out_features % NVFP4_BLOCK == 0,
+                      f"expert intermediate size {r.out_features} (this rank's) is not a "
+                      f"multiple of the NVFP4 block {NVFP4_BLOCK}, which down_proj's K "
+                      "needs"),
+    )
+
+
+def expert_specs(method: MoEMethod, input_scale: bool | None) -> dict[str, TensorSpec]:
+    """The NVFP4 tensors of every expert projection of ``method``; ``input_scale``: None for
+    none, True when required, False when read if present."""
+    specs: dict[str, TensorSpec] = {}
+    for e, proj, n, k, shard in method.projections():
+        # Block scales follow their weight (one row per row, one per 16 columns); a rank's K
+        # share is whole blocks because expert_block_checks checks it.
+        specs[expert_tensor(e, proj)] = TensorSpec((n, k // 2), "uint8", shard)
+        specs[expert_tensor(e, proj, "weight_scale")] = TensorSpec(
+            (n, k // NVFP4_BLOCK), "float8_e4m3fn", shard)
+        specs[expert_tensor(e, proj, "weight_scale_2")] = TensorSpec((), "float32")
+        if input_scale is not None:
+            specs[expert_tensor(e, proj, "input_scale")] = TensorSpec(
+                (), "float32", None, required=input_scale)
+    return specs
 
 
 class Nvfp4MoEEmulation(MoEMethod):
@@ -56,13 +88,7 @@ class Nvfp4MoEEmulation(MoEMethod):
             cls.routed_expert_checks(r),
             nvfp4_layer_checks(s, "experts",
                                f"emulates activations None or {W4A4_ACTIVATION!r}"),
-            Verdict.check(r.in_features > 0 and r.in_features % NVFP4_BLOCK == 0,
-                          f"hidden size K={r.in_features} is not a multiple of the NVFP4 block "
-                          f"{NVFP4_BLOCK}"),
-            Verdict.check(r.out_features > 0 and r.out_features % NVFP4_BLOCK == 0,
-                          f"expert intermediate size {r.out_features} (this rank's) is not a "
-                          f"multiple of the NVFP4 block {NVFP4_BLOCK}, which down_proj's K "
-                          "needs"),
+            expert_block_checks(r),
         )
         if verdict.accepted and s.activation is not None:
             return Verdict.accept(f"activations fake-quantized {s.activation} with each "
@@ -75,17 +101,7 @@ class Nvfp4MoEEmulation(MoEMethod):
         return self.request.scheme.activation == W4A4_ACTIVATION
 
     def tensor_specs(self) -> Mapping[str, TensorSpec]:
-        specs: dict[str, TensorSpec] = {}
-        for e, proj, n, k, shard in self.projections():
-            # Block scales follow their weight (one row per row, one per 16 columns);
-            # a rank's K share is whole blocks because can_implement checks it.
-            specs[expert_tensor(e, proj)] = TensorSpec((n, k // 2), "uint8", shard)
-            specs[expert_tensor(e, proj, "weight_scale")] = TensorSpec(
-                (n, k // NVFP4_BLOCK), "float8_e4m3fn", shard)
-            specs[expert_tensor(e, proj, "weight_scale_2")] = TensorSpec((), "float32")
-            if self.w4a4:
-                specs[expert_tensor(e, proj, "input_scale")] = TensorSpec((), "float32")
-        return specs
+        return expert_specs(self, True if self.w4a4 else None)
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Dequantize every expert projection once and stack them: ``w13`` [E, 2I, H] (gate
