@@ -126,15 +126,12 @@ class Mxfp4EmulationLinear(LinearMethod):
         n, k = r.out_features, r.in_features
         # One E8M0 scale row per weight row and one per 32 columns: the scales shard on the
         # weight's dim, and a shard is always whole blocks because K % 32 == 0 per rank.
-        dim = {"column": 0, "row": 1}.get(r.parallel)
-        specs = {
+        dim = self.weight_shard_dim
+        return {
             "weight": TensorSpec((n, k // 2), "uint8", dim),
             "weight_scale": TensorSpec((n, k // _BLOCK), "uint8", dim),
+            **self.bias_specs(),
         }
-        if r.bias:
-            specs["bias"] = TensorSpec((n,), r.activation_dtype,
-                                       0 if r.parallel == "column" else None)
-        return specs
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Dequantize once through ``kernelbay.formats.dequantize_mx`` and cache the weight as

@@ -93,7 +93,7 @@ class Nvfp4EmulationLinear(LinearMethod):
     def tensor_specs(self) -> Mapping[str, TensorSpec]:
         r = self.request
         n, k = r.out_features, r.in_features
-        weight_dim = {"column": 0, "row": 1}.get(r.parallel)
+        weight_dim = self.weight_shard_dim
         # Block scales follow the weight: one scale row per weight row (block 1 along N),
         # one scale per 16 weight columns along K.
         scale_shape: tuple[int, ...] = (n, k // NVFP4_BLOCK)
@@ -110,10 +110,7 @@ class Nvfp4EmulationLinear(LinearMethod):
         if self.w4a4:
             # The static activation scale a W4A4 kernel needs; weight-only checkpoints have none.
             specs["input_scale"] = TensorSpec((), "float32", None)
-        if r.bias:
-            specs["bias"] = TensorSpec((n,), r.activation_dtype,
-                                       0 if r.parallel == "column" else None)
-        return specs
+        return {**specs, **self.bias_specs()}
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Dequantize once through ``kernelbay.formats.dequantize_nvfp4`` and cache the
