@@ -42,7 +42,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "core", "src"))
 sys.path.insert(0, os.path.join(HERE, "..", "plugins", "spec_dflash2", "src"))
 
-from kernelbay.demo import BOS_ID, VOCAB_SIZE, demo_path, heldout_text  # noqa: E402
+from kernelbay.demo import BOS_ID, VOCAB_SIZE, demo_path, heldout_windows  # noqa: E402
 from kernelbay_spec_dflash2.config import DFlash2Config  # noqa: E402
 from kernelbay_spec_dflash2.drafter import DFlash2Drafter, save_drafter  # noqa: E402
 from kernelbay_spec_dflash2.modules import path_scores  # noqa: E402
@@ -218,10 +218,7 @@ def train(args: argparse.Namespace, device: torch.device) -> tuple[DFlash2Drafte
 
 def heldout_prompts(count: int) -> list[str]:
     """``count`` windows of the held-out sample (never trained on), 64 to 192 bytes."""
-    text = heldout_text()
-    gen = torch.Generator().manual_seed(4321)
-    starts = torch.randint(0, len(text) - 400, (count,), generator=gen).tolist()
-    return [text[s:s + 64 + (s % 128)] for s in starts]
+    return heldout_windows(count, seed=4321)
 
 
 def evaluate(folder: str, device: torch.device, prompts: int, tokens: int) -> dict:

@@ -32,12 +32,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def heldout_prompts(count: int, seed: int = 99) -> list[str]:
     """``count`` held-out windows of 64 to 192 bytes."""
-    from kernelbay.demo import heldout_text
+    from kernelbay.demo import heldout_windows
 
-    text = heldout_text()
-    gen = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, len(text) - 400, (count,), generator=gen).tolist()
-    return [text[s:s + 64 + (s % 128)] for s in starts]
+    return heldout_windows(count, seed=seed)
 
 
 def _sync(device: torch.device) -> None:

@@ -77,3 +77,15 @@ def test_main_command_prints_python(capsys: pytest.CaptureFixture[str],
     generated = out.split('"""', 1)[1]
     assert re.search(r"\b(return|self|def|import|if|for|class)\b", generated), generated
     assert "tokens/s" in out and "attention: torch-mla" in out
+
+
+def test_heldout_windows_are_seeded_slices_of_the_sample() -> None:
+    from kernelbay.demo import heldout_windows
+
+    text = heldout_text()
+    windows = heldout_windows(12, seed=5, shortest=40, spread=160)
+    assert windows == heldout_windows(12, seed=5, shortest=40, spread=160)
+    assert windows != heldout_windows(12, seed=6, shortest=40, spread=160)
+    for w in windows:
+        start = text.index(w)
+        assert len(w) == 40 + start % 160 or text.count(w) > 1

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 from kernelbay import NoBackendError, Policy, ProposerRequest, Registry, Verdict, hookimpl
-from kernelbay.demo import demo_path, heldout_text
+from kernelbay.demo import demo_path, heldout_windows
 from kernelbay.engine import LLM, SamplingParams, SpeculativeConfig
 from kernelbay.layers import DraftBuffers, DraftLogitsSpec, Proposer
 from kernelbay.layers.proposer import DraftContext, HiddenStateSpec
@@ -17,10 +17,7 @@ CORE_ONLY = Registry(Policy(plugins=frozenset()))
 
 def _prompts(llm: LLM, count: int) -> list[list[int]]:
     # Windows of held-out code: realistic prompts, several with repeats n-gram lookup can use.
-    text = heldout_text()
-    gen = torch.Generator().manual_seed(0)
-    starts = torch.randint(0, len(text) - 400, (count,), generator=gen).tolist()
-    return [llm.encode(text[s:s + int(40 + (s % 160))]) for s in starts]
+    return [llm.encode(t) for t in heldout_windows(count, seed=0, shortest=40, spread=160)]
 
 
 @pytest.fixture(scope="module")

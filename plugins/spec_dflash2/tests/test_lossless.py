@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from kernelbay import Policy, Registry
-from kernelbay.demo import demo_path, heldout_text
+from kernelbay.demo import demo_path, heldout_windows
 from kernelbay.engine import LLM, SamplingParams, SpeculativeConfig
 from kernelbay_spec_dflash2.config import DFlash2Config
 from kernelbay_spec_dflash2.drafter import DFlash2Drafter, save_drafter
@@ -21,10 +21,7 @@ TRAINED = os.path.join(BUNDLED_DIR, "demo")
 
 
 def _prompts(llm: LLM, count: int) -> list[list[int]]:
-    text = heldout_text()
-    gen = torch.Generator().manual_seed(0)
-    starts = torch.randint(0, len(text) - 400, (count,), generator=gen).tolist()
-    return [llm.encode(text[s:s + int(40 + (s % 160))]) for s in starts]
+    return [llm.encode(t) for t in heldout_windows(count, seed=0, shortest=40, spread=160)]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 __all__ = ["BOS_ID", "EOS_ID", "HELDOUT_FILES", "PAD_ID", "VOCAB_SIZE", "demo_path",
-           "heldout_text"]
+           "heldout_text", "heldout_windows"]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -34,3 +34,16 @@ def heldout_text() -> str:
     """The fixed held-out evaluation sample."""
     with open(os.path.join(HERE, "heldout.txt"), encoding="utf-8") as f:
         return f.read()
+
+
+def heldout_windows(count: int, *, seed: int, shortest: int = 64, spread: int = 128
+                    ) -> list[str]:
+    """``count`` windows of the held-out sample, the prompts of the speculative-decoding
+    tests, benchmark and drafter evaluation: starts drawn by torch's generator seeded with
+    ``seed``, the window at start ``s`` ``shortest + s % spread`` characters long."""
+    import torch
+
+    text = heldout_text()
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(text) - 400, (count,), generator=gen).tolist()
+    return [text[s:s + shortest + s % spread] for s in starts]
