@@ -52,6 +52,8 @@ __all__ = [
     "TorchMoE",
     "combine_experts",
     "expert_tensor",
+    "swiglu",
+    "swiglu_experts",
 ]
 
 #: The ``LinearRequest.role`` of a whole routed-expert MLP (one request for all experts).
@@ -78,6 +80,29 @@ def combine_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
         y = expert_fn(int(expert), tokens)
         out.index_add_(0, tokens, y.float() * topk_weights[tokens, slots, None].float())
     return out.to(x.dtype)
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """``SiLU(gate) * up`` of a fused ``[T, 2I]`` projection output, gate columns first (the
+    ``w13`` stacking of every MoE method)."""
+    import torch.nn.functional as F
+
+    inter = gate_up.shape[-1] // 2
+    return F.silu(gate_up[..., :inter]) * gate_up[..., inter:]
+
+
+def swiglu_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                   w13: torch.Tensor, w2: torch.Tensor,
+                   matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                   ) -> torch.Tensor:
+    """Routed SwiGLU experts over stacked dense weights ``w13`` [E, 2I, H] (gate rows, then
+    up rows) and ``w2`` [E, H, I]: ``matmul(rows, weight)`` computes ``rows @ weight^T``
+    (``F.linear``, or a method's own GEMM), ``combine_experts`` routes and sums."""
+
+    def expert_mlp(expert: int, tokens: torch.Tensor) -> torch.Tensor:
+        return matmul(swiglu(matmul(x[tokens], w13[expert])), w2[expert])
+
+    return combine_experts(x, topk_ids, topk_weights, w2.shape[1], expert_mlp)
 
 
 def expert_tensor(expert: int, projection: str, tensor: str = "weight") -> str:
@@ -227,16 +252,8 @@ class TorchMoE(MoEMethod):
                   topk_weights: torch.Tensor) -> torch.Tensor:
         import torch.nn.functional as F
 
-        w13 = cast("torch.Tensor", layer.w13)
-        w2 = cast("torch.Tensor", layer.w2)
-        inter = w2.shape[-1]
-
-        def expert_mlp(expert: int, tokens: torch.Tensor) -> torch.Tensor:
-            gate_up = F.linear(x[tokens], w13[expert])
-            h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-            return F.linear(h, w2[expert])
-
-        return combine_experts(x, topk_ids, topk_weights, w2.shape[1], expert_mlp)
+        return swiglu_experts(x, topk_ids, topk_weights, cast("torch.Tensor", layer.w13),
+                              cast("torch.Tensor", layer.w2), F.linear)
 
 
 class TorchFp8MoE(TorchMoE):

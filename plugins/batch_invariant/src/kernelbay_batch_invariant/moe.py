@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, cast
 
-from kernelbay.layers.moe import TorchMoE, combine_experts
+from kernelbay.layers.moe import TorchMoE, swiglu_experts
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
@@ -35,22 +35,14 @@ class BatchInvariantMoE(TorchMoE):
 
     def apply_moe(self, layer: torch.nn.Module, x: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor) -> torch.Tensor:
-        import torch.nn.functional as F
-
         from kernelbay_batch_invariant.configs import weight_config
         from kernelbay_batch_invariant.kernels import invariant_matmul
 
-        w13 = cast("torch.Tensor", layer.w13)
-        w2 = cast("torch.Tensor", layer.w2)
-        inter = w2.shape[-1]
-
         dtype = self.request.activation_dtype
-        up = weight_config(w13.shape[1], w13.shape[2], dtype, w13.device)
-        down = weight_config(w2.shape[1], w2.shape[2], dtype, w2.device)
 
-        def expert_mlp(expert: int, tokens: torch.Tensor) -> torch.Tensor:
-            gate_up = invariant_matmul(x[tokens], w13[expert], up)
-            h = (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]).contiguous()
-            return invariant_matmul(h, w2[expert], down)
+        def matmul(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            config = weight_config(weight.shape[0], weight.shape[1], dtype, weight.device)
+            return invariant_matmul(rows.contiguous(), weight, config)
 
-        return combine_experts(x, topk_ids, topk_weights, w2.shape[1], expert_mlp)
+        return swiglu_experts(x, topk_ids, topk_weights, cast("torch.Tensor", layer.w13),
+                              cast("torch.Tensor", layer.w2), matmul)

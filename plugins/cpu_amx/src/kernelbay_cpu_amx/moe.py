@@ -23,7 +23,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, cast
 
-from kernelbay.layers.moe import EXPERT_PROJECTIONS, TorchFp8MoE, combine_experts, expert_tensor
+from kernelbay.layers.moe import (
+    EXPERT_PROJECTIONS,
+    TorchFp8MoE,
+    combine_experts,
+    expert_tensor,
+    swiglu,
+)
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
@@ -179,18 +185,15 @@ class CpuFp8MoE(TorchFp8MoE):
 
     def apply_moe(self, layer: torch.nn.Module, x: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor) -> torch.Tensor:
-        import torch.nn.functional as F
-
         from kernelbay_cpu_amx import kernels
 
         if getattr(layer, "w13", None) is None:
             raise RuntimeError(f"{self.name}: call process_weights_after_loading(layer) before "
                                "apply_moe; the packed experts are made there")
-        inter = self.intermediate_size
 
         def expert_mlp(expert: int, tokens: torch.Tensor) -> torch.Tensor:
             gate_up_op, down_op = self.packed(layer, expert)
             gate_up = kernels.linear(gate_up_op, x[tokens])
-            return kernels.linear(down_op, F.silu(gate_up[:, :inter]) * gate_up[:, inter:])
+            return kernels.linear(down_op, swiglu(gate_up))
 
         return combine_experts(x, topk_ids, topk_weights, self.hidden_size, expert_mlp)

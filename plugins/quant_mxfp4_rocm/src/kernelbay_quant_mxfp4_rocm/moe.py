@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar, cast
 
 from kernelbay.layers.linear import TensorSpec
-from kernelbay.layers.moe import MoEMethod, combine_experts, expert_tensor
+from kernelbay.layers.moe import MoEMethod, combine_experts, expert_tensor, swiglu
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
@@ -117,14 +117,13 @@ class Mxfp4MoEEmulation(MoEMethod):
         w2 = cast("torch.Tensor", layer.w2)
         elem = self._activation_elem
         rule = self.request.scheme.option("scale_mode", "even") or "even"
-        inter = w2.shape[-1]
         # MX blocks lie within one token's row: quantizing all rows once is the same as
         # quantizing each expert's rows.
         xq = x if elem is None else fake_quantize_mx(x, elem, rule)
 
         def expert_mlp(expert: int, tokens: torch.Tensor) -> torch.Tensor:
             gate_up = F.linear(xq[tokens], w13[expert])
-            h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+            h = swiglu(gate_up)
             if elem is not None:
                 h = fake_quantize_mx(h, elem, rule)
             return F.linear(h, w2[expert])

@@ -23,7 +23,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar, cast
 
 from kernelbay.layers.linear import TensorSpec
-from kernelbay.layers.moe import EXPERT_PROJECTIONS, MoEMethod, combine_experts, expert_tensor
+from kernelbay.layers.moe import (
+    EXPERT_PROJECTIONS,
+    MoEMethod,
+    combine_experts,
+    expert_tensor,
+    swiglu,
+)
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
@@ -153,7 +159,7 @@ class Nvfp4MoEEmulation(MoEMethod):
             xe = x[tokens]
             if not self.w4a4:
                 gate_up = F.linear(xe, w13[expert])
-                return F.linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], w2[expert])
+                return F.linear(swiglu(gate_up), w2[expert])
             w_gate, w_up = w13[expert, :inter], w13[expert, inter:]
             a13 = cast("torch.Tensor", layer.a13)
             a_gate, a_up = a13[expert, 0], a13[expert, 1]
