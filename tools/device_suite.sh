@@ -31,25 +31,28 @@ two_gpus() {
   section coll-bench 60 torchrun --nproc-per-node 2 bench/collectives/run.py --out /tmp/res/coll-bench
   section coll-tp2 110 torchrun --nproc-per-node 2 bench/collectives/engine_tp2.py --out /tmp/res/coll-tp2
 }
+ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)
+ncu_sections="--section SpeedOfLight --section Occupancy --section LaunchStats
+  --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis
+  --section InstructionStats"
+prof() {  # name, kernel regex, extra ncu flags..., --, command...: one launch (the fifth) profiled
+  local name=$1 kern=$2 flags=()
+  shift 2
+  while [ "$1" != "--" ]; do flags+=("$1"); shift; done
+  shift
+  section "prof-$name" 200 "$ncu_bin" --clock-control none -k "regex:$kern" --launch-skip 4 \
+    --launch-count 1 $ncu_sections "${flags[@]}" "$@"
+}
 profile() {  # Nsight Compute on one launch of each kernel the speed targets hinge on
-  local ncu secs
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)
-  secs="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
-    --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats"
-  prof() {  # name, kernel regex, command...
-    local name=$1 kern=$2; shift 2
-    section "prof-$name" 150 "$ncu" --clock-control none -k "regex:$kern" --launch-skip 4 \
-      --launch-count 1 $secs "$@"
-  }
-  prof nvfp4-m16 nvfp4_matmul_hw $py bench/nvfp4/run.py --shapes 8192x8192 --ms 16 \
+  prof nvfp4-m16 nvfp4_matmul_hw -- $py bench/nvfp4/run.py --shapes 8192x8192 --ms 16 \
     --timer events --rep-ms 2 --out /tmp/res/prof-nv
-  prof mxfp4-m16 _mxfp4_gemm_kernel $py bench/mxfp4/run.py --shapes 8192x8192 --ms 16 \
+  prof mxfp4-m16 _mxfp4_gemm_kernel -- $py bench/mxfp4/run.py --shapes 8192x8192 --ms 16 \
     --rep 2 --out /tmp/res/prof-mx
-  prof mla-mxfp8 mla_decode_kernel $py bench/mla_decode/run.py --batches 64 --contexts 8192 \
+  prof mla-mxfp8 mla_decode_kernel -- $py bench/mla_decode/run.py --batches 64 --contexts 8192 \
     --heads 16 --kinds mxfp8 --eager --rep 2 --no-tune --out /tmp/res/prof-mla
-  prof mla-bf16 mla_decode_kernel $py bench/mla_decode/run.py --batches 64 --contexts 8192 \
+  prof mla-bf16 mla_decode_kernel -- $py bench/mla_decode/run.py --batches 64 --contexts 8192 \
     --heads 16 --kinds bf16 --eager --rep 2 --no-tune --out /tmp/res/prof-mla16
-  prof bi-4096-m64 _matmul_kernel $py bench/batch_invariant/run.py --shapes 4096x4096 \
+  prof bi-4096-m64 _matmul_kernel -- $py bench/batch_invariant/run.py --shapes 4096x4096 \
     --batches 64 --timer events --out /tmp/res/prof-bi
 }
 bi_sweep() {
@@ -106,13 +109,9 @@ for s in "$@"; do
       section nvfp4-bench 130 $py bench/nvfp4/run.py --configs all --rep-ms 10 --ms 1,16,64 \
         --out /tmp/res/nvfp4-bench ;;
     mlaprof)  # the MXFP8 MLA decode kernel in detail: stall reasons and where they happen
-      ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)
-      section prof-mla-mxfp8-detail 200 "$ncu" --clock-control none -k regex:mla_decode_kernel \
-        --launch-skip 4 --launch-count 1 --print-details all --section SpeedOfLight \
-        --section Occupancy --section LaunchStats --section WarpStateStats \
-        --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
-        --section SourceCounters $py bench/mla_decode/run.py --batches 64 --contexts 8192 \
-        --heads 16 --kinds mxfp8 --eager --rep 2 --no-tune --out /tmp/res/prof-mla ;;
+      prof mla-mxfp8-detail mla_decode_kernel --print-details all --section SourceCounters -- \
+        $py bench/mla_decode/run.py --batches 64 --contexts 8192 --heads 16 --kinds mxfp8 \
+        --eager --rep 2 --no-tune --out /tmp/res/prof-mla ;;
     bitable)  # the committed table alone, then its GPU row test
       section bi-table 120 $py bench/batch_invariant/run.py --out /tmp/res/bi-table
       section bi-rows 150 $py -m pytest -v -p no:cacheprovider -m gpu --timeout 140 \
@@ -130,16 +129,10 @@ for s in "$@"; do
         bench/collectives/engine_tp2.py --out /tmp/res/coll-tp2 ;;
     smallm)  # the FP4 GEMMs' small-M defaults profiled, next to their candidate sweeps
       lane_prof() {
-        local ncu secs
-        ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)
-        secs="--section SpeedOfLight --section Occupancy --section LaunchStats
-          --section WarpStateStats --section SchedulerStats --section InstructionStats"
-        section prof-nvfp4-m16-p3 120 "$ncu" --clock-control none -k regex:nvfp4_matmul_hw \
-          --launch-skip 4 --launch-count 1 --print-details all $secs $py bench/nvfp4/run.py --shapes 8192x8192 \
-          --ms 16 --timer events --rep-ms 2 --out /tmp/res/prof-nv
-        section prof-mxfp4-m16-p3 120 "$ncu" --clock-control none -k regex:_mxfp4_gemm_kernel \
-          --launch-skip 4 --launch-count 1 --print-details all $secs $py bench/mxfp4/run.py --shapes 8192x8192 \
-          --ms 16 --rep 2 --out /tmp/res/prof-mx
+        prof nvfp4-m16-p3 nvfp4_matmul_hw --print-details all -- $py bench/nvfp4/run.py \
+          --shapes 8192x8192 --ms 16 --timer events --rep-ms 2 --out /tmp/res/prof-nv
+        prof mxfp4-m16-p3 _mxfp4_gemm_kernel --print-details all -- $py bench/mxfp4/run.py \
+          --shapes 8192x8192 --ms 16 --rep 2 --out /tmp/res/prof-mx
         section mxfp4-bench 110 $py bench/mxfp4/run.py --configs all --ms 1,16 --sweep-ms 16 \
           --budget 80 --out /tmp/res/mxfp4-bench
       }
