@@ -26,6 +26,8 @@ from kernelbay_quant_nvfp4.schemes import (
     FLOAT_DTYPES,
     NVFP4_BLOCK,
     W4A4_ACTIVATION,
+    dense_only,
+    k_in_blocks,
     nvfp4_layer_checks,
 )
 from kernelbay_quant_nvfp4.tp import block_scale_sharding
@@ -67,18 +69,14 @@ class Nvfp4EmulationLinear(LinearMethod):
     def can_implement(cls, request: LinearRequest, device: DeviceCapability) -> Verdict:
         del device  # plain torch: runs wherever torch does
         s = request.scheme
-        k = request.in_features
         verdict = Verdict.all(
-            Verdict.handles(request.num_experts is None,
-                            f"handles dense layers only, request is a routed-expert MLP of "
-                            f"{request.num_experts} experts"),
+            dense_only(request),
             nvfp4_layer_checks(s, "weights",
                                f"emulates activations None or {W4A4_ACTIVATION!r}"),
             Verdict.check(request.activation_dtype in FLOAT_DTYPES,
                           f"needs activation dtype in {FLOAT_DTYPES}, request has "
                           f"{request.activation_dtype!r}"),
-            Verdict.check(k > 0 and k % NVFP4_BLOCK == 0,
-                          f"K={k} is not a multiple of the NVFP4 block {NVFP4_BLOCK}"),
+            k_in_blocks(request),
         )
         if verdict.accepted and s.activation is not None:
             return Verdict.accept(f"activations fake-quantized {s.activation} with the static "

@@ -22,7 +22,13 @@ from kernelbay.layers.linear import LinearMethod, TensorSpec
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
-from kernelbay_quant_nvfp4.schemes import NVFP4_BLOCK, W4A4_ACTIVATION, nvfp4_layer_checks
+from kernelbay_quant_nvfp4.schemes import (
+    NVFP4_BLOCK,
+    W4A4_ACTIVATION,
+    dense_only,
+    k_in_blocks,
+    nvfp4_layer_checks,
+)
 from kernelbay_quant_nvfp4.triton_configs import (
     DEFAULT_CONFIGS,
     KernelConfig,
@@ -117,19 +123,15 @@ class Nvfp4TritonLinear(LinearMethod):
     @classmethod
     def can_implement(cls, request: LinearRequest, device: DeviceCapability) -> Verdict:
         s = request.scheme
-        k = request.in_features
         verdict = Verdict.all(
-            Verdict.handles(request.num_experts is None,
-                            f"handles dense layers only, request is a routed-expert MLP of "
-                            f"{request.num_experts} experts"),
+            dense_only(request),
             nvfp4_layer_checks(s, "weights", f"runs weight-only NVFP4 (activations None, or "
                                               f"{W4A4_ACTIVATION!r} read as weight-only)"),
             gpu_triton_checks(device),
             Verdict.check(request.activation_dtype in _ACT_DTYPES,
                           f"needs activation dtype in {_ACT_DTYPES} for the tensor-core dot, "
                           f"request has {request.activation_dtype!r}"),
-            Verdict.check(k > 0 and k % NVFP4_BLOCK == 0,
-                          f"K={k} is not a multiple of the NVFP4 block {NVFP4_BLOCK}"),
+            k_in_blocks(request),
         )
         if verdict.accepted and s.activation is not None:
             return Verdict.accept("weight-only: the checkpoint's input_scale is not used "

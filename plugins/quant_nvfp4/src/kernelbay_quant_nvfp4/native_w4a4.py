@@ -26,7 +26,7 @@ from kernelbay.layers.linear import LinearMethod, TensorSpec
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
-from kernelbay_quant_nvfp4.schemes import NVFP4_BLOCK, W4A4_ACTIVATION
+from kernelbay_quant_nvfp4.schemes import NVFP4_BLOCK, W4A4_ACTIVATION, dense_only
 
 if TYPE_CHECKING:
     import torch
@@ -135,9 +135,7 @@ class Nvfp4NativeW4A4Linear(LinearMethod):
         n, k = request.out_features, request.in_features
         cc = device.compute_capability
         return Verdict.all(
-            Verdict.handles(request.num_experts is None,
-                            f"handles dense layers only, request is a routed-expert MLP of "
-                            f"{request.num_experts} experts"),
+            dense_only(request),
             Verdict.handles(s.name == "nvfp4" and s.activation == W4A4_ACTIVATION,
                             f"handles NVFP4 W4A4 (activations {W4A4_ACTIVATION!r}) only, layer "
                             f"is {s.describe()}"),

@@ -14,6 +14,7 @@ from kernelbay.verdict import Verdict
 if TYPE_CHECKING:
     from kernelbay.checkpoint.tensors import TensorInfo
     from kernelbay.layers.checkpoint_format import LinearModule
+    from kernelbay.requests import LinearRequest
 
 __all__ = [
     "FLOAT_DTYPES",
@@ -22,6 +23,8 @@ __all__ = [
     "NVFP4_BLOCK",
     "W4A4_ACTIVATION",
     "check_linear",
+    "dense_only",
+    "k_in_blocks",
     "nvfp4_layer_checks",
     "nvfp4_scheme",
 ]
@@ -37,6 +40,20 @@ def nvfp4_scheme(dialect: str, w4a4: bool) -> QuantScheme:
     checkpoint carries ``input_scale`` for dynamic NVFP4 activations."""
     return QuantScheme("nvfp4", "e2m1", (1, NVFP4_BLOCK), "float8_e4m3fn", True,
                        W4A4_ACTIVATION if w4a4 else None, dialect)
+
+
+def dense_only(request: LinearRequest) -> Verdict:
+    """Not applicable to routed-expert requests (the MoE methods take those)."""
+    return Verdict.handles(request.num_experts is None,
+                           f"handles dense layers only, request is a routed-expert MLP of "
+                           f"{request.num_experts} experts")
+
+
+def k_in_blocks(request: LinearRequest) -> Verdict:
+    """This rank's K in whole NVFP4 blocks (so block scales shard with the weight)."""
+    k = request.in_features
+    return Verdict.check(k > 0 and k % NVFP4_BLOCK == 0,
+                         f"K={k} is not a multiple of the NVFP4 block {NVFP4_BLOCK}")
 
 
 def nvfp4_layer_checks(scheme: QuantScheme, layers: str, activations: str) -> Verdict:
