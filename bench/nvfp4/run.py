@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     from kernelbay.formats import dequantize_nvfp4, quantize_nvfp4
     from kernelbay.requests import LinearRequest
     from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear, run_config
+    from kernelbay_quant_nvfp4.repack import repack_e2m1_words
     from kernelbay_quant_nvfp4.schemes import nvfp4_scheme
     from kernelbay_quant_nvfp4.triton_configs import CANDIDATES, config_for, fit_block_m
 
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             layer.weight_scale_2.data.copy_(gg)
             method.process_weights_after_loading(layer)
             layers.append(layer)
+        repacked = [repack_e2m1_words(ly.weight) for ly in layers] if args.configs == "all" else []
         for m in ms:
             x = torch.randn(m, k, generator=gen, device=dev).to(dtype)
             bound = 4 * unit * (x.float().abs() @ w_ref.abs().T) + 1e-5
@@ -181,13 +183,16 @@ def main(argv: list[str] | None = None) -> int:
             if args.configs == "all":
                 tried: dict[str, float] = {}
                 for config in CANDIDATES:
-                    p0, s0, g0 = layers[0].weight, layers[0].weight_scale, layers[0].weight_scale_2
+                    # the repacked kernels read repack_e2m1_words' layout (made once per copy)
+                    weights = repacked if config.path == "repacked" else [
+                        ly.weight for ly in layers]
+                    p0, s0, g0 = weights[0], layers[0].weight_scale, layers[0].weight_scale_2
                     if not attempt(config.name, lambda c=config, p0=p0, s0=s0, g0=g0, x=x:
                                    run_config(c, x, p0, s0, g0, None)):
                         continue
-                    calls = [lambda ly=ly, c=config, x=x: run_config(
-                        c, x, ly.weight, ly.weight_scale, ly.weight_scale_2, None)
-                        for ly in layers]
+                    calls = [lambda ly=ly, wt=wt, c=config, x=x: run_config(
+                        c, x, wt, ly.weight_scale, ly.weight_scale_2, None)
+                        for ly, wt in zip(layers, weights, strict=True)]
                     tried[config.name] = bench(rotating(calls))
                 best = min(tried, key=tried.__getitem__) if tried else ""
                 row.update({"configs_us": tried, "best_config": best,
@@ -198,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({bf_t / nv_t:.2f}x, {row['nvfp4_gbps']:.0f} GB/s)"
                   + (f", best {row['best_config']} {row['best_us']:.1f} us"
                      if args.configs == "all" else ""), flush=True)
-        layers, nv_copies, bf_copies = [], [], []  # free this shape's weights
+        layers, nv_copies, bf_copies, repacked = [], [], [], []  # free this shape's weights
         if dev == "cuda":
             torch.cuda.empty_cache()
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from kernelbay.formats import quantize_nvfp4
 from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear
+from kernelbay_quant_nvfp4.repack import repack_e2m1_words
+from kernelbay_quant_nvfp4.triton_configs import KernelConfig
 
 UNIT = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 
@@ -61,3 +63,8 @@ def every_code_and_scale(dtype: torch.dtype = torch.bfloat16
     tensors = {"weight": packed, "weight_scale": scales,
                "weight_scale_2": torch.tensor(0.125, dtype=torch.float32)}
     return tensors, torch.eye(k, dtype=dtype)
+
+
+def weight_for(config: KernelConfig, packed: torch.Tensor) -> torch.Tensor:
+    """The weight as ``config``'s kernel reads it (``repacked`` configs: the repacked words)."""
+    return repack_e2m1_words(packed) if config.path == "repacked" else packed

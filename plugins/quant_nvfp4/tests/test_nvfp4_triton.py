@@ -32,6 +32,7 @@ from nvfp4_triton_helpers import (
     every_code_and_scale,
     make_layer,
     nvfp4_weights,
+    weight_for,
 )
 
 W4A16 = nvfp4_scheme("modelopt", w4a4=False)
@@ -94,7 +95,8 @@ def test_cuda_every_config_matches_reference(config: KernelConfig) -> None:
     bias = torch.randn(n, generator=gen).bfloat16().cuda()
     for m in (1, 5, 16, 64, 257):
         x = torch.randn(m, k, generator=gen).bfloat16().cuda()
-        got = run_config(config, x, tensors["weight"], tensors["weight_scale"], glob, bias)
+        got = run_config(config, x, weight_for(config, tensors["weight"]),
+                         tensors["weight_scale"], glob, bias)
         check_close(got, x, w, bias)
 
 
@@ -130,11 +132,13 @@ def test_cuda_halfword_fp16_matches_reference(config: KernelConfig) -> None:
     bias = torch.randn(n, generator=gen).half().cuda()
     for m in (1, 16, 64, 257):
         x = torch.randn(m, k, generator=gen).half().cuda()
-        got = run_config(config, x, tensors["weight"], tensors["weight_scale"], glob, bias)
+        got = run_config(config, x, weight_for(config, tensors["weight"]),
+                         tensors["weight_scale"], glob, bias)
         check_close(got, x, w, bias)
 
 
-_ONE_PER_KERNEL = ("hw-16x64x512-s2", "hw-64x128x128", "pw-16x64x256-p3")
+_ONE_PER_KERNEL = ("hw-16x64x512-s2", "hw-64x128x128", "pw-16x64x256-p3", "pr-16x128x128",
+                   "pr-64x128x128")
 
 
 @pytest.mark.gpu
@@ -149,8 +153,8 @@ def test_cuda_ptx_decodes_every_code_and_scale(config: KernelConfig) -> None:
     tensors, eye = every_code_and_scale()
     tensors = {name: t.cuda() for name, t in tensors.items()}
     w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
-    got = run_config(config, eye.cuda(), tensors["weight"], tensors["weight_scale"],
-                     tensors["weight_scale_2"].reshape(1), None)
+    got = run_config(config, eye.cuda(), weight_for(config, tensors["weight"]),
+                     tensors["weight_scale"], tensors["weight_scale_2"].reshape(1), None)
     assert torch.equal(got, w.T.to(torch.bfloat16))
 
 

@@ -14,7 +14,13 @@ from kernelbay.requests import LinearRequest
 from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear
 from kernelbay_quant_nvfp4.schemes import nvfp4_scheme
 from kernelbay_quant_nvfp4.triton_configs import KernelConfig
-from nvfp4_triton_helpers import check_close, edge_scales, make_layer, nvfp4_weights
+from nvfp4_triton_helpers import (
+    check_close,
+    edge_scales,
+    make_layer,
+    nvfp4_weights,
+    weight_for,
+)
 
 W4A16 = nvfp4_scheme("modelopt", w4a4=False)
 
@@ -52,6 +58,9 @@ def test_interpreter_matches_reference(dtype: torch.dtype, n: int, k: int,
                                     KernelConfig("nosplit", "fused", 32, 32, 64, 1, 4, 1),
                                     KernelConfig("pairs-split3", "pairs", 16, 16, 64, 3, 4, 1),
                                     KernelConfig("pairs", "pairs", 32, 32, 128, 1, 4, 1),
+                                    KernelConfig("repacked-split3", "repacked", 16, 16, 64, 3,
+                                                 4, 1),
+                                    KernelConfig("repacked", "repacked", 32, 32, 128, 1, 4, 1),
                                     KernelConfig("dequant", "dequant")], ids=str)
 def test_interpreter_every_path(config: KernelConfig) -> None:
     """Split-K with a K not a multiple of the tile (272 = 4.25 tiles of 64), no split, the
@@ -69,7 +78,8 @@ def test_interpreter_every_path(config: KernelConfig) -> None:
     bias = torch.randn(24, generator=gen).to(torch.float16)
     for m in (1, 17):
         x = torch.randn(m, 272, generator=gen).to(torch.float16)
-        got = run_config(config, x, tensors["weight"], tensors["weight_scale"],
+        got = run_config(config, x, weight_for(config, tensors["weight"]),
+                         tensors["weight_scale"],
                          tensors["weight_scale_2"].reshape(1), bias)
         check_close(got, x, w, bias)
 
@@ -116,6 +126,7 @@ def test_moe_triton_matches_emulation() -> None:
 
 
 HALFWORD = [KernelConfig("hw-split", "fused", 16, 16, 64, 3),
+            KernelConfig("pr", "repacked", 32, 32, 128, 1),
             KernelConfig("hw", "fused", 32, 32, 128, 1),
             KernelConfig("hw-even", "fused", 16, 32, 64, 2)]
 
@@ -141,7 +152,8 @@ def test_halfword_variant(config: KernelConfig, dtype: torch.dtype, bias: bool) 
             x = torch.randn(m, k, generator=gen) * torch.logspace(-6, top, m)[:, None]
             x[m // 2] = 0.0
             x = x.to(dtype)
-            got = run_config(config, x, tensors["weight"], tensors["weight_scale"],
+            got = run_config(config, x, weight_for(config, tensors["weight"]),
+                             tensors["weight_scale"],
                              tensors["weight_scale_2"].reshape(1), b)
             check_close(got, x, w, b)
 
@@ -155,6 +167,6 @@ def test_halfword_decodes_every_code_and_scale(config: KernelConfig) -> None:
 
     tensors, eye = every_code_and_scale()
     w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
-    got = run_config(config, eye, tensors["weight"], tensors["weight_scale"],
-                     tensors["weight_scale_2"].reshape(1), None)
+    got = run_config(config, eye, weight_for(config, tensors["weight"]),
+                     tensors["weight_scale"], tensors["weight_scale_2"].reshape(1), None)
     assert torch.equal(got, w.T.to(torch.bfloat16))

@@ -105,7 +105,7 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
                            block_n=config.block_n, block_k=config.block_k,
                            split_k=split_k_for(config, m, packed.shape[0], k, sms),
                            num_warps=config.num_warps, num_stages=config.num_stages,
-                           pairs=config.path == "pairs")
+                           pairs=config.path == "pairs", repacked=config.path == "repacked")
 
 
 class Nvfp4TritonLinear(LinearMethod):

@@ -97,6 +97,18 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     _hw("hw-64x128x128", 64, 128, 128, 4, 3),
     _hw("hw-128x128x64", 128, 128, 64, 8, 3),
     KernelConfig("dequant-cublas", "dequant"),
+    # The repacked word layout (``repack``): natural K order, about half the integer work.
+    KernelConfig("pr-16x128x128", "repacked", 16, 128, 128, 0, 4, 3),
+    KernelConfig("pr-16x64x256-p3", "repacked", 16, 64, 256, 0, 4, 3),
+    KernelConfig("pr-16x128x256", "repacked", 16, 128, 256, 0, 4, 3),
+    KernelConfig("pr-16x64x512-s2-p2", "repacked", 16, 64, 512, 2, 4, 2),
+    KernelConfig("pr-16x128x128-p4", "repacked", 16, 128, 128, 0, 4, 4),
+    KernelConfig("pr-16x256x128", "repacked", 16, 256, 128, 0, 8, 3),
+    KernelConfig("pr-64x128x128", "repacked", 64, 128, 128, 0, 4, 3),
+    KernelConfig("pr-64x64x128", "repacked", 64, 64, 128, 0, 4, 3),
+    KernelConfig("pr-64x128x64-p4", "repacked", 64, 128, 64, 0, 4, 4),
+    KernelConfig("pr-128x128x64", "repacked", 128, 128, 64, 0, 8, 3),
+    KernelConfig("pr-128x256x64", "repacked", 128, 256, 64, 0, 8, 3),
 )
 
 #: CTAs per SM the split-K rule aims for (enough loads in flight to saturate HBM).

@@ -64,7 +64,7 @@ from kernelbay_quant_nvfp4.triton_kernels import (
     sum_partials,
 )
 
-__all__ = ["decode_words", "hw_kernel", "nvfp4_linear_hw"]
+__all__ = ["decode_repacked", "decode_words", "hw_kernel", "nvfp4_linear_hw"]
 
 # Two elements per 32-bit register (pack=2 of 16-bit operands): $0 the two bf16 results, $1
 # the two codes (bits 12..15 of each half), $2 the two multipliers S * 2^118 (bf16 bits).
@@ -143,6 +143,65 @@ def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.conste
     return out
 
 
+# One packed multiply per two elements of a ``decode_repacked`` register: $1 two lanes that
+# read as e2m1 * 2^-126 (bf16 bits), $2 their multipliers S * 2^118; adding -0 keeps the sign
+# of zero products.
+_SCALE_PTX = tl.constexpr("""{
+.reg .b32 nz;
+mov.b32 nz, 0x80008000;
+fma.rn.bf16x2 $0, $1, $2, nz;
+}""")
+
+
+@triton.jit
+def _repacked_lanes(u):
+    """The four bf16x2 registers of repacked words ``u`` (uint32), element ``2r + h`` of the
+    word in register ``r``'s half ``h``, each lane ``e2m1 * 2^-126`` (sign at bit 15,
+    ``e1 e0 m`` at bits 8..6; ``kernelbay_quant_nvfp4.repack`` places the bits so that three
+    registers are one shift and one mask each and the fourth three of each)."""
+    keep = 0x81C081C0
+    r0 = u & keep
+    r1 = (u << 3) & keep
+    r2 = (u << 6) & keep
+    r3 = ((u << 1) & 0x80008000) | ((u >> 4) & 0x00C000C0) | ((u >> 5) & 0x01000100)
+    return r0, r1, r2, r3
+
+
+@triton.jit
+def decode_repacked(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.constexpr):
+    """Repacked words int32 [R, KQ] (eight codes each in ``repack.word_bit_positions``
+    order) and E4M3 bytes [R, KQ // 2] -> ``e2m1 * S * 2^-8`` [R, 8 KQ] in the natural K
+    order: bf16 (``ASM``) or fp32 holding the same values (plain)."""
+    BK: tl.constexpr = KQ * 8
+    G: tl.constexpr = KQ // 2
+    s = e4m3_2m8(sbits)
+    u = words.to(tl.uint32, bitcast=True)
+    if ASM:
+        mult = (s * 8.507059173023462e37).to(tl.bfloat16)  # S * 2^118
+        mult = mult.to(tl.int16, bitcast=True)
+        mult = tl.reshape(tl.broadcast_to(mult[:, :, None], (R, G, 16)), (R, BK))
+        r0, r1, r2, r3 = _repacked_lanes(u)
+        # join(join(a, b), join(c, d)) flattens as a, c, b, d: registers 0, 1, 2, 3
+        regs = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (R, KQ * 4))
+        lanes = tl.reshape(tl.join(regs.to(tl.uint16), (regs >> 16).to(tl.uint16)), (R, BK))
+        out = tl.inline_asm_elementwise(_SCALE_PTX, "=r,r,r", [lanes, mult],
+                                        dtype=tl.bfloat16, is_pure=True, pack=2)
+    else:
+        pos = tl.arange(0, 8)
+        reg = pos // 2
+        half = (pos % 2) * 16
+        sign_at = tl.where(reg == 3, 14, 15 - 3 * reg) + half
+        m_at = tl.where(reg == 3, 10, 6 - 3 * reg) + half
+        e1_at = tl.where(reg == 3, 13, 8 - 3 * reg) + half
+        w = u[:, :, None]
+        nib = ((((w >> sign_at[None, None, :].to(tl.uint32)) & 1) << 3)
+               | (((w >> e1_at[None, None, :].to(tl.uint32)) & 1) << 2)
+               | ((w >> m_at[None, None, :].to(tl.uint32)) & 3))
+        s = tl.reshape(tl.broadcast_to((s * 16384.0)[:, :, None], (R, G, 16)), (R, BK))
+        out = e2m1_2m14(tl.reshape(nib, (R, BK))) * s
+    return out
+
+
 @triton.jit
 def _load_k_tile(rows, cols, row_ok, limit, EVEN_K: tl.constexpr):
     """The tile ``rows[:, None] + cols[None, :]`` (zero outside ``row_ok`` and, unless
@@ -159,7 +218,7 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, TILES_PER_SPLIT, PARTIAL: tl.constexpr,
                     EVEN_K: tl.constexpr, ASM: tl.constexpr, INTERPRET: tl.constexpr,
-                    PAIRS: tl.constexpr):
+                    PAIRS: tl.constexpr, REPACKED: tl.constexpr = False):
     # w_ptr: int16 halfwords [N, K/4], or int32 words [N, K/8] with PAIRS; s_ptr: E4M3 bytes
     # [N, K/16]; out_ptr: [M, N] or, with PARTIAL, fp32 [split, M, N] (stride_os apart).
     pid_n = tl.program_id(0)
@@ -183,13 +242,15 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = pid_k * TILES_PER_SPLIT
     for t in range(first, first + TILES_PER_SPLIT):
-        if PAIRS:
+        if PAIRS or REPACKED:
             packed = _load_k_tile(w_rows, t * KQ + rq, n_ok, K // 8, EVEN_K)
         else:
             packed = _load_k_tile(w_rows, t * KH + rw, n_ok, K // 4, EVEN_K)
         sb = _load_k_tile(s_rows, t * G + rg, n_ok, K // 16, EVEN_K)
         xa = _load_k_tile(x_rows, t * BLOCK_K + rk, m_ok, K, EVEN_K)
-        if PAIRS:
+        if REPACKED:
+            w = decode_repacked(packed, sb, BLOCK_N, KQ, ASM)
+        elif PAIRS:
             w = decode_words(packed, sb, BLOCK_N, KQ, ASM)
             # the activations in the decoded tile's K order (a permutation in registers)
             xa = tl.reshape(tl.permute(tl.reshape(xa, (BLOCK_M, KQ, 2, 4)), (0, 1, 3, 2)),
@@ -222,17 +283,20 @@ def hw_kernel() -> Any:
 def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                     global_scale: torch.Tensor, bias: torch.Tensor | None, *, block_m: int,
                     block_n: int, block_k: int, split_k: int, num_warps: int,
-                    num_stages: int, pairs: bool = False) -> torch.Tensor:
+                    num_stages: int, pairs: bool = False, repacked: bool = False
+                    ) -> torch.Tensor:
     """``x [M, K] @ dequant(packed, scales, global_scale)^T (+ bias)`` -> [M, N] in x's dtype
     through ``nvfp4_matmul_hw``. ``block_k``: a power of two >= 64; ``split_k`` > 1 writes
     fp32 partials summed in split order; ``pairs``: the weight read as 32-bit words and
-    decoded by ``decode_words`` (K is a multiple of 16, so rows are whole words)."""
+    decoded by ``decode_words`` (K is a multiple of 16, so rows are whole words);
+    ``repacked``: ``packed`` is ``repack.repack_e2m1_words``' int32 words, decoded by
+    ``decode_repacked``."""
     if block_k < 64 or block_k & (block_k - 1):
         raise ValueError(f"nvfp4-triton: block_k={block_k} for the halfword kernel; valid: a "
                          "power of two >= 64 (whole 16-element blocks, dots of >= 16)")
     m, k = x.shape
     n = packed.shape[0]
-    words = packed.view(torch.int32 if pairs else torch.int16)
+    words = packed if repacked else packed.view(torch.int32 if pairs else torch.int16)
     sbits = scale_bits(scales)
     k_tiles = -(-k // block_k)
     split_k, per_split = split_plan(k_tiles, split_k)
@@ -249,5 +313,5 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                       m * n if partial else 0, HAS_BIAS=bias is not None and not partial,
                       BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                       TILES_PER_SPLIT=per_split, PARTIAL=partial, EVEN_K=even, ASM=asm,
-                      INTERPRET=interp, PAIRS=pairs, **opts)
+                      INTERPRET=interp, PAIRS=pairs, REPACKED=repacked, **opts)
     return sum_partials(dest, bias, out) if partial else out
