@@ -89,9 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     from kernelbay.formats import dequantize_nvfp4, quantize_nvfp4
     from kernelbay.requests import LinearRequest
     from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear, run_config
-    from kernelbay_quant_nvfp4.repack import repack_e2m1_words
     from kernelbay_quant_nvfp4.schemes import nvfp4_scheme
-    from kernelbay_quant_nvfp4.triton_configs import CANDIDATES, config_for, fit_block_m
+    from kernelbay_quant_nvfp4.triton_configs import (
+        CANDIDATES,
+        config_for,
+        fit_block_m,
+        layout_of,
+    )
 
     dtype = getattr(torch, args.dtype)
     unit = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
@@ -140,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
             layer.weight_scale_2.data.copy_(gg)
             method.process_weights_after_loading(layer)
             layers.append(layer)
-        repacked = [repack_e2m1_words(ly.weight) for ly in layers] if args.configs == "all" else []
         for m in ms:
             x = torch.randn(m, k, generator=gen, device=dev).to(dtype)
             bound = 4 * unit * (x.float().abs() @ w_ref.abs().T) + 1e-5
@@ -183,9 +186,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.configs == "all":
                 tried: dict[str, float] = {}
                 for config in CANDIDATES:
-                    # the repacked kernels read repack_e2m1_words' layout (made once per copy)
-                    weights = repacked if config.path == "repacked" else [
-                        ly.weight for ly in layers]
+                    # each config reads its own layout: the method's stored (repacked) weight
+                    # or the checkpoint's packed bytes
+                    weights = ([ly.weight for ly in layers] if layout_of(config) == "repacked"
+                               else [p for p, _, _ in nv_copies])
                     p0, s0, g0 = weights[0], layers[0].weight_scale, layers[0].weight_scale_2
                     if not attempt(config.name, lambda c=config, p0=p0, s0=s0, g0=g0, x=x:
                                    run_config(c, x, p0, s0, g0, None)):
@@ -203,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({bf_t / nv_t:.2f}x, {row['nvfp4_gbps']:.0f} GB/s)"
                   + (f", best {row['best_config']} {row['best_us']:.1f} us"
                      if args.configs == "all" else ""), flush=True)
-        layers, nv_copies, bf_copies, repacked = [], [], [], []  # free this shape's weights
+        layers, nv_copies, bf_copies = [], [], []  # free this shape's weights
         if dev == "cuda":
             torch.cuda.empty_cache()
 

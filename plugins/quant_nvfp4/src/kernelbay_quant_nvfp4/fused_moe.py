@@ -159,11 +159,16 @@ class Nvfp4MoETriton(MoEMethod):
         return expert_specs(self, False if self.request.scheme.activation is not None else None)
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        """Stack per projection: ``{proj}_w`` uint8 [E, N, K/2], ``{proj}_bs`` E4M3
+        """Stack per projection: ``{proj}_w`` (``stored_weight``: repacked int32 [E, N, K/8] for
+        the default table), ``{proj}_bs`` E4M3
         [E, N, K/16], ``{proj}_g`` fp32 [E, 1] (buffers); the per-expert parameters go."""
         import torch
 
-        from kernelbay_quant_nvfp4.linear_triton import check_finite_scales
+        from kernelbay_quant_nvfp4.linear_triton import (
+            Nvfp4TritonLinear,
+            check_finite_scales,
+            stored_weight,
+        )
 
         params = layer._parameters
 
@@ -178,7 +183,9 @@ class Nvfp4MoETriton(MoEMethod):
                 g.append(take(e, proj, "weight_scale_2").float().reshape(1))
                 check_finite_scales(self.name, bs[-1], g[-1], f"experts.{e}.{proj}.")
                 params.pop(expert_tensor(e, proj, "input_scale"), None)
-            layer.register_buffer(f"{proj}_w", torch.stack(w), persistent=False)
+            layer.register_buffer(f"{proj}_w", stored_weight(torch.stack(w),
+                                                             Nvfp4TritonLinear.configs),
+                                  persistent=False)
             layer.register_buffer(f"{proj}_bs", torch.stack(bs), persistent=False)
             layer.register_buffer(f"{proj}_g", torch.stack(g), persistent=False)
 

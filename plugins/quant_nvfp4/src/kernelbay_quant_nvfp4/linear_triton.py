@@ -34,14 +34,17 @@ from kernelbay_quant_nvfp4.triton_configs import (
     KernelConfig,
     config_for,
     fit_block_m,
+    layout_of,
     split_k_for,
+    table_layout,
 )
 
 if TYPE_CHECKING:
     import torch
     from kernelbay.device import DeviceCapability
 
-__all__ = ["Nvfp4TritonLinear", "check_finite_scales", "gpu_triton_checks", "run_config"]
+__all__ = ["Nvfp4TritonLinear", "check_finite_scales", "gpu_triton_checks", "run_config",
+           "stored_weight", "unstored_weight"]
 
 _ACT_DTYPES = ("bfloat16", "float16")
 
@@ -84,15 +87,48 @@ def _sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
+def stored_weight(packed: torch.Tensor, table: tuple[tuple[int, KernelConfig], ...]
+                  ) -> torch.Tensor:
+    """The packed checkpoint weight (uint8 [..., N, K/2]) in the layout ``table``'s kernels
+    read: as is, or ``repack.repack_e2m1_words``' int32 [..., N, K/8] (rows are independent, so
+    stacked experts repack as one matrix)."""
+    if table_layout(table) == "checkpoint":
+        return packed.contiguous()
+    from kernelbay_quant_nvfp4.repack import repack_e2m1_words
+
+    lead = packed.shape[:-1]
+    words = repack_e2m1_words(packed.contiguous().reshape(-1, packed.shape[-1]))
+    return words.reshape(*lead, words.shape[-1])
+
+
+def unstored_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The checkpoint layout (uint8 [N, K/2]) of a weight as ``stored_weight`` kept it."""
+    import torch
+
+    if weight.dtype != torch.int32:
+        return weight
+    from kernelbay_quant_nvfp4.repack import unpack_e2m1_words
+
+    return unpack_e2m1_words(weight)
+
+
 def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
                scales: torch.Tensor, global_scale: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
-    """``x2 [M, K]`` through one kernel configuration (the benchmark calls it directly)."""
+    """``x2 [M, K]`` through one kernel configuration (the benchmark calls it directly).
+    ``packed``: the weight in the layout the config reads (``layout_of``): the checkpoint's
+    uint8 [N, K/2] or the repacked int32 [N, K/8]."""
+    import torch
     import torch.nn.functional as F
 
     from kernelbay_quant_nvfp4.triton_halfword import nvfp4_linear_hw
     from kernelbay_quant_nvfp4.triton_kernels import dequantize_nvfp4_triton
 
+    want = torch.int32 if layout_of(config) == "repacked" else torch.uint8
+    if packed.dtype != want:
+        raise ValueError(f"nvfp4-triton: config {config.name} reads the {layout_of(config)} "
+                         f"weight layout ({want}), got a {packed.dtype} weight "
+                         f"{tuple(packed.shape)}")
     m, k = x2.shape
     if config.path == "dequant":
         # A per-call temporary: the caching allocator hands the same block back next call,
@@ -156,13 +192,15 @@ class Nvfp4TritonLinear(LinearMethod):
         return specs
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        """Check the scales, make the tensors contiguous, keep the global scale as a
-        one-element fp32 tensor on the weight's device (the kernels load it)."""
+        """Check the scales, store the weight in the layout the M table's kernels read
+        (``stored_weight``: repacked words for the default table), make the scales
+        contiguous, keep the global scale as a one-element fp32 tensor on the weight's device
+        (the kernels load it)."""
         weight = cast("torch.Tensor", layer.weight)
         scales = cast("torch.Tensor", layer.weight_scale)
         glob = cast("torch.Tensor", layer.weight_scale_2)
         check_finite_scales(self.name, scales.data, glob.data)
-        layer.weight.data = weight.data.contiguous()
+        layer.weight.data = stored_weight(weight.data, self.configs)
         layer.weight_scale.data = scales.data.contiguous()
         layer.weight_scale_2.data = glob.data.float().reshape(1).to(weight.device)
 
@@ -186,7 +224,7 @@ class Nvfp4TritonLinear(LinearMethod):
         import torch
         from kernelbay.formats import dequantize_nvfp4
 
-        w = dequantize_nvfp4(cast("torch.Tensor", layer.weight),
+        w = dequantize_nvfp4(unstored_weight(cast("torch.Tensor", layer.weight)),
                              cast("torch.Tensor", layer.weight_scale),
                              cast("torch.Tensor", layer.weight_scale_2).reshape(()))
         return w.to(getattr(torch, self.request.activation_dtype))

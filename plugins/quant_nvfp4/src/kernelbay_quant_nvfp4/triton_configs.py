@@ -3,11 +3,13 @@
 Reasoning for the H200 defaults (132 SMs, 4.8 TB/s, 50 MB L2); ``bench/nvfp4/run.py
 --configs all`` times every entry of ``CANDIDATES`` per shape so one GPU run can retune:
 
-* The fused path is the halfword kernel (``triton_halfword``): no activation pass; the
-  weight read as int16 halfwords and decoded by PTX (two bf16 lanes per instruction, the
-  block scale applied by one packed fma, exact) directly in the dot operand layout. sm_90
-  SASS of the K loop (triton 3.9, pointers/strides specialized): 6.0-6.2 instructions per
-  element for the 16-row tiles, 5.3 at 64x128x128.
+* The fused path is the kernel of ``triton_halfword`` on the repacked word layout
+  (``repack``, made once after loading): no activation pass, the codes' bits stored where the
+  decode wants them (one mask, or a shift and a mask, per two elements for three quarters of
+  them), the block scale applied by one packed multiply, exact, directly in the dot operand
+  layout. sm_90 SASS of the K loop (triton 3.9, pointers/strides specialized): 4.2-4.7
+  instructions per element for the 16-row tiles, 3.7 at 64x128x128, against 4.6-6.2 for the
+  checkpoint-layout decodes (halfwords, ``hw-*``; words, ``pw-*``), which stay in the sweep.
 * Earlier fused kernels (per-element fp32 / fp16 decodes, int32 words of 8 nibbles
   decoded in PTX, activations prepared once per call with the operands swapped, split sums
   in the kernel) were measured in the first three H200 sweeps, lost to the halfword kernels
@@ -18,24 +20,26 @@ Reasoning for the H200 defaults (132 SMs, 4.8 TB/s, 50 MB L2); ``bench/nvfp4/run
   the fp32 partials (M x N x split, a few hundred KB at most) are summed by a second small
   kernel (deterministic: partials added in split order).
 * M = 64: 64 x 128 (M x N) tiles, the weight decoded once for all rows.
-* M > 64: ``dequant``: decode the whole weight into a temporary and call cuBLAS
-  (``F.linear``), measured best at M = 256 (each call pays a 2 B/element write and read of
-  the temporary); ``hw-128x128x64`` is the fused contender in the sweep.
+* M > 64: 128 x 128 x 64 tiles with 8 warps; ``dequant`` (decode the whole weight into a
+  temporary and call cuBLAS, paying a 2 B/element write and read of it) is the contender.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["CANDIDATES", "DEFAULT_CONFIGS", "KernelConfig", "config_for", "split_k_for"]
+__all__ = ["CANDIDATES", "DEFAULT_CONFIGS", "LAYOUTS", "KernelConfig", "config_for", "layout_of",
+           "split_k_for", "table_layout"]
 
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """One way to run the weight-only NVFP4 linear. ``path`` is ``fused`` (the halfword
-    kernel, ``triton_halfword``: decode in registers), ``pairs`` (the same kernel reading
-    32-bit words, ``triton_halfword.decode_words``) or ``dequant`` (Triton dequantize into a
-    temporary, then ``F.linear``). ``split_k`` 0 means "choose by ``split_k_for``"."""
+    """One way to run the weight-only NVFP4 linear. ``path`` is ``repacked`` (the fused
+    kernel on ``repack``'s word layout, ``triton_halfword.decode_repacked``), ``fused`` (the
+    halfword kernel on the checkpoint layout: decode in registers), ``pairs`` (the same
+    kernel reading 32-bit words, ``triton_halfword.decode_words``) or ``dequant`` (Triton
+    dequantize into a temporary, then ``F.linear``). ``split_k`` 0 means "choose by
+    ``split_k_for``"."""
 
     name: str
     path: str = "fused"
@@ -48,18 +52,36 @@ class KernelConfig:
 
 
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
-#: Set from the H200 sweeps (bench/results/nvfp4-sweep-small-m-h200.md; geometric mean of the
-#: ratio to bf16 over the three N x K shapes at M = 1 and 16): M <= 16: ``pw-16x128x128``, the
-#: word decode on 16 x 128 x 128 tiles (sixth sweep: 1.50x, 1.33-1.71x, against 1.38x for the
-#: halfword decode's best, ``hw-16x64x256-p3``, and 1.34x for the four-stage 16 x 64 x 512
-#: tile before it); M <= 64: ``hw-64x128x128`` (0.81-1.02x; its word-decode twin needs 254
-#: registers and ran at 0.63-0.74x); larger M: dequantize then cuBLAS (0.55x, tied with
-#: ``hw-128x128x64`` and steadier).
+#: Set from the H200 sweep of the repacked kernels (geometric mean of the ratio to bf16 over
+#: the three N x K shapes; bench/results/nvfp4-sweep-repacked-h200.md): every M runs the
+#: repacked word layout (``repack``), 8-15% faster than the checkpoint-layout kernels at every
+#: M: M <= 16 ``pr-16x64x256-p3`` (1.50-1.96x), M <= 64 ``pr-64x128x128`` (0.90-1.10x),
+#: larger M ``pr-128x128x64`` (0.52-0.61x, ahead of dequantize-then-cuBLAS's 0.53x).
 DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
-    (16, KernelConfig("pw-16x128x128", "pairs", 16, 128, 128, 0, 4, 3)),
-    (64, KernelConfig("hw-64x128x128", "fused", 64, 128, 128, 0, 4, 3)),
-    (1 << 62, KernelConfig("dequant-cublas", "dequant")),
+    (16, KernelConfig("pr-16x64x256-p3", "repacked", 16, 64, 256, 0, 4, 3)),
+    (64, KernelConfig("pr-64x128x128", "repacked", 64, 128, 128, 0, 4, 3)),
+    (1 << 62, KernelConfig("pr-128x128x64", "repacked", 128, 128, 64, 0, 8, 3)),
 )
+
+#: The two weight layouts: ``checkpoint`` (packed uint8 [N, K/2] as loaded) and ``repacked``
+#: (``repack.repack_e2m1_words``' int32 [N, K/8]).
+LAYOUTS = ("checkpoint", "repacked")
+
+
+def layout_of(config: KernelConfig) -> str:
+    """The weight layout ``config``'s kernel reads."""
+    return "repacked" if config.path == "repacked" else "checkpoint"
+
+
+def table_layout(table: tuple[tuple[int, KernelConfig], ...]) -> str:
+    """The one weight layout every config of an M table reads (a method stores its weight
+    once); ``ValueError`` naming the configs when a table mixes the two."""
+    kinds = {layout_of(c) for _, c in table}
+    if len(kinds) != 1:
+        names = ", ".join(f"{c.name} ({layout_of(c)})" for _, c in table)
+        raise ValueError(f"nvfp4-triton: an M table must read one weight layout of {LAYOUTS}; "
+                         f"this one mixes them: {names}")
+    return kinds.pop()
 
 
 def _hw(name: str, block_m: int, block_n: int, block_k: int, warps: int, stages: int,
@@ -97,7 +119,9 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     _hw("hw-64x128x128", 64, 128, 128, 4, 3),
     _hw("hw-128x128x64", 128, 128, 64, 8, 3),
     KernelConfig("dequant-cublas", "dequant"),
-    # The repacked word layout (``repack``): natural K order, about half the integer work.
+    # The repacked word layout (``repack``): natural K order, no activation permutation, no
+    # 16-bit repacking; the K loop of pr-16x128x128 has 4.4 SASS instructions per element
+    # against 4.8 for pw-16x64x256-p3 (LOP3 128, shifts 96, no PRMT).
     KernelConfig("pr-16x128x128", "repacked", 16, 128, 128, 0, 4, 3),
     KernelConfig("pr-16x64x256-p3", "repacked", 16, 64, 256, 0, 4, 3),
     KernelConfig("pr-16x128x256", "repacked", 16, 128, 256, 0, 4, 3),
