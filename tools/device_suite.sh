@@ -113,6 +113,11 @@ for s in "$@"; do
         plugins/quant_nvfp4/tests/test_nvfp4_triton.py -k "pr- or every_code"
       section nvfp4-bench 330 $py bench/nvfp4/run.py --configs all --rep-ms 8 --ms 1,16,64,256 \
         --out /tmp/res/nvfp4-bench ;;
+    nvtable)  # the NVFP4 plugin's GPU tests on the repacked layout, then the committed table
+      section nv-gpu-tests 250 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 200 \
+        plugins/quant_nvfp4/tests
+      section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
+        --out /tmp/res/nvfp4-bench ;;
     mlaprof)  # the MXFP8 MLA decode kernel in detail: stall reasons and where they happen
       prof mla-mxfp8-detail mla_decode_kernel --print-details all --section SourceCounters -- \
         $py bench/mla_decode/run.py --batches 64 --contexts 8192 --heads 16 --kinds mxfp8 \

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 from kernelbay.formats import quantize_nvfp4
+from kernelbay.formats.e2m1_words import repack_e2m1_words
 from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear
-from kernelbay_quant_nvfp4.repack import repack_e2m1_words
 from kernelbay_quant_nvfp4.triton_configs import KernelConfig
 
 UNIT = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}

@@ -6,6 +6,11 @@ imports torch); backends import it when they are built.
 """
 
 from kernelbay.formats.e2m1 import E2M1_MAX, decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
+from kernelbay.formats.e2m1_words import (
+    repack_e2m1_words,
+    unpack_e2m1_words,
+    word_bit_positions,
+)
 from kernelbay.formats.e4m3 import E4M3_MAX, e4m3_bits, from_e4m3_bits, to_e4m3
 from kernelbay.formats.e8m0 import E8M0_BIAS, E8M0_NAN, decode_e8m0, encode_e8m0
 from kernelbay.formats.fp8 import (
@@ -59,6 +64,9 @@ __all__ = [
     "quantize_fp8_per_tensor",
     "quantize_mx",
     "quantize_nvfp4",
+    "repack_e2m1_words",
     "to_e4m3",
     "unpack_e2m1",
+    "unpack_e2m1_words",
+    "word_bit_positions",
 ]

@@ -90,11 +90,11 @@ def _sm_count(index: int) -> int:
 def stored_weight(packed: torch.Tensor, table: tuple[tuple[int, KernelConfig], ...]
                   ) -> torch.Tensor:
     """The packed checkpoint weight (uint8 [..., N, K/2]) in the layout ``table``'s kernels
-    read: as is, or ``repack.repack_e2m1_words``' int32 [..., N, K/8] (rows are independent, so
+    read: as is, or ``kernelbay.formats.repack_e2m1_words``' int32 [..., N, K/8] (rows are independent, so
     stacked experts repack as one matrix)."""
     if table_layout(table) == "checkpoint":
         return packed.contiguous()
-    from kernelbay_quant_nvfp4.repack import repack_e2m1_words
+    from kernelbay.formats.e2m1_words import repack_e2m1_words
 
     lead = packed.shape[:-1]
     words = repack_e2m1_words(packed.contiguous().reshape(-1, packed.shape[-1]))
@@ -107,7 +107,7 @@ def unstored_weight(weight: torch.Tensor) -> torch.Tensor:
 
     if weight.dtype != torch.int32:
         return weight
-    from kernelbay_quant_nvfp4.repack import unpack_e2m1_words
+    from kernelbay.formats.e2m1_words import unpack_e2m1_words
 
     return unpack_e2m1_words(weight)
 

@@ -4,7 +4,7 @@ Reasoning for the H200 defaults (132 SMs, 4.8 TB/s, 50 MB L2); ``bench/nvfp4/run
 --configs all`` times every entry of ``CANDIDATES`` per shape so one GPU run can retune:
 
 * The fused path is the kernel of ``triton_halfword`` on the repacked word layout
-  (``repack``, made once after loading): no activation pass, the codes' bits stored where the
+  (``kernelbay.formats.e2m1_words``, made once after loading): no activation pass, the codes' bits stored where the
   decode wants them (one mask, or a shift and a mask, per two elements for three quarters of
   them), the block scale applied by one packed multiply, exact, directly in the dot operand
   layout. sm_90 SASS of the K loop (triton 3.9, pointers/strides specialized): 4.2-4.7
@@ -35,7 +35,8 @@ __all__ = ["CANDIDATES", "DEFAULT_CONFIGS", "LAYOUTS", "KernelConfig", "config_f
 @dataclass(frozen=True)
 class KernelConfig:
     """One way to run the weight-only NVFP4 linear. ``path`` is ``repacked`` (the fused
-    kernel on ``repack``'s word layout, ``triton_halfword.decode_repacked``), ``fused`` (the
+    kernel on the word layout of ``kernelbay.formats.e2m1_words``,
+    ``triton_halfword.decode_repacked``), ``fused`` (the
     halfword kernel on the checkpoint layout: decode in registers), ``pairs`` (the same
     kernel reading 32-bit words, ``triton_halfword.decode_words``) or ``dequant`` (Triton
     dequantize into a temporary, then ``F.linear``). ``split_k`` 0 means "choose by
@@ -54,7 +55,7 @@ class KernelConfig:
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
 #: Set from the H200 sweep of the repacked kernels (geometric mean of the ratio to bf16 over
 #: the three N x K shapes; bench/results/nvfp4-sweep-repacked-h200.md): every M runs the
-#: repacked word layout (``repack``), 8-15% faster than the checkpoint-layout kernels at every
+#: repacked word layout (``kernelbay.formats.e2m1_words``), 8-15% faster than the checkpoint-layout kernels at every
 #: M: M <= 16 ``pr-16x64x256-p3`` (1.50-1.96x), M <= 64 ``pr-64x128x128`` (0.90-1.10x),
 #: larger M ``pr-128x128x64`` (0.52-0.61x, ahead of dequantize-then-cuBLAS's 0.53x).
 DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
@@ -64,7 +65,7 @@ DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
 )
 
 #: The two weight layouts: ``checkpoint`` (packed uint8 [N, K/2] as loaded) and ``repacked``
-#: (``repack.repack_e2m1_words``' int32 [N, K/8]).
+#: (``kernelbay.formats.repack_e2m1_words``' int32 [N, K/8]).
 LAYOUTS = ("checkpoint", "repacked")
 
 
@@ -119,7 +120,7 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     _hw("hw-64x128x128", 64, 128, 128, 4, 3),
     _hw("hw-128x128x64", 128, 128, 64, 8, 3),
     KernelConfig("dequant-cublas", "dequant"),
-    # The repacked word layout (``repack``): natural K order, no activation permutation, no
+    # The repacked word layout (``kernelbay.formats.e2m1_words``): natural K order, no activation permutation, no
     # 16-bit repacking; the K loop of pr-16x128x128 has 4.4 SASS instructions per element
     # against 4.8 for pw-16x64x256-p3 (LOP3 128, shifts 96, no PRMT).
     KernelConfig("pr-16x128x128", "repacked", 16, 128, 128, 0, 4, 3),

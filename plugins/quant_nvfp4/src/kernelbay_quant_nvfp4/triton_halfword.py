@@ -157,7 +157,7 @@ fma.rn.bf16x2 $0, $1, $2, nz;
 def _repacked_lanes(u):
     """The four bf16x2 registers of repacked words ``u`` (uint32), element ``2r + h`` of the
     word in register ``r``'s half ``h``, each lane ``e2m1 * 2^-126`` (sign at bit 15,
-    ``e1 e0 m`` at bits 8..6; ``kernelbay_quant_nvfp4.repack`` places the bits so that three
+    ``e1 e0 m`` at bits 8..6; ``kernelbay.formats.e2m1_words`` places the bits so that three
     registers are one shift and one mask each and the fourth three of each)."""
     keep = 0x81C081C0
     r0 = u & keep
@@ -169,7 +169,7 @@ def _repacked_lanes(u):
 
 @triton.jit
 def decode_repacked(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.constexpr):
-    """Repacked words int32 [R, KQ] (eight codes each in ``repack.word_bit_positions``
+    """Repacked words int32 [R, KQ] (eight codes each in ``kernelbay.formats.word_bit_positions``
     order) and E4M3 bytes [R, KQ // 2] -> ``e2m1 * S * 2^-8`` [R, 8 KQ] in the natural K
     order: bf16 (``ASM``) or fp32 holding the same values (plain)."""
     BK: tl.constexpr = KQ * 8
@@ -289,7 +289,7 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     through ``nvfp4_matmul_hw``. ``block_k``: a power of two >= 64; ``split_k`` > 1 writes
     fp32 partials summed in split order; ``pairs``: the weight read as 32-bit words and
     decoded by ``decode_words`` (K is a multiple of 16, so rows are whole words);
-    ``repacked``: ``packed`` is ``repack.repack_e2m1_words``' int32 words, decoded by
+    ``repacked``: ``packed`` is ``kernelbay.formats.repack_e2m1_words``' int32 words, decoded by
     ``decode_repacked``."""
     if block_k < 64 or block_k & (block_k - 1):
         raise ValueError(f"nvfp4-triton: block_k={block_k} for the halfword kernel; valid: a "

@@ -1,8 +1,9 @@
-"""The repacked E2M1 word layout of the ``pr-*`` kernels: eight codes per int32 word placed so
-that the kernel's decode (``triton_halfword.decode_repacked``) is one mask for the first
-two elements, one shift and one mask for the next four and three shifts and three masks for
-the last two, where the checkpoint's nibble order needs about twice as many integer
-instructions and a permutation of the activations.
+"""The repacked E2M1 word layout that GPU kernels decode in registers (the NVFP4 and MXFP4
+plugins' ``repacked`` kernels): eight codes per int32 word placed so that the decode is one
+mask for the first two elements, one shift and one mask for the next four and three shifts
+and three masks for the last two, where the checkpoint's nibble order needs about twice as
+many integer instructions and a permutation of the activations. One table
+(``word_bit_positions``) serves both directions and every kernel.
 
 Element ``e`` (0..7) of a word sits in register ``r = e // 2`` (one bf16x2 register of the
 decoded tile), half ``h = e % 2``. The decode wants each lane as bf16 bits ``s`` at 15 and
@@ -12,7 +13,7 @@ word shifted left by 3 and 6 (the only shifts whose sources do not collide), reg
 collects the 8 bits left over (sign from a left shift by 1, ``m e0`` from a right shift by 4,
 ``e1`` from a right shift by 5). ``word_bit_positions`` is the table both directions use.
 
-The layout is a permutation of bits inside each word: same bytes, same shape as the
+The layout is a permutation of bits inside each word: same bytes, same size as the
 checkpoint's ``[N, K/2]`` uint8 tensor viewed as ``[N, K/8]`` int32; rows stay rows, so
 tensor-parallel shards and block scales are untouched (repacking happens after sharding).
 """

@@ -1,17 +1,11 @@
 """The repacked E2M1 word layout: a bit permutation of each word (round trip, every bit used
-once), the positions the decode's masks assume, and the layout rules of the M tables."""
+once) and the positions the GPU decodes' masks assume."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from kernelbay_quant_nvfp4.linear_triton import run_config, stored_weight, unstored_weight
-from kernelbay_quant_nvfp4.repack import (
-    repack_e2m1_words,
-    unpack_e2m1_words,
-    word_bit_positions,
-)
-from kernelbay_quant_nvfp4.triton_configs import DEFAULT_CONFIGS, KernelConfig, table_layout
+from kernelbay.formats import repack_e2m1_words, unpack_e2m1_words, word_bit_positions
 
 
 def test_positions_use_every_bit_once() -> None:
@@ -50,27 +44,3 @@ def test_bad_inputs_are_named() -> None:
         repack_e2m1_words(torch.zeros(2, 6, dtype=torch.uint8))
     with pytest.raises(ValueError, match="expected int32"):
         unpack_e2m1_words(torch.zeros(2, 6, dtype=torch.uint8))
-
-
-def test_tables_read_one_layout() -> None:
-    assert table_layout(DEFAULT_CONFIGS) == "repacked"
-    mixed = ((16, KernelConfig("a", "repacked")), (1 << 62, KernelConfig("b", "dequant")))
-    with pytest.raises(ValueError, match=r"mixes them: a \(repacked\), b \(checkpoint\)"):
-        table_layout(mixed)
-
-
-def test_stored_weight_round_trips_stacked_experts() -> None:
-    packed = torch.randint(0, 256, (3, 4, 16), dtype=torch.uint8)
-    stored = stored_weight(packed, DEFAULT_CONFIGS)
-    assert stored.shape == (3, 4, 4) and stored.dtype == torch.int32
-    assert torch.equal(unstored_weight(stored[1]), packed[1])
-    checkpoint = ((1 << 62, KernelConfig("d", "dequant")),)
-    assert stored_weight(packed, checkpoint).dtype == torch.uint8
-
-
-def test_run_config_names_a_layout_mismatch() -> None:
-    x = torch.zeros(1, 32, dtype=torch.bfloat16)
-    packed = torch.zeros(4, 16, dtype=torch.uint8)
-    scales = torch.ones(4, 2, dtype=torch.float8_e4m3fn)
-    with pytest.raises(ValueError, match="config pr reads the repacked weight layout"):
-        run_config(KernelConfig("pr", "repacked"), x, packed, scales, torch.ones(1), None)
