@@ -36,7 +36,7 @@ __all__ = ["CANDIDATES", "DEFAULT_CONFIGS", "LAYOUTS", "KernelConfig", "config_f
 class KernelConfig:
     """One way to run the weight-only NVFP4 linear. ``path`` is ``repacked`` (the fused
     kernel on the word layout of ``kernelbay.formats.e2m1_words``,
-    ``triton_halfword.decode_repacked``), ``fused`` (the
+    ``triton_halfword.decode_words``), ``fused`` (the
     halfword kernel on the checkpoint layout: decode in registers), ``pairs`` (the same
     kernel reading 32-bit words, ``triton_halfword.decode_words``) or ``dequant`` (Triton
     dequantize into a temporary, then ``F.linear``). ``split_k`` 0 means "choose by

@@ -64,7 +64,7 @@ from kernelbay_quant_nvfp4.triton_kernels import (
     sum_partials,
 )
 
-__all__ = ["decode_repacked", "decode_words", "hw_kernel", "nvfp4_linear_hw"]
+__all__ = ["decode_words", "hw_kernel", "nvfp4_linear_hw"]
 
 # Two elements per 32-bit register (pack=2 of 16-bit operands): $0 the two bf16 results, $1
 # the two codes (bits 12..15 of each half), $2 the two multipliers S * 2^118 (bf16 bits).
@@ -79,6 +79,14 @@ shr.b32 b, a, 6;
 lop3.b32 v, a, b, 0x81C081C0, 0xA8;
 fma.rn.bf16x2 $0, v, $2, nz;
 }""")
+
+
+@triton.jit
+def _block_multipliers(s, R: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
+    """fp32 ``S * 2^-8`` [R, G] -> the bf16 bits of ``S * 2^118`` per element [R, BK] (each
+    16-element block's multiplier, exact: a normal bf16 for every finite E4M3 ``S``)."""
+    mult = (s * 8.507059173023462e37).to(tl.bfloat16).to(tl.int16, bitcast=True)
+    return tl.reshape(tl.broadcast_to(mult[:, :, None], (R, G, 16)), (R, BK))
 
 
 @triton.jit
@@ -98,9 +106,7 @@ def decode_halfwords(halves, sbits, R: tl.constexpr, KH: tl.constexpr, ASM: tl.c
     G: tl.constexpr = KH // 4
     s = e4m3_2m8(sbits)
     if ASM:
-        mult = (s * 8.507059173023462e37).to(tl.bfloat16)  # S * 2^118
-        mult = mult.to(tl.int16, bitcast=True)
-        mult = tl.reshape(tl.broadcast_to(mult[:, :, None], (R, G, 16)), (R, BK))
+        mult = _block_multipliers(s, R, G, BK)
         codes = _codes_in_dot_order(halves, R, KH)
         out = tl.inline_asm_elementwise(_DECODE_PTX, "=r,r,r", [codes, mult],
                                         dtype=tl.bfloat16, is_pure=True, pack=2)
@@ -112,40 +118,9 @@ def decode_halfwords(halves, sbits, R: tl.constexpr, KH: tl.constexpr, ASM: tl.c
     return out
 
 
-@triton.jit
-def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.constexpr):
-    """``words`` int32 [R, KQ] (eight codes each, element ``j`` in nibble ``j``) and E4M3
-    bytes [R, KQ // 2] -> ``e2m1 * S * 2^-8`` [R, 8 KQ] with each word's elements in
-    ``PAIR_ORDER`` (0, 4, 1, 5, 2, 6, 3, 7): one 32-bit shift puts element j's code in bits
-    12..15 and element j + 4's in bits 28..31, the two lanes of ``_DECODE_PTX``, so no 16-bit
-    codes are packed into registers first (the ``pw-*`` kernels: 4.8 SASS instructions per
-    element in the K loop of a 16 x 64 x 256 tile against 6.2 for the halfword decode). The
-    caller permutes its activation tile to the same order."""
-    BK: tl.constexpr = KQ * 8
-    G: tl.constexpr = KQ // 2
-    s = e4m3_2m8(sbits)
-    u = words.to(tl.uint32, bitcast=True)
-    if ASM:
-        mult = (s * 8.507059173023462e37).to(tl.bfloat16)  # S * 2^118
-        mult = mult.to(tl.int16, bitcast=True)
-        mult = tl.reshape(tl.broadcast_to(mult[:, :, None], (R, G, 16)), (R, BK))
-        # [R, KQ, 2, 2] over j = 0..3 (two joins: dimensions the MMA layout keeps in registers)
-        code = tl.reshape(tl.join(tl.join(u << 12, u << 4), tl.join(u << 8, u)), (R, KQ * 4))
-        lanes = tl.reshape(tl.join(code.to(tl.uint16), (code >> 16).to(tl.uint16)), (R, BK))
-        out = tl.inline_asm_elementwise(_DECODE_PTX, "=r,r,r", [lanes, mult],
-                                        dtype=tl.bfloat16, is_pure=True, pack=2)
-    else:
-        pos = tl.arange(0, 8)
-        shifts = (pos // 2) * 4 + (pos % 2) * 16  # PAIR_ORDER: nibble j, then j + 4
-        nib = (u[:, :, None] >> shifts[None, None, :].to(tl.uint32)) & 15
-        s = tl.reshape(tl.broadcast_to((s * 16384.0)[:, :, None], (R, G, 16)), (R, BK))
-        out = e2m1_2m14(tl.reshape(nib, (R, BK))) * s
-    return out
-
-
-# One packed multiply per two elements of a ``decode_repacked`` register: $1 two lanes that
-# read as e2m1 * 2^-126 (bf16 bits), $2 their multipliers S * 2^118; adding -0 keeps the sign
-# of zero products.
+# One packed multiply per two elements of a repacked register: $1 two lanes that read as
+# e2m1 * 2^-126 (bf16 bits), $2 their multipliers S * 2^118; adding -0 keeps the sign of zero
+# products.
 _SCALE_PTX = tl.constexpr("""{
 .reg .b32 nz;
 mov.b32 nz, 0x80008000;
@@ -168,35 +143,66 @@ def _repacked_lanes(u):
 
 
 @triton.jit
-def decode_repacked(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.constexpr):
-    """Repacked words int32 [R, KQ] (eight codes each in ``kernelbay.formats.word_bit_positions``
-    order) and E4M3 bytes [R, KQ // 2] -> ``e2m1 * S * 2^-8`` [R, 8 KQ] in the natural K
-    order: bf16 (``ASM``) or fp32 holding the same values (plain)."""
+def _repacked_codes(u):
+    """Plain decode's codes of repacked words ``u`` (uint32 [R, KQ]) -> [R, KQ, 8] in K
+    order: each element's sign, e1 and ``e0 m`` read from ``word_bit_positions``' places."""
+    pos = tl.arange(0, 8)
+    reg = pos // 2
+    half = (pos % 2) * 16
+    sign_at = (tl.where(reg == 3, 14, 15 - 3 * reg) + half).to(tl.uint32)
+    e1_at = (tl.where(reg == 3, 13, 8 - 3 * reg) + half).to(tl.uint32)
+    m_at = (tl.where(reg == 3, 10, 6 - 3 * reg) + half).to(tl.uint32)
+    w = u[:, :, None]
+    return ((((w >> sign_at[None, None, :]) & 1) << 3) | (((w >> e1_at[None, None, :]) & 1) << 2)
+            | ((w >> m_at[None, None, :]) & 3))
+
+
+@triton.jit
+def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.constexpr,
+                 REPACKED: tl.constexpr):
+    """``words`` int32 [R, KQ] (eight codes each) and E4M3 bytes [R, KQ // 2] ->
+    ``e2m1 * S * 2^-8`` [R, 8 KQ]: bf16 (``ASM``) or fp32 holding the same values (plain).
+
+    ``REPACKED``: the words of ``kernelbay.formats.repack_e2m1_words``, decoded in the natural
+    K order by ``_repacked_lanes`` (one mask, or a shift and a mask, per two elements for
+    elements 0..5) and one packed multiply (the ``pr-*`` kernels: 4.2-4.7 SASS instructions
+    per element in the K loop of the 16-row tiles).
+
+    Otherwise the checkpoint's bytes read four at a time (element ``j`` in nibble ``j``),
+    each word's elements in ``PAIR_ORDER`` (0, 4, 1, 5, 2, 6, 3, 7): one 32-bit shift puts
+    element j's code in bits 12..15 and element j + 4's in bits 28..31, the two lanes of
+    ``_DECODE_PTX``, so no 16-bit codes are packed into registers first (the ``pw-*``
+    kernels: 4.8 SASS instructions per element in the K loop of a 16 x 64 x 256 tile against
+    6.2 for the halfword decode). The caller permutes its activation tile to the same order."""
     BK: tl.constexpr = KQ * 8
     G: tl.constexpr = KQ // 2
     s = e4m3_2m8(sbits)
     u = words.to(tl.uint32, bitcast=True)
     if ASM:
-        mult = (s * 8.507059173023462e37).to(tl.bfloat16)  # S * 2^118
-        mult = mult.to(tl.int16, bitcast=True)
-        mult = tl.reshape(tl.broadcast_to(mult[:, :, None], (R, G, 16)), (R, BK))
-        r0, r1, r2, r3 = _repacked_lanes(u)
-        # join(join(a, b), join(c, d)) flattens as a, c, b, d: registers 0, 1, 2, 3
-        regs = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (R, KQ * 4))
+        mult = _block_multipliers(s, R, G, BK)
+        if REPACKED:
+            r0, r1, r2, r3 = _repacked_lanes(u)
+            # join(join(a, b), join(c, d)) flattens as a, c, b, d: registers 0, 1, 2, 3
+            regs = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (R, KQ * 4))
+        else:
+            # [R, KQ, 2, 2] over j = 0..3 (two joins: dimensions the MMA layout keeps in
+            # registers)
+            regs = tl.reshape(tl.join(tl.join(u << 12, u << 4), tl.join(u << 8, u)),
+                              (R, KQ * 4))
         lanes = tl.reshape(tl.join(regs.to(tl.uint16), (regs >> 16).to(tl.uint16)), (R, BK))
-        out = tl.inline_asm_elementwise(_SCALE_PTX, "=r,r,r", [lanes, mult],
-                                        dtype=tl.bfloat16, is_pure=True, pack=2)
+        if REPACKED:
+            out = tl.inline_asm_elementwise(_SCALE_PTX, "=r,r,r", [lanes, mult],
+                                            dtype=tl.bfloat16, is_pure=True, pack=2)
+        else:
+            out = tl.inline_asm_elementwise(_DECODE_PTX, "=r,r,r", [lanes, mult],
+                                            dtype=tl.bfloat16, is_pure=True, pack=2)
     else:
-        pos = tl.arange(0, 8)
-        reg = pos // 2
-        half = (pos % 2) * 16
-        sign_at = tl.where(reg == 3, 14, 15 - 3 * reg) + half
-        m_at = tl.where(reg == 3, 10, 6 - 3 * reg) + half
-        e1_at = tl.where(reg == 3, 13, 8 - 3 * reg) + half
-        w = u[:, :, None]
-        nib = ((((w >> sign_at[None, None, :].to(tl.uint32)) & 1) << 3)
-               | (((w >> e1_at[None, None, :].to(tl.uint32)) & 1) << 2)
-               | ((w >> m_at[None, None, :].to(tl.uint32)) & 3))
+        if REPACKED:
+            nib = _repacked_codes(u)
+        else:
+            pos = tl.arange(0, 8)
+            shifts = (pos // 2) * 4 + (pos % 2) * 16  # PAIR_ORDER: nibble j, then j + 4
+            nib = (u[:, :, None] >> shifts[None, None, :].to(tl.uint32)) & 15
         s = tl.reshape(tl.broadcast_to((s * 16384.0)[:, :, None], (R, G, 16)), (R, BK))
         out = e2m1_2m14(tl.reshape(nib, (R, BK))) * s
     return out
@@ -248,13 +254,11 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
             packed = _load_k_tile(w_rows, t * KH + rw, n_ok, K // 4, EVEN_K)
         sb = _load_k_tile(s_rows, t * G + rg, n_ok, K // 16, EVEN_K)
         xa = _load_k_tile(x_rows, t * BLOCK_K + rk, m_ok, K, EVEN_K)
-        if REPACKED:
-            w = decode_repacked(packed, sb, BLOCK_N, KQ, ASM)
-        elif PAIRS:
-            w = decode_words(packed, sb, BLOCK_N, KQ, ASM)
-            # the activations in the decoded tile's K order (a permutation in registers)
-            xa = tl.reshape(tl.permute(tl.reshape(xa, (BLOCK_M, KQ, 2, 4)), (0, 1, 3, 2)),
-                            (BLOCK_M, BLOCK_K))
+        if PAIRS or REPACKED:
+            w = decode_words(packed, sb, BLOCK_N, KQ, ASM, REPACKED)
+            if not REPACKED:  # the activations in PAIR_ORDER (a permutation in registers)
+                xa = tl.reshape(tl.permute(tl.reshape(xa, (BLOCK_M, KQ, 2, 4)), (0, 1, 3, 2)),
+                                (BLOCK_M, BLOCK_K))
         else:
             w = decode_halfwords(packed, sb, BLOCK_N, KH, ASM)
         if INTERPRET:  # exact values either way; the interpreter's 16-bit dot is not exact
@@ -290,7 +294,7 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     fp32 partials summed in split order; ``pairs``: the weight read as 32-bit words and
     decoded by ``decode_words`` (K is a multiple of 16, so rows are whole words);
     ``repacked``: ``packed`` is ``kernelbay.formats.repack_e2m1_words``' int32 words, decoded by
-    ``decode_repacked``."""
+    ``decode_words(REPACKED=True)``."""
     if block_k < 64 or block_k & (block_k - 1):
         raise ValueError(f"nvfp4-triton: block_k={block_k} for the halfword kernel; valid: a "
                          "power of two >= 64 (whole 16-element blocks, dots of >= 16)")
