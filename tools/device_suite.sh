@@ -118,6 +118,11 @@ for s in "$@"; do
         plugins/quant_nvfp4/tests
       section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
         --out /tmp/res/nvfp4-bench ;;
+    mxrepack)  # the MXFP4 GEMM on the repacked layout: GPU tests, then the table and a sweep
+      section mx-gpu-tests 200 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 190 \
+        plugins/quant_mxfp4_rocm/tests
+      section mxfp4-bench 260 $py bench/mxfp4/run.py --configs all --ms 1,4,16,64,256 \
+        --sweep-ms 16,64 --budget 230 --out /tmp/res/mxfp4-bench ;;
     mlaprof)  # the MXFP8 MLA decode kernel in detail: stall reasons and where they happen
       prof mla-mxfp8-detail mla_decode_kernel --print-details all --section SourceCounters -- \
         $py bench/mla_decode/run.py --batches 64 --contexts 8192 --heads 16 --kinds mxfp8 \

@@ -34,7 +34,7 @@ def compile_config(cfg: Any, a_kind: int, arch: int, split: bool) -> Any:
                                  out_bits=False)
     scaled = cfg.path == "scaled"
     a_type = {0: "*bf16", 1: "*u8" if scaled else "*i16", 2: "*u8"}[a_kind]
-    w_type = "*u8" if scaled else "*i32" if cfg.path == "pairs" else "*i16"
+    w_type = "*u8" if scaled else "*i32" if cfg.path in ("pairs", "repacked") else "*i16"
     types = {"a_ptr": a_type, "as_ptr": "*u8", "w_ptr": w_type,
              "ws_ptr": "*u8",
              "out_ptr": "*fp32" if split else "*bf16"}
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from kernelbay_quant_mxfp4_rocm.triton_gemm import candidate_configs, default_config
 
-    cfgs = [default_config(args.m, args.n, args.k)]
+    cfgs = [default_config(args.m, args.n, args.k, repacked=True)]
     cfgs += [c for c in candidate_configs(args.m, args.n, args.k) if c != cfgs[0]]
     if args.only:
         cfgs = [c for c in cfgs if c.describe() in args.only.split(",")]

@@ -236,7 +236,8 @@ def run_shape(n: int, k: int, ms: tuple[int, ...], args: argparse.Namespace, sta
                 lambda x=x: bench(lambda: method.apply(layer, x), args.rep))
         attempt(row, "w4a4_us", f"time w4a4 {tag}",
                 lambda x=x: bench(_w4a4(x, packed, scales, state["scale_max"]), args.rep))
-        row["default_config"] = default_config(m, n, k).describe()
+        row["default_config"] = default_config(
+            m, n, k, repacked=layer.weight.dtype == torch.int32).describe()
         if args.configs == "all" and m in {int(v) for v in args.sweep_ms.split(",")}:
             sweep(row, x, packed, scales, w_deq, args, start, state)
         weight_bytes = n * k // 2 + n * k // 32
@@ -256,6 +257,7 @@ def sweep(row: dict[str, Any], x: torch.Tensor, packed: torch.Tensor, scales: to
           w_deq: torch.Tensor, args: argparse.Namespace, start: float,
           state: dict[str, Any]) -> None:
     """Check and time every candidate config of the GEMM for this shape (until --budget)."""
+    from kernelbay.formats import repack_e2m1_words
     from kernelbay_quant_mxfp4_rocm.triton_gemm import (
         candidate_configs,
         config_dict,
@@ -266,12 +268,14 @@ def sweep(row: dict[str, Any], x: torch.Tensor, packed: torch.Tensor, scales: to
     n = packed.shape[0]
     top = state["scale_max"]
     tried: list[dict[str, Any]] = []
+    words = repack_e2m1_words(packed)  # what the repacked configs read
     for cfg in candidate_configs(m, n, k):
+        weight = words if cfg.path == "repacked" else packed
         if time.time() - start > args.budget:
             state["sweep_cut"] = True
             break
         try:
-            y = mxfp4_gemm(x, packed, scales, config=cfg, scale_max=top)
+            y = mxfp4_gemm(x, weight, scales, config=cfg, scale_max=top)
         except Exception as exc:  # a config the compiler refuses (resources): record it
             tried.append({**config_dict(cfg), "name": cfg.describe(), "error": str(exc)[:200]})
             continue
@@ -280,8 +284,9 @@ def sweep(row: dict[str, Any], x: torch.Tensor, packed: torch.Tensor, scales: to
             continue
         entry: dict[str, Any] = {**config_dict(cfg), "name": cfg.describe()}
         attempt(entry, "us", f"time config {cfg.describe()} N={n} K={k} M={m}",
-                lambda cfg=cfg: bench(lambda: mxfp4_gemm(x, packed, scales, config=cfg,
-                                                         scale_max=top), args.sweep_rep))
+                lambda cfg=cfg, weight=weight: bench(
+                    lambda: mxfp4_gemm(x, weight, scales, config=cfg, scale_max=top),
+                    args.sweep_rep))
         tried.append(entry)
     row["configs"] = tried
     timed = [t for t in tried if t.get("us", float("nan")) == t.get("us", float("nan"))]

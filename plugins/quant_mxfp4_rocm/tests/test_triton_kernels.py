@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from kernelbay.formats import dequantize_mx, quantize_mx
+from kernelbay.formats import dequantize_mx, quantize_mx, repack_e2m1_words
 
 pytest.importorskip("triton")
 
@@ -164,7 +164,13 @@ def random_weight(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
 
 CONFIGS = [None, (16, 32, 64, 2), (16, 16, 32, 3), (32, 32, 64, 1), (16, 64, 128, 1),
            (16, 32, 64, 2, 4, 3, "scaled"), (16, 16, 32, 1, 4, 3, "dequant"),
-           (16, 32, 64, 1, 4, 3, "pairs"), (32, 16, 32, 2, 4, 3, "pairs")]
+           (16, 32, 64, 1, 4, 3, "pairs"), (32, 16, 32, 2, 4, 3, "pairs"),
+           (16, 32, 64, 2, 4, 3, "repacked"), (32, 16, 32, 1, 4, 3, "repacked")]
+
+
+def weight_for(config: Any, packed: torch.Tensor) -> torch.Tensor:
+    """The weight as ``config`` reads it: the repacked words for ``repacked`` configs."""
+    return repack_e2m1_words(packed) if getattr(config, "path", "") == "repacked" else packed
 
 
 @pytest.mark.parametrize("shape", [(1, 40, 96), (5, 33, 128), (16, 16, 64), (19, 48, 160)])
@@ -177,6 +183,7 @@ def test_gemm_w4a16_matches_reference(shape: tuple[int, int, int], cfg: Any) -> 
     w = dequantize_mx(wp, ws, "e2m1")
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(k)).bfloat16()
     config = None if cfg is None else GemmConfig(*cfg)
+    wp = weight_for(config, wp)
     y = mxfp4_gemm(x.to(DEVICE), wp.to(DEVICE), ws.to(DEVICE), out_dtype=torch.float32,
                    config=config).cpu()
     ref = x.float() @ w.T
@@ -228,8 +235,8 @@ def test_gemm_scale_extremes_and_nan(fast: bool, path: str = "decode", low: int 
     if top > 200:
         x = x * 2.0**-100  # keep the 2^125 rows' sums finite
     config = GemmConfig(16, 32, 64, 1, 4, 3, path)
-    y = mxfp4_gemm(x.to(DEVICE), wp.to(DEVICE), ws.to(DEVICE), out_dtype=torch.float32,
-                   scale_max=scale_max, config=config).cpu()
+    y = mxfp4_gemm(x.to(DEVICE), weight_for(config, wp).to(DEVICE), ws.to(DEVICE),
+                   out_dtype=torch.float32, scale_max=scale_max, config=config).cpu()
     ref = x.float() @ w.T
     assert y[:, 2].isnan().all() and not y[:, [0, 1, *range(3, n)]].isnan().any()
     ok = ~ref.isnan()
@@ -295,11 +302,13 @@ def test_decode_activations_bit_exact(elem: Any, rows: int = 5) -> None:
 
 
 @pytest.mark.parametrize("fast", [False, True])
-def test_pairs_decode_every_code_exact(fast: bool, step: int = 23) -> None:
-    """The ``pairs`` path (32-bit words, K in ``PAIR_ORDER``, activations loaded to match)
-    with one-hot activations returns the reference's weight values exactly: every code in
-    every position against scale bytes 0..252 (every ``step``-th; no 6 * 2^127 = inf, whose
-    product with the zeros is NaN), plus extreme and NaN scales in the GEMM test."""
+@pytest.mark.parametrize("path", ["pairs", "repacked"])
+def test_pairs_decode_every_code_exact(fast: bool, path: str, step: int = 23) -> None:
+    """The word paths (``pairs``: 32-bit words, K in ``PAIR_ORDER``, activations loaded to
+    match; ``repacked``: the repacked words in K order) with one-hot activations return the
+    reference's weight values exactly: every code in every position against scale bytes
+    0..252 (every ``step``-th; no 6 * 2^127 = inf, whose product with the zeros is NaN), plus
+    extreme and NaN scales in the GEMM test."""
     from kernelbay_quant_mxfp4_rocm.triton_gemm import GemmConfig, mxfp4_gemm
 
     top = 128 if fast else 252
@@ -307,11 +316,32 @@ def test_pairs_decode_every_code_exact(fast: bool, step: int = 23) -> None:
     w = dequantize_mx(wp, ws, "e2m1")
     k = w.shape[1]
     x = torch.eye(k, dtype=torch.bfloat16)[:: 1 if DEVICE == "cuda" else 5]
-    y = mxfp4_gemm(x.to(DEVICE), wp.to(DEVICE), ws.to(DEVICE), out_dtype=torch.float32,
-                   config=GemmConfig(16, 16, 64, 2, 4, 3, "pairs"),
+    config = GemmConfig(16, 16, 64, 2, 4, 3, path)
+    y = mxfp4_gemm(x.to(DEVICE), weight_for(config, wp).to(DEVICE), ws.to(DEVICE),
+                   out_dtype=torch.float32, config=config,
                    scale_max=top if fast else None).cpu()
     assert torch.equal(y, x.float() @ w.T)
-    test_gemm_scale_extremes_and_nan(fast, "pairs")
+    test_gemm_scale_extremes_and_nan(fast, path)
+    # the dequantize path reads the repacked words too (decode_kernel, REPACKED)
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import dequantize_weight
+
+    got = dequantize_weight(repack_e2m1_words(wp).to(DEVICE), ws.to(DEVICE),
+                            scale_max=top if fast else None).cpu()
+    assert torch.equal(got.view(torch.int16), w.bfloat16().view(torch.int16))
+
+
+def test_weight_layout_and_config_must_agree() -> None:
+    """A repacked weight with a checkpoint-layout config, and the other way round, are
+    errors naming the path and the paths that can read the weight."""
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import GemmConfig, mxfp4_gemm
+
+    wp, ws = random_weight(16, 64, seed=3)
+    x = torch.zeros(2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"'pairs' cannot read a repacked int32 weight; paths "
+                                         r"for it: \['repacked', 'dequant'\]"):
+        mxfp4_gemm(x, repack_e2m1_words(wp), ws, config=GemmConfig(16, 16, 64, 1, 4, 3, "pairs"))
+    with pytest.raises(ValueError, match="'repacked' cannot read a packed uint8 weight"):
+        mxfp4_gemm(x, wp, ws, config=GemmConfig(16, 16, 64, 1, 4, 3, "repacked"))
 
 
 def test_decode_subnormal_scale_in_the_gemm() -> None:
@@ -416,8 +446,9 @@ def test_gpu_decode_every_code_and_scale_byte(fast: bool) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("fast", [False, True])
 def test_gpu_pairs_decode_every_code_exact(fast: bool) -> None:
-    """The ``pairs`` PTX decode on CUDA, every scale byte."""
-    test_pairs_decode_every_code_exact(fast, step=1)
+    """The ``pairs`` and ``repacked`` PTX decodes on CUDA, every scale byte."""
+    test_pairs_decode_every_code_exact(fast, "pairs", step=1)
+    test_pairs_decode_every_code_exact(fast, "repacked", step=1)
 
 
 @pytest.mark.gpu
@@ -428,7 +459,7 @@ def test_gpu_decode_activations_bit_exact(elem: Any) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["decode", "pairs", "dequant"])
+@pytest.mark.parametrize("path", ["decode", "pairs", "repacked", "dequant"])
 @pytest.mark.parametrize("fast", [False, True])
 def test_gpu_gemm_scale_extremes_and_nan(path: str, fast: bool) -> None:
     test_gemm_scale_extremes_and_nan(fast, path)
@@ -447,7 +478,8 @@ def _gpu_configs() -> list[tuple[int, Any]]:
     n, k = 2048, 8192
     out = []
     for m in (16, 256):
-        cfgs = [default_config(m, n, k), *candidate_configs(m, n, k)]
+        cfgs = [default_config(m, n, k), default_config(m, n, k, repacked=True),
+                *candidate_configs(m, n, k)]
         out += [(m, c) for c in dict.fromkeys(cfgs)]
     return out
 
@@ -465,7 +497,7 @@ def test_gpu_gemm_every_candidate_config(case: tuple[int, Any]) -> None:
     n, k = 2048, 8192
     wp, ws = quantize_mx(blocks(n, k // 32, seed=35, lo=-12, hi=-2), "e2m1", "even")
     w = dequantize_mx(wp, ws, "e2m1").cuda()
-    wp, ws = wp.cuda(), ws.cuda()
+    wp, ws = weight_for(cfg, wp).cuda(), ws.cuda()
     top = prepare_weight_scales(ws)
     assert top <= 128  # the single-multiply decode is the one under test
     x = torch.randn(m - 3, k, generator=torch.Generator().manual_seed(m)).bfloat16().cuda()

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from kernelbay.formats.e2m1_words_triton import repacked_codes, repacked_lanes
 
 __all__ = ["PAIR_ORDER", "decode_e2m1", "decode_e2m1_pairs", "decode_kernel"]
 
@@ -129,35 +130,71 @@ def decode_e2m1(halves, sbytes, R: tl.constexpr, KH: tl.constexpr, ASM: tl.const
 PAIR_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
 
 
+# The multiply-only PTX of the repacked layout: the lanes already read as e2m1 * 2^-126.
+ASM_FAST_REPACKED = tl.constexpr("""{
+.reg .b32 nz;
+mov.b32 nz, 0x80008000;
+fma.rn.bf16x2 $0, $1, $2, nz;
+}""")
+ASM_GENERAL_REPACKED = tl.constexpr("""{
+.reg .b32 nz, x;
+mov.b32 nz, 0x80008000;
+fma.rn.bf16x2 x, $1, $2, nz;
+fma.rn.bf16x2 $0, x, $3, nz;
+}""")
+
+
 @triton.jit
 def decode_e2m1_pairs(words, sbytes, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.constexpr,
-                      FAST: tl.constexpr):
-    """``words`` int32 [R, KQ] (the packed bytes read four at a time: eight codes each),
-    ``sbytes`` int32 E8M0 bytes [R, KQ // 4] -> [R, 8 KQ] in ``PAIR_ORDER`` within each
-    word, values as ``decode_e2m1``'s (bf16 with ``ASM``, float32 holding bf16 values
-    otherwise). One 32-bit shift per word and j (0..3) puts element j's code in bits 12..15
-    and element j + 4's in bits 28..31: the two halves are the lanes of ``decode_e2m1``'s PTX
-    and the compiler keeps each pair in one register (K loop of a 16x64x512 tile on sm_90:
-    4.5 SASS instructions per weight element, against 5.7 for ``decode_e2m1``)."""
+                      FAST: tl.constexpr, REPACKED: tl.constexpr = False):
+    """``words`` int32 [R, KQ] (eight codes each), ``sbytes`` int32 E8M0 bytes [R, KQ // 4]
+    -> [R, 8 KQ], values as ``decode_e2m1``'s (bf16 with ``ASM``, float32 holding bf16 values
+    otherwise).
+
+    ``REPACKED``: the words of ``kernelbay.formats.repack_e2m1_words``, in the natural K
+    order: ``repacked_lanes`` gives the bf16 lanes with one mask, or a shift and a mask, per
+    two elements for elements 0..5 of a word, and the PTX is the multiply alone.
+
+    Otherwise the packed bytes read four at a time, the tile in ``PAIR_ORDER`` within each
+    word: one 32-bit shift per word and j (0..3) puts element j's code in bits 12..15 and
+    element j + 4's in bits 28..31, the two halves are the lanes of ``decode_e2m1``'s PTX and
+    the compiler keeps each pair in one register (K loop of a 16x64x512 tile on sm_90: 4.5
+    SASS instructions per weight element, against 5.7 for ``decode_e2m1``)."""
     BK: tl.constexpr = KQ * 8
     u = words.to(tl.uint32, bitcast=True)
-    # [R, KQ, 4] over j = 0..3 (two joins: dimensions the MMA layout keeps in registers)
-    code = tl.reshape(tl.join(tl.join(u << 12, u << 4), tl.join(u << 8, u)), (R, KQ * 4))
+    if REPACKED:
+        r0, r1, r2, r3 = repacked_lanes(u)
+        # join(join(a, b), join(c, d)) flattens as a, c, b, d: registers 0, 1, 2, 3
+        code = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (R, KQ * 4))
+    else:
+        # [R, KQ, 4] over j = 0..3 (two joins: dimensions the MMA layout keeps in registers)
+        code = tl.reshape(tl.join(tl.join(u << 12, u << 4), tl.join(u << 8, u)), (R, KQ * 4))
     if ASM:
         c16 = tl.reshape(tl.join(code.to(tl.uint16), (code >> 16).to(tl.uint16)), (R, BK))
         p1 = _bf16_pow2(tl.where(sbytes == 255, -1, tl.minimum(sbytes + 126, 254)))
         p1 = tl.reshape(tl.broadcast_to(p1[:, :, None], (R, KQ // 4, 32)), (R, BK))
         if FAST:
-            res = tl.inline_asm_elementwise(ASM_FAST, "=r,r,r", [c16, p1],
-                                            dtype=tl.bfloat16, is_pure=True, pack=2)
+            if REPACKED:
+                res = tl.inline_asm_elementwise(ASM_FAST_REPACKED, "=r,r,r", [c16, p1],
+                                                dtype=tl.bfloat16, is_pure=True, pack=2)
+            else:
+                res = tl.inline_asm_elementwise(ASM_FAST, "=r,r,r", [c16, p1],
+                                                dtype=tl.bfloat16, is_pure=True, pack=2)
         else:
             p2 = _bf16_pow2(tl.maximum(sbytes - 128, 0) + 127)
             p2 = tl.reshape(tl.broadcast_to(p2[:, :, None], (R, KQ // 4, 32)), (R, BK))
-            res = tl.inline_asm_elementwise(ASM_GENERAL, "=r,r,r,r", [c16, p1, p2],
-                                            dtype=tl.bfloat16, is_pure=True, pack=2)
+            if REPACKED:
+                res = tl.inline_asm_elementwise(ASM_GENERAL_REPACKED, "=r,r,r,r", [c16, p1, p2],
+                                                dtype=tl.bfloat16, is_pure=True, pack=2)
+            else:
+                res = tl.inline_asm_elementwise(ASM_GENERAL, "=r,r,r,r", [c16, p1, p2],
+                                                dtype=tl.bfloat16, is_pure=True, pack=2)
     else:
-        c = code.to(tl.int32, bitcast=True)
-        nib = tl.reshape(tl.join((c >> 12) & 15, (c >> 28) & 15), (R, BK))
+        if REPACKED:
+            nib = tl.reshape(repacked_codes(u), (R, BK))
+        else:
+            c = code.to(tl.int32, bitcast=True)
+            nib = tl.reshape(tl.join((c >> 12) & 15, (c >> 28) & 15), (R, BK))
         half = (((nib & 8) << 12) | ((nib & 7) << 9)).to(tl.int16).to(tl.float16,
                                                                        bitcast=True)
         s1 = ((tl.minimum(sbytes, 240) + 14) << 23).to(tl.float32, bitcast=True)
@@ -172,21 +209,28 @@ def decode_e2m1_pairs(words, sbytes, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.
 @triton.jit
 def decode_kernel(w_ptr, s_ptr, out_ptr, N, KH, stride_w, stride_s, stride_o,
                   BLOCK_R: tl.constexpr, BLOCK_KH: tl.constexpr, ASM: tl.constexpr,
-                  FAST: tl.constexpr, OUT_BITS: tl.constexpr):
+                  FAST: tl.constexpr, OUT_BITS: tl.constexpr, REPACKED: tl.constexpr = False):
     """Dequantize a packed weight (int16 halfwords [N, KH], bytes [N, KH / 8]) to bf16
     [N, 4 KH] with ``decode_e2m1`` (the GEMM's dequantize-then-matmul path, and the
-    decoder's tests). ``OUT_BITS``: store int16 bits (the interpreter cannot store bf16
+    decoder's tests); ``REPACKED``: the weight is repacked words [N, KH / 2] decoded by
+    ``decode_e2m1_pairs``. ``OUT_BITS``: store int16 bits (the interpreter cannot store bf16
     exactly)."""
     rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rk = tl.program_id(1) * BLOCK_KH + tl.arange(0, BLOCK_KH)
     rs = tl.program_id(1) * (BLOCK_KH // 8) + tl.arange(0, BLOCK_KH // 8)
     ok = rr[:, None] < N
     r64 = rr.to(tl.int64)
-    halves = tl.load(w_ptr + r64[:, None] * stride_w + rk[None, :],
-                     mask=ok & (rk[None, :] < KH), other=0)
     sb = tl.load(s_ptr + r64[:, None] * stride_s + rs[None, :],
                  mask=ok & (rs[None, :] < KH // 8), other=127).to(tl.int32)
-    w = decode_e2m1(halves, sb, BLOCK_R, BLOCK_KH, ASM, FAST)
+    if REPACKED:
+        rq = tl.program_id(1) * (BLOCK_KH // 2) + tl.arange(0, BLOCK_KH // 2)
+        words = tl.load(w_ptr + r64[:, None] * stride_w + rq[None, :],
+                        mask=ok & (rq[None, :] < KH // 2), other=0)
+        w = decode_e2m1_pairs(words, sb, BLOCK_R, BLOCK_KH // 2, ASM, FAST, True)
+    else:
+        halves = tl.load(w_ptr + r64[:, None] * stride_w + rk[None, :],
+                         mask=ok & (rk[None, :] < KH), other=0)
+        w = decode_e2m1(halves, sb, BLOCK_R, BLOCK_KH, ASM, FAST)
     ro = tl.program_id(1) * (BLOCK_KH * 4) + tl.arange(0, BLOCK_KH * 4)
     o_ptr = out_ptr + r64[:, None] * stride_o + ro[None, :]
     o_mask = ok & (ro[None, :] < KH * 4)

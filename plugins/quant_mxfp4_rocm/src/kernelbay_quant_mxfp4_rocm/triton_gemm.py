@@ -55,12 +55,12 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["GemmConfig", "candidate_configs", "decode_activations", "default_config",
-           "dequantize_weight", "mxfp4_gemm", "prepare_weight_scales"]
+           "dequantize_weight", "mxfp4_gemm", "prepare_weight", "prepare_weight_scales"]
 
 #: Largest E8M0 weight byte of the single-multiply decode (2^(b - 1) must be a bf16).
 FAST_SCALE_MAX_BYTE = 128
 _A_BF16, _A_MXFP4, _A_MXFP8 = 0, 1, 2
-PATHS = ("decode", "pairs", "scaled", "dequant")
+PATHS = ("decode", "pairs", "repacked", "scaled", "dequant")
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,9 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     #: ``decode`` (in-register decode + ``tl.dot``), ``pairs`` (the same from 32-bit words,
-    #: K in ``triton_decode.PAIR_ORDER``), ``scaled`` (``tl.dot_scaled``) or ``dequant``
-    #: (bf16 weight, then torch's matmul).
+    #: K in ``triton_decode.PAIR_ORDER``), ``repacked`` (32-bit words of the repacked layout,
+    #: ``kernelbay.formats.repack_e2m1_words``: the weight must be stored so), ``scaled``
+    #: (``tl.dot_scaled``) or ``dequant`` (bf16 weight, then torch's matmul).
     path: str = "decode"
 
     def describe(self) -> str:
@@ -108,9 +109,9 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
                        INTERPRET: tl.constexpr, OUT_BF16_BITS: tl.constexpr,
                        ASM: tl.constexpr, FAST: tl.constexpr, SCALED: tl.constexpr,
-                       PAIRS: tl.constexpr):
-    # w_ptr: int16 halfwords [N, K/4] (decode), int32 words [N, K/8] (PAIRS) or bytes
-    # [N, K/2] (SCALED); a_ptr: bf16 activations, or MX bytes (SCALED only).
+                       PAIRS: tl.constexpr, REPACKED: tl.constexpr):
+    # w_ptr: int16 halfwords [N, K/4] (decode), int32 words [N, K/8] (PAIRS, REPACKED) or
+    # bytes [N, K/2] (SCALED); a_ptr: bf16 activations, or MX bytes (SCALED only).
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     grid_n = tl.cdiv(N, BLOCK_N)
@@ -173,11 +174,11 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
                              other=0).to(tl.float8e4nv, bitcast=True)
                 acc = tl.dot_scaled(xa, xb, "e4m3", tl.trans(wq), sb, "e2m1", acc=acc)
         else:
-            if PAIRS:
+            if PAIRS or REPACKED:
                 words = tl.load(w_ptr + rn64[:, None] * stride_wn + (k0 // 8 + rq)[None, :],
                                 mask=q_ok, other=0)
                 w = decode_e2m1_pairs(words, sb.to(tl.int32), BLOCK_N, BLOCK_K // 8, ASM,
-                                      FAST)
+                                      FAST, REPACKED)
             else:
                 halves = tl.load(w_ptr + rn64[:, None] * stride_wn + kw[None, :], mask=w_ok,
                                  other=0)
@@ -309,7 +310,8 @@ def _split(n: int, k: int, block_n: int, block_k: int, sm_count: int, per_sm: in
     return min(split, max(1, k // (block_k * 4)))
 
 
-def default_config(m: int, n: int, k: int, sm_count: int = 132) -> GemmConfig:
+def default_config(m: int, n: int, k: int, sm_count: int = 132, *,
+                   repacked: bool = False) -> GemmConfig:
     """The config used when none is given: a 16-row tile for M <= 16 and 64-row tiles up to
     M = 64, both split along K for about three programs per SM, and beyond that the weight
     decoded to bf16 once for torch's matmul (decoding per 128-row tile costs more).
@@ -322,12 +324,12 @@ def default_config(m: int, n: int, k: int, sm_count: int = 132) -> GemmConfig:
     if m <= 16:
         block_k = _block_k(k, 256)
         split = _split(n, k, 64, block_k, sm_count, per_sm=6, least=2)
-        return GemmConfig(16, 64, block_k, split, 4, 3, "pairs")
+        return GemmConfig(16, 64, block_k, split, 4, 3, "repacked" if repacked else "pairs")
     if m <= 64:
         block_k = _block_k(k, 128)
         tiles_m = triton.cdiv(m, 64)
         return GemmConfig(64, 128, block_k, _split(n * tiles_m, k, 128, block_k, sm_count),
-                          4, 3)
+                          4, 3, "repacked" if repacked else "decode")
     return GemmConfig(128, 128, 64, 1, 8, 3, "dequant")
 
 
@@ -348,7 +350,10 @@ def candidate_configs(m: int, n: int, k: int) -> list[GemmConfig]:
                 (64, 256, 2, 4, "pairs", 2), (64, 256, 4, 4, "pairs", 3),
                 (128, 256, 2, 8, "pairs", 3), (64, 128, 4, 4, "pairs", 4),
                 (64, 256, 2, 4, "pairs", 1), (64, 128, 4, 4, "pairs", 2),
-                (32, 256, 4, 4, "pairs", 3)):
+                (32, 256, 4, 4, "pairs", 3), (64, 256, 2, 4, "repacked", 3),
+                (64, 256, 4, 4, "repacked", 3), (128, 256, 2, 8, "repacked", 3),
+                (64, 512, 2, 4, "repacked", 2), (64, 128, 4, 4, "repacked", 3),
+                (128, 128, 4, 4, "repacked", 3)):
             if k % bk == 0 and k // (bk * split) >= 2:
                 out.append(GemmConfig(16, bn, bk, split, warps, stages, path))
         out.append(GemmConfig(16, 64, 64, 1, 4, 3, "dequant"))
@@ -357,7 +362,10 @@ def candidate_configs(m: int, n: int, k: int) -> list[GemmConfig]:
                                            (64, 128, 128, 4, 4, "decode"),
                                            (128, 128, 64, 1, 8, "decode"),
                                            (128, 128, 128, 1, 8, "decode"),
-                                           (128, 128, 128, 1, 8, "scaled")):
+                                           (128, 128, 128, 1, 8, "scaled"),
+                                           (64, 128, 128, 1, 4, "repacked"),
+                                           (64, 128, 128, 4, 4, "repacked"),
+                                           (128, 128, 64, 1, 8, "repacked")):
         if k % bk == 0 and k // (bk * split) >= 2:
             out.append(GemmConfig(bm, bn, bk, split, warps, 3, path))
     out.append(GemmConfig(128, 128, 64, 1, 8, 3, "dequant"))
@@ -371,7 +379,8 @@ def kernel_constexprs(cfg: GemmConfig, a_kind: int, *, k_even: bool, split: bool
             "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k if split else 1,
             "EVEN_K": k_even, "INTERPRET": interpret, "OUT_BF16_BITS": out_bits,
             "ASM": not interpret and _asm_target(), "FAST": fast,
-            "SCALED": cfg.path == "scaled", "PAIRS": cfg.path == "pairs"}
+            "SCALED": cfg.path == "scaled", "PAIRS": cfg.path == "pairs",
+            "REPACKED": cfg.path == "repacked"}
 
 
 def _asm_target() -> bool:
@@ -409,16 +418,18 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 def dequantize_weight(weight: torch.Tensor, weight_scale: torch.Tensor, *,
                       scale_max: int | None = None) -> torch.Tensor:
-    """The packed weight [N, K/2] with its E8M0 bytes [N, K/32] as bf16 [N, K], decoded on the
-    device by ``triton_decode.decode_kernel`` (exactly the reference's values)."""
+    """The packed weight [N, K/2] (or its repacked words, int32 [N, K/8]) with its E8M0 bytes
+    [N, K/32] as bf16 [N, K], decoded on the device by ``triton_decode.decode_kernel``
+    (exactly the reference's values)."""
     import torch
 
-    n, k = weight.shape[0], weight.shape[1] * 2
+    repacked = weight.dtype == torch.int32
+    n, k = weight.shape[0], weight.shape[1] * (8 if repacked else 2)
     out = torch.empty(n, k, dtype=torch.bfloat16, device=weight.device)
     if n == 0 or k == 0:
         return out
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    halves = _halves(weight)
+    halves = weight.contiguous() if repacked else _halves(weight)
     scales = weight_scale if weight_scale.stride(-1) == 1 else weight_scale.contiguous()
     block_r, block_kh = (16, 16) if interpret else (32, 128)
     grid = (triton.cdiv(n, block_r), triton.cdiv(k // 4, block_kh))
@@ -426,8 +437,20 @@ def dequantize_weight(weight: torch.Tensor, weight_scale: torch.Tensor, *,
                         halves.stride(0), scales.stride(0), k, BLOCK_R=block_r,
                         BLOCK_KH=block_kh, ASM=not interpret and _asm_target(),
                         FAST=scale_max is not None and scale_max <= FAST_SCALE_MAX_BYTE,
-                        OUT_BITS=interpret)
+                        OUT_BITS=interpret, REPACKED=repacked)
     return out
+
+
+def prepare_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The packed weight [N, K/2] in the layout this machine's kernels read best: the
+    repacked words of ``kernelbay.formats.repack_e2m1_words`` (int32 [N, K/8]) where the PTX
+    decode runs (its integer work halves), the checkpoint bytes elsewhere (the portable
+    decode reads those with fewer operations)."""
+    if not _asm_target():
+        return weight
+    from kernelbay.formats import repack_e2m1_words
+
+    return repack_e2m1_words(weight.contiguous())
 
 
 def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *,
@@ -442,10 +465,12 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     """
     import torch
 
-    if weight.dtype != torch.uint8 or weight.dim() != 2:
-        raise ValueError(f"mxfp4_gemm: weight must be packed E2M1 uint8 [N, K/2], got "
-                         f"{weight.dtype} {tuple(weight.shape)}")
-    n, k = weight.shape[0], weight.shape[1] * 2
+    repacked = weight.dtype == torch.int32
+    if weight.dtype not in (torch.uint8, torch.int32) or weight.dim() != 2:
+        raise ValueError(f"mxfp4_gemm: weight must be packed E2M1 uint8 [N, K/2] or its "
+                         f"repacked words int32 [N, K/8], got {weight.dtype} "
+                         f"{tuple(weight.shape)}")
+    n, k = weight.shape[0], weight.shape[1] * (8 if repacked else 2)
     if k % 32 or tuple(weight_scale.shape) != (n, k // 32) or weight_scale.dtype != torch.uint8:
         raise ValueError(f"mxfp4_gemm: weight_scale must be uint8 [{n}, {k // 32}] and K={k} a "
                          f"multiple of 32, got {weight_scale.dtype} {tuple(weight_scale.shape)}")
@@ -474,9 +499,14 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     out = torch.empty(m, n, dtype=out_dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    cfg = config or default_config(m, n, k)
+    cfg = config or default_config(m, n, k, repacked=repacked)
     if cfg.path not in PATHS:
         raise ValueError(f"mxfp4_gemm: config path {cfg.path!r} is not one of {list(PATHS)}")
+    readable = ("repacked", "dequant") if repacked else tuple(p for p in PATHS if p != "repacked")
+    if cfg.path not in readable:
+        raise ValueError(f"mxfp4_gemm: config path {cfg.path!r} cannot read a "
+                         f"{'repacked int32' if repacked else 'packed uint8'} weight; paths "
+                         f"for it: {list(readable)}")
     if cfg.block_k % 32 or cfg.block_k < 32:
         raise ValueError(f"mxfp4_gemm: block_k={cfg.block_k} must be a multiple of 32")
     weight_scale = weight_scale if weight_scale.stride(-1) == 1 else weight_scale.contiguous()
@@ -495,6 +525,8 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         w_arg = weight if weight.stride(-1) == 1 else weight.contiguous()
     elif cfg.path == "pairs":
         w_arg = _words(weight)
+    elif repacked:
+        w_arg = weight if weight.stride(-1) == 1 else weight.contiguous()
     else:
         w_arg = _halves(weight)
     split = max(1, min(cfg.split_k, triton.cdiv(k, cfg.block_k)))

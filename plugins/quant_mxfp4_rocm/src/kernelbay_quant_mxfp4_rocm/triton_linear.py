@@ -79,12 +79,14 @@ class Mxfp4TritonLinear(Mxfp4EmulationLinear):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Check the weight scales once and keep their largest finite byte on the layer
-        (``mxfp4_scale_max``: at most 128 selects the GEMM's single-multiply decode); the
-        packed weight stays as loaded (the GEMM reads the checkpoint layout)."""
-        from kernelbay_quant_mxfp4_rocm.triton_gemm import prepare_weight_scales
+        (``mxfp4_scale_max``: at most 128 selects the GEMM's single-multiply decode), and store
+        the packed weight in the layout the GEMM reads best here (``prepare_weight``: the
+        repacked words where the PTX decode runs, after tensor-parallel sharding)."""
+        from kernelbay_quant_mxfp4_rocm.triton_gemm import prepare_weight, prepare_weight_scales
 
         top = prepare_weight_scales(_tensor(layer, "weight_scale"), f"{self.name}: weight_scale")
         object.__setattr__(layer, "mxfp4_scale_max", top)  # a plain int beside the tensors
+        layer.weight.data = prepare_weight(_tensor(layer, "weight"))
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         import torch
@@ -114,7 +116,12 @@ class Mxfp4TritonLinear(Mxfp4EmulationLinear):
         import torch
         from kernelbay.formats import dequantize_mx
 
-        w = dequantize_mx(_tensor(layer, "weight"), _tensor(layer, "weight_scale"), "e2m1")
+        weight = _tensor(layer, "weight")
+        if weight.dtype == torch.int32:  # stored repacked (prepare_weight)
+            from kernelbay.formats import unpack_e2m1_words
+
+            weight = unpack_e2m1_words(weight)
+        w = dequantize_mx(weight, _tensor(layer, "weight_scale"), "e2m1")
         return w.to(getattr(torch, self.request.activation_dtype))
 
 

@@ -52,6 +52,8 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from kernelbay.formats import e2m1_words_triton
+from kernelbay.formats.e2m1_words_triton import repacked_codes, repacked_lanes
 
 from kernelbay_quant_nvfp4.triton_kernels import (
     e2m1_2m14,
@@ -129,42 +131,13 @@ fma.rn.bf16x2 $0, $1, $2, nz;
 
 
 @triton.jit
-def _repacked_lanes(u):
-    """The four bf16x2 registers of repacked words ``u`` (uint32), element ``2r + h`` of the
-    word in register ``r``'s half ``h``, each lane ``e2m1 * 2^-126`` (sign at bit 15,
-    ``e1 e0 m`` at bits 8..6; ``kernelbay.formats.e2m1_words`` places the bits so that three
-    registers are one shift and one mask each and the fourth three of each)."""
-    keep = 0x81C081C0
-    r0 = u & keep
-    r1 = (u << 3) & keep
-    r2 = (u << 6) & keep
-    r3 = ((u << 1) & 0x80008000) | ((u >> 4) & 0x00C000C0) | ((u >> 5) & 0x01000100)
-    return r0, r1, r2, r3
-
-
-@triton.jit
-def _repacked_codes(u):
-    """Plain decode's codes of repacked words ``u`` (uint32 [R, KQ]) -> [R, KQ, 8] in K
-    order: each element's sign, e1 and ``e0 m`` read from ``word_bit_positions``' places."""
-    pos = tl.arange(0, 8)
-    reg = pos // 2
-    half = (pos % 2) * 16
-    sign_at = (tl.where(reg == 3, 14, 15 - 3 * reg) + half).to(tl.uint32)
-    e1_at = (tl.where(reg == 3, 13, 8 - 3 * reg) + half).to(tl.uint32)
-    m_at = (tl.where(reg == 3, 10, 6 - 3 * reg) + half).to(tl.uint32)
-    w = u[:, :, None]
-    return ((((w >> sign_at[None, None, :]) & 1) << 3) | (((w >> e1_at[None, None, :]) & 1) << 2)
-            | ((w >> m_at[None, None, :]) & 3))
-
-
-@triton.jit
 def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.constexpr,
                  REPACKED: tl.constexpr):
     """``words`` int32 [R, KQ] (eight codes each) and E4M3 bytes [R, KQ // 2] ->
     ``e2m1 * S * 2^-8`` [R, 8 KQ]: bf16 (``ASM``) or fp32 holding the same values (plain).
 
     ``REPACKED``: the words of ``kernelbay.formats.repack_e2m1_words``, decoded in the natural
-    K order by ``_repacked_lanes`` (one mask, or a shift and a mask, per two elements for
+    K order by ``repacked_lanes`` (one mask, or a shift and a mask, per two elements for
     elements 0..5) and one packed multiply (the ``pr-*`` kernels: 4.2-4.7 SASS instructions
     per element in the K loop of the 16-row tiles).
 
@@ -181,7 +154,7 @@ def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.conste
     if ASM:
         mult = _block_multipliers(s, R, G, BK)
         if REPACKED:
-            r0, r1, r2, r3 = _repacked_lanes(u)
+            r0, r1, r2, r3 = repacked_lanes(u)
             # join(join(a, b), join(c, d)) flattens as a, c, b, d: registers 0, 1, 2, 3
             regs = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (R, KQ * 4))
         else:
@@ -198,7 +171,7 @@ def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.conste
                                             dtype=tl.bfloat16, is_pure=True, pack=2)
     else:
         if REPACKED:
-            nib = _repacked_codes(u)
+            nib = repacked_codes(u)
         else:
             pos = tl.arange(0, 8)
             shifts = (pos // 2) * 4 + (pos % 2) * 16  # PAIR_ORDER: nibble j, then j + 4
@@ -276,10 +249,11 @@ _BUILT_INTERPRETED = interpreting()
 
 def hw_kernel() -> Any:
     """The jitted ``nvfp4_matmul_hw`` for the current ``TRITON_INTERPRET`` setting: when it
-    changed since this module was imported, ``triton_kernels`` (whose helpers the kernel
-    calls) and then this module are re-executed, so the decorators run in the current mode."""
+    changed since this module was imported, ``triton_kernels`` and the core's
+    ``e2m1_words_triton`` (whose helpers the kernel calls) and then this module are re-executed, so the decorators run in the current mode."""
     if interpreting() != _BUILT_INTERPRETED:
         kernels()
+        importlib.reload(e2m1_words_triton)
         return importlib.reload(sys.modules[__name__]).hw_kernel()
     return nvfp4_matmul_hw
 

@@ -1,0 +1,50 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# (Triton kernels are written in its untyped DSL.)
+"""Triton building blocks of the repacked E2M1 word layout (``e2m1_words``), shared by the
+FP4 plugins' kernels so that one table and one decode exist. Imports triton: only kernel
+modules import this, when a backend is built (never ``kernelbay`` or ``kernelbay.formats``).
+
+* ``repacked_lanes(u)``: the GPU decode's integer part. From uint32 words, the four 32-bit
+  registers whose two 16-bit lanes read as bf16 ``e2m1 * 2^-126`` (sign at bit 15,
+  ``e1 e0 m`` at bits 8..6; code 1 is the subnormal 2^-127): element ``2r + h`` of a word in
+  register ``r``, half ``h``. Registers 0..2 are the word shifted left by 0 / 3 / 6 under one
+  mask, register 3 gathers the leftover bits with three shifts. A packed bf16 multiply by the
+  block scale (times 2^126 and whatever power of two the caller folds in) finishes the decode.
+* ``repacked_codes(u)``: the portable decode's codes, [R, KQ] words -> [R, KQ, 8] nibbles in
+  K order, each bit read from ``word_bit_positions``' place (for the interpreter and ROCm).
+
+A kernel that switches ``TRITON_INTERPRET`` inside one process must re-import this module too
+(``triton.jit`` decides the mode when the decorator runs).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["repacked_codes", "repacked_lanes"]
+
+
+@triton.jit
+def repacked_lanes(u):
+    """Repacked words (uint32) -> the four bf16x2 registers ``e2m1 * 2^-126`` (see above)."""
+    keep = 0x81C081C0
+    r0 = u & keep
+    r1 = (u << 3) & keep
+    r2 = (u << 6) & keep
+    r3 = ((u << 1) & 0x80008000) | ((u >> 4) & 0x00C000C0) | ((u >> 5) & 0x01000100)
+    return r0, r1, r2, r3
+
+
+@triton.jit
+def repacked_codes(u):
+    """Repacked words uint32 [R, KQ] -> E2M1 codes [R, KQ, 8] in K order."""
+    pos = tl.arange(0, 8)
+    reg = pos // 2
+    half = (pos % 2) * 16
+    sign_at = (tl.where(reg == 3, 14, 15 - 3 * reg) + half).to(tl.uint32)
+    e1_at = (tl.where(reg == 3, 13, 8 - 3 * reg) + half).to(tl.uint32)
+    m_at = (tl.where(reg == 3, 10, 6 - 3 * reg) + half).to(tl.uint32)
+    w = u[:, :, None]
+    return ((((w >> sign_at[None, None, :]) & 1) << 3) | (((w >> e1_at[None, None, :]) & 1) << 2)
+            | ((w >> m_at[None, None, :]) & 3))
