@@ -123,6 +123,13 @@ for s in "$@"; do
         plugins/quant_mxfp4_rocm/tests
       section mxfp4-bench 260 $py bench/mxfp4/run.py --configs all --ms 1,4,16,64,256 \
         --sweep-ms 16,64 --budget 230 --out /tmp/res/mxfp4-bench ;;
+    fp4final)  # the MXFP4 table and sweep with rotated weights, the repacked kernels profiled
+      section mxfp4-bench 250 $py bench/mxfp4/run.py --configs all --ms 1,4,16,64,256 \
+        --sweep-ms 16,64 --budget 220 --out /tmp/res/mxfp4-bench
+      prof nvfp4-m16-pr nvfp4_matmul_hw -- $py bench/nvfp4/run.py --shapes 8192x8192 --ms 16 \
+        --timer events --rep-ms 2 --out /tmp/res/prof-nv
+      prof mxfp4-m16-pr _mxfp4_gemm_kernel -- $py bench/mxfp4/run.py --shapes 8192x8192 \
+        --ms 16 --rep 2 --out /tmp/res/prof-mx ;;
     mlaprof)  # the MXFP8 MLA decode kernel in detail: stall reasons and where they happen
       prof mla-mxfp8-detail mla_decode_kernel --print-details all --section SourceCounters -- \
         $py bench/mla_decode/run.py --batches 64 --contexts 8192 --heads 16 --kinds mxfp8 \

@@ -46,6 +46,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from l2_rotation import copies_for, rotating  # from bench/, put on the path above
+
 SHAPES = ((8192, 8192), (28672, 8192), (8192, 28672))
 MS = (1, 4, 16, 64, 256)
 HERE = Path(__file__).resolve().parent
@@ -210,10 +213,22 @@ def run_shape(n: int, k: int, ms: tuple[int, ...], args: argparse.Namespace, sta
     state["scale_max"] = prepare_weight_scales(scales)
     method, selection = forced_method(n, k)
     state["method"] = selection.backend.name
-    layer = torch.nn.Module()
-    layer.weight = torch.nn.Parameter(packed, requires_grad=False)
-    layer.weight_scale = torch.nn.Parameter(scales, requires_grad=False)
-    method.process_weights_after_loading(layer)
+    def copies(nbytes: int) -> int:
+        """Weight copies a timing rotates over (past twice the L2, so weights come from HBM;
+        one on the CPU smoke run)."""
+        return copies_for(nbytes) if dev == "cuda" else 1
+
+    layers = []
+    for _ in range(copies(n * k // 2 + n * k // 32)):
+        ly = torch.nn.Module()
+        ly.weight = torch.nn.Parameter(packed.clone(), requires_grad=False)
+        ly.weight_scale = torch.nn.Parameter(scales.clone(), requires_grad=False)
+        method.process_weights_after_loading(ly)
+        layers.append(ly)
+    layer = layers[0]
+    state["packed_copies"] = [(ly.weight_scale, packed if ly is layer else packed.clone())
+                              for ly in layers]
+    bf_copies = [w_bf16] + [w_bf16.clone() for _ in range(copies(2 * n * k) - 1)]
     rows = []
     for m in ms:
         x = torch.randn(m, k, device=dev).bfloat16()
@@ -230,12 +245,13 @@ def run_shape(n: int, k: int, ms: tuple[int, ...], args: argparse.Namespace, sta
             return check(f"w4a4 {tag}", y4, dequantize_mx(xq, xs, "e2m1"), w_deq)
 
         attempt(row, "check_w4a4", f"check w4a4 {tag}", check_w4a4)
-        attempt(row, "bf16_us", f"time bf16 {tag}",
-                lambda x=x: bench(lambda: F.linear(x, w_bf16), args.rep))
-        attempt(row, "mxfp4_us", f"time mxfp4 {tag}",
-                lambda x=x: bench(lambda: method.apply(layer, x), args.rep))
-        attempt(row, "w4a4_us", f"time w4a4 {tag}",
-                lambda x=x: bench(_w4a4(x, packed, scales, state["scale_max"]), args.rep))
+        attempt(row, "bf16_us", f"time bf16 {tag}", lambda x=x: bench(
+            rotating([lambda wb=wb: F.linear(x, wb) for wb in bf_copies]), args.rep))
+        attempt(row, "mxfp4_us", f"time mxfp4 {tag}", lambda x=x: bench(
+            rotating([lambda ly=ly: method.apply(ly, x) for ly in layers]), args.rep))
+        attempt(row, "w4a4_us", f"time w4a4 {tag}", lambda x=x: bench(
+            rotating([_w4a4(x, p, s, state["scale_max"]) for s, p in state["packed_copies"]]),
+            args.rep))
         row["default_config"] = default_config(
             m, n, k, repacked=layer.weight.dtype == torch.int32).describe()
         if args.configs == "all" and m in {int(v) for v in args.sweep_ms.split(",")}:
@@ -268,9 +284,11 @@ def sweep(row: dict[str, Any], x: torch.Tensor, packed: torch.Tensor, scales: to
     n = packed.shape[0]
     top = state["scale_max"]
     tried: list[dict[str, Any]] = []
-    words = repack_e2m1_words(packed)  # what the repacked configs read
+    copies = state["packed_copies"]
+    words = [repack_e2m1_words(p) for _, p in copies]  # what the repacked configs read
     for cfg in candidate_configs(m, n, k):
-        weight = words if cfg.path == "repacked" else packed
+        weights = words if cfg.path == "repacked" else [p for _, p in copies]
+        weight = weights[0]
         if time.time() - start > args.budget:
             state["sweep_cut"] = True
             break
@@ -284,9 +302,9 @@ def sweep(row: dict[str, Any], x: torch.Tensor, packed: torch.Tensor, scales: to
             continue
         entry: dict[str, Any] = {**config_dict(cfg), "name": cfg.describe()}
         attempt(entry, "us", f"time config {cfg.describe()} N={n} K={k} M={m}",
-                lambda cfg=cfg, weight=weight: bench(
-                    lambda: mxfp4_gemm(x, weight, scales, config=cfg, scale_max=top),
-                    args.sweep_rep))
+                lambda cfg=cfg, weights=weights: bench(rotating(
+                    [lambda w=w, s=s: mxfp4_gemm(x, w, s, config=cfg, scale_max=top)
+                     for w, (s, _) in zip(weights, copies, strict=True)]), args.sweep_rep))
         tried.append(entry)
     row["configs"] = tried
     timed = [t for t in tried if t.get("us", float("nan")) == t.get("us", float("nan"))]

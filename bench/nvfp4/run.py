@@ -29,14 +29,16 @@ import argparse
 import datetime
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from l2_rotation import copies_for, rotating  # from bench/, put on the path above
 
 HERE = Path(__file__).resolve().parent
 SHAPES = ((8192, 8192), (28672, 8192), (8192, 28672))
 MS = (1, 4, 16, 64, 256)
-L2_BYTES = 50 << 20
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -54,23 +56,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # (TRITON_INTERPRET=1); the times mean nothing.
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     return p.parse_args(argv)
-
-
-def copies_for(bytes_each: int) -> int:
-    """Weight copies to rotate over so a method's working set exceeds 2 x L2."""
-    return max(1, -(-2 * L2_BYTES // bytes_each))
-
-
-def rotating(fns: Sequence[Callable[..., Any]]) -> Callable[[], Any]:
-    """One callable that runs the next of ``fns`` each call (a different weight copy)."""
-    state = [0]
-
-    def call() -> Any:
-        fn = fns[state[0] % len(fns)]
-        state[0] += 1
-        return fn()
-
-    return call
 
 
 def main(argv: list[str] | None = None) -> int:
