@@ -130,6 +130,14 @@ for s in "$@"; do
         --timer events --rep-ms 2 --out /tmp/res/prof-nv
       prof mxfp4-m16-pr _mxfp4_gemm_kernel -- $py bench/mxfp4/run.py --shapes 8192x8192 \
         --ms 16 --rep 2 --out /tmp/res/prof-mx ;;
+    splits)  # GPU tests of the FP4 kernels, then their M <= 16 sweeps with fixed split counts
+      section fp4-gpu-tests 220 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 200 \
+        plugins/quant_nvfp4/tests/test_nvfp4_triton.py plugins/quant_mxfp4_rocm/tests/test_triton_kernels.py \
+        -k "pr- or every_code or method or repacked or candidate or extremes"
+      section nvfp4-bench 150 $py bench/nvfp4/run.py --configs all --rep-ms 8 --ms 1,16 \
+        --out /tmp/res/nvfp4-bench
+      section mxfp4-bench 150 $py bench/mxfp4/run.py --configs all --ms 1,16 --sweep-ms 1,16 \
+        --budget 130 --out /tmp/res/mxfp4-bench ;;
     mlaprof)  # the MXFP8 MLA decode kernel in detail: stall reasons and where they happen
       prof mla-mxfp8-detail mla_decode_kernel --print-details all --section SourceCounters -- \
         $py bench/mla_decode/run.py --batches 64 --contexts 8192 --heads 16 --kinds mxfp8 \

@@ -127,6 +127,7 @@ def test_moe_triton_matches_emulation() -> None:
 
 HALFWORD = [KernelConfig("hw-split", "fused", 16, 16, 64, 3),
             KernelConfig("pr", "repacked", 32, 32, 128, 1),
+            KernelConfig("pr-split", "repacked", 16, 16, 64, 3),
             KernelConfig("hw", "fused", 32, 32, 128, 1),
             KernelConfig("hw-even", "fused", 16, 32, 64, 2)]
 
@@ -140,7 +141,7 @@ def test_halfword_variant(config: KernelConfig, dtype: torch.dtype, bias: bool) 
     scales, rows from 1e-6 to 1e4 and a zero row."""
     from kernelbay_quant_nvfp4.linear_triton import run_config
 
-    for k in (272, 256):
+    for k in (272, 256, 320):  # 320: five whole tiles of 64 in splits of 2, 2 and 1
         gen = torch.Generator().manual_seed(13 + bias + k)
         tensors = nvfp4_weights(40, k, gen)
         edge_scales(tensors)

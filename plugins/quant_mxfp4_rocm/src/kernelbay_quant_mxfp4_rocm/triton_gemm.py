@@ -353,7 +353,9 @@ def candidate_configs(m: int, n: int, k: int) -> list[GemmConfig]:
                 (32, 256, 4, 4, "pairs", 3), (64, 256, 2, 4, "repacked", 3),
                 (64, 256, 4, 4, "repacked", 3), (128, 256, 2, 8, "repacked", 3),
                 (64, 512, 2, 4, "repacked", 2), (64, 128, 4, 4, "repacked", 3),
-                (128, 128, 4, 4, "repacked", 3)):
+                (128, 128, 4, 4, "repacked", 3), (64, 256, 3, 4, "repacked", 3),
+                (64, 256, 5, 4, "repacked", 3), (64, 256, 6, 4, "repacked", 3),
+                (64, 256, 7, 4, "repacked", 3)):
             if k % bk == 0 and k // (bk * split) >= 2:
                 out.append(GemmConfig(16, bn, bk, split, warps, stages, path))
         out.append(GemmConfig(16, 64, 64, 1, 4, 3, "dequant"))
@@ -537,7 +539,8 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     out_bits = interpret and split == 1 and out_dtype == torch.bfloat16
     if out_bits:
         target = out.view(torch.int16)
-    const = kernel_constexprs(cfg, kind, k_even=k % (cfg.block_k * split) == 0,
+    # whole K tiles: every split's range is whole tiles too (k_hi clamps the last one)
+    const = kernel_constexprs(cfg, kind, k_even=k % cfg.block_k == 0,
                               split=split > 1, interpret=interpret, out_bits=out_bits,
                               fast=scale_max is not None and scale_max <= FAST_SCALE_MAX_BYTE)
     const["SPLIT_K"] = split

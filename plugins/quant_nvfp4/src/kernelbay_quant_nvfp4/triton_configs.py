@@ -134,6 +134,11 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     KernelConfig("pr-64x128x64-p4", "repacked", 64, 128, 64, 0, 4, 4),
     KernelConfig("pr-128x128x64", "repacked", 128, 128, 64, 0, 8, 3),
     KernelConfig("pr-128x256x64", "repacked", 128, 256, 64, 0, 8, 3),
+    # Fixed splits of the M <= 16 default (any count: a shorter last split stops early): the
+    # rule's power of two leaves 512 programs for 660 resident slots at N = 8192 (Nsight
+    # Compute: 0.78 waves, 3.3 warps per scheduler).
+    *(KernelConfig(f"pr-16x64x256-p3-s{s}", "repacked", 16, 64, 256, s, 4, 3)
+      for s in (2, 3, 5, 6, 7, 8)),
 )
 
 #: CTAs per SM the split-K rule aims for (enough loads in flight to saturate HBM).

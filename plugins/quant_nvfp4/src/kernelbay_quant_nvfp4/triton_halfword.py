@@ -220,7 +220,8 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
     x_rows = x_ptr + rm.to(tl.int64)[:, None] * stride_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = pid_k * TILES_PER_SPLIT
-    for t in range(first, first + TILES_PER_SPLIT):
+    # the last split may be shorter: its loop stops at the last K tile (no masks needed)
+    for t in range(first, tl.minimum(first + TILES_PER_SPLIT, tl.cdiv(K, BLOCK_K))):
         if PAIRS or REPACKED:
             packed = _load_k_tile(w_rows, t * KQ + rq, n_ok, K // 8, EVEN_K)
         else:
@@ -280,7 +281,7 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     split_k, per_split = split_plan(k_tiles, split_k)
     interp = interpreting()
     asm = x.is_cuda and not interp and torch.version.hip is None
-    even = k % block_k == 0 and k_tiles % per_split == 0
+    even = k % block_k == 0  # whole K tiles; a shorter last split stops early
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     partial = split_k > 1
     dest = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device) if partial else out
