@@ -138,6 +138,10 @@ for s in "$@"; do
         --out /tmp/res/nvfp4-bench
       section mxfp4-bench 150 $py bench/mxfp4/run.py --configs all --ms 1,16 --sweep-ms 1,16 \
         --budget 130 --out /tmp/res/mxfp4-bench ;;
+    fp4tables)  # the two FP4 GEMMs' committed tables
+      section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
+        --out /tmp/res/nvfp4-bench
+      section mxfp4-bench 150 $py bench/mxfp4/run.py --ms 1,4,16,64,256 --out /tmp/res/mxfp4-bench ;;
     mlaprof)  # the MXFP8 MLA decode kernel in detail: stall reasons and where they happen
       prof mla-mxfp8-detail mla_decode_kernel --print-details all --section SourceCounters -- \
         $py bench/mla_decode/run.py --batches 64 --contexts 8192 --heads 16 --kinds mxfp8 \

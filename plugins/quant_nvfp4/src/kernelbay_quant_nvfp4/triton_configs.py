@@ -15,8 +15,9 @@ Reasoning for the H200 defaults (132 SMs, 4.8 TB/s, 50 MB L2); ``bench/nvfp4/run
   in the kernel) were measured in the first three H200 sweeps, lost to the halfword kernels
   at M <= 64 and to ``dequant`` above, and were removed.
 * M <= 16 (decode) should be memory bound: the weight is 0.5625 B/element against bf16's
-  2. BLOCK_M = 16 is the smallest tl.dot tile (unused rows masked). N = 8192 gives 64
-  CTAs of 256 rows, so K is split until there are about four CTAs per SM (``split_k``);
+  2. BLOCK_M = 16 is the smallest tl.dot tile (unused rows masked). N = 8192 gives 128
+  programs of 64 rows, so K is split (``split_k_for``) until there are about seven programs
+  per SM, five of them resident at a time;
   the fp32 partials (M x N x split, a few hundred KB at most) are summed by a second small
   kernel (deterministic: partials added in split order).
 * M = 64: 64 x 128 (M x N) tiles, the weight decoded once for all rows.
@@ -50,6 +51,8 @@ class KernelConfig:
     split_k: int = 0
     num_warps: int = 4
     num_stages: int = 4
+    #: Programs per SM the split-K rule aims for (``split_k_for``).
+    per_sm: int = 4
 
 
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
@@ -59,7 +62,7 @@ class KernelConfig:
 #: M: M <= 16 ``pr-16x64x256-p3`` (1.50-1.96x), M <= 64 ``pr-64x128x128`` (0.90-1.10x),
 #: larger M ``pr-128x128x64`` (0.52-0.61x, ahead of dequantize-then-cuBLAS's 0.53x).
 DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
-    (16, KernelConfig("pr-16x64x256-p3", "repacked", 16, 64, 256, 0, 4, 3)),
+    (16, KernelConfig("pr-16x64x256-p3", "repacked", 16, 64, 256, 0, 4, 3, per_sm=7)),
     (64, KernelConfig("pr-64x128x128", "repacked", 64, 128, 128, 0, 4, 3)),
     (1 << 62, KernelConfig("pr-128x128x64", "repacked", 128, 128, 64, 0, 8, 3)),
 )
@@ -141,8 +144,6 @@ CANDIDATES: tuple[KernelConfig, ...] = (
       for s in (2, 3, 5, 6, 7, 8)),
 )
 
-#: CTAs per SM the split-K rule aims for (enough loads in flight to saturate HBM).
-CTAS_PER_SM = 4
 
 
 def config_for(m: int, table: tuple[tuple[int, KernelConfig], ...] = DEFAULT_CONFIGS
@@ -155,14 +156,20 @@ def config_for(m: int, table: tuple[tuple[int, KernelConfig], ...] = DEFAULT_CON
 
 
 def split_k_for(config: KernelConfig, m: int, n: int, k: int, sms: int) -> int:
-    """``config.split_k`` when set, else the power of two that brings the grid to about
-    ``CTAS_PER_SM`` CTAs per SM, keeping at least two K tiles per split."""
+    """``config.split_k`` when set, else the largest power of two that keeps the grid at or
+    below ``config.per_sm`` programs per SM, with at least two K tiles per split.
+
+    The M <= 16 default aims for 7 (the H200 sweep with fixed splits,
+    ``bench/results/nvfp4-sweep-splits-h200.md``): five of its programs are resident per SM
+    (96 registers, 35 KB of shared memory), and N = 28672 ran 9-13% faster split in two (896
+    programs) than whole (448, a third of the slots idle), while N = 8192 stays at four
+    splits (eight lost 3-5%)."""
     if config.split_k:
         return config.split_k
     ctas = -(-m // config.block_m) * -(-n // config.block_n)
     k_tiles = -(-k // config.block_k)
     split = 1
-    while ctas * split * 2 <= CTAS_PER_SM * sms and k_tiles // (split * 2) >= 2:
+    while ctas * split * 2 <= config.per_sm * sms and k_tiles // (split * 2) >= 2:
         split *= 2
     return split
 
