@@ -138,6 +138,13 @@ for s in "$@"; do
         --out /tmp/res/nvfp4-bench
       section mxfp4-bench 150 $py bench/mxfp4/run.py --configs all --ms 1,16 --sweep-ms 1,16 \
         --budget 130 --out /tmp/res/mxfp4-bench ;;
+    fp4check)  # the FP4 kernels' GPU tests, then both committed tables
+      section fp4-gpu-tests 200 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 190 \
+        plugins/quant_nvfp4/tests/test_nvfp4_triton.py plugins/quant_mxfp4_rocm/tests/test_triton_kernels.py \
+        -k "pr-16 or pr-64 or every_code or method or repacked or extremes"
+      section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
+        --out /tmp/res/nvfp4-bench
+      section mxfp4-bench 150 $py bench/mxfp4/run.py --ms 1,4,16,64,256 --out /tmp/res/mxfp4-bench ;;
     fp4tables)  # the two FP4 GEMMs' committed tables
       section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
         --out /tmp/res/nvfp4-bench

@@ -129,6 +129,7 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
     m_ok = rm < M
     n_ok = rn < N
     rm64 = rm.to(tl.int64)
+    x_rows = tl.minimum(rm, M - 1).to(tl.int64)
     rn64 = rn.to(tl.int64)
     k_span = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
     k_lo = pid_k * k_span
@@ -184,8 +185,14 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
                                  other=0)
                 w = decode_e2m1(halves, sb.to(tl.int32), BLOCK_N, KW, ASM, FAST)
             # bf16 activations only: MX ones are decoded once per call (decode_activations)
-            xa = tl.load(a_ptr + rm64[:, None] * stride_am + kk[None, :], mask=ak_ok,
-                         other=0.0).to(tl.bfloat16)
+            if EVEN_K:
+                # rows past M read row M - 1 instead of being masked (their outputs are never
+                # stored): no per-row predicates, which cost the 16-row tile 10 registers
+                # and a resident program per SM when M is not a multiple of 16
+                xa = tl.load(a_ptr + x_rows[:, None] * stride_am + kk[None, :]).to(tl.bfloat16)
+            else:
+                xa = tl.load(a_ptr + rm64[:, None] * stride_am + kk[None, :], mask=ak_ok,
+                             other=0.0).to(tl.bfloat16)
             if PAIRS:  # the activations in the decoded tile's K order (PAIR_ORDER)
                 xa = tl.reshape(tl.permute(tl.reshape(xa, (BLOCK_M, BLOCK_K // 8, 2, 4)),
                                            (0, 1, 3, 2)), (BLOCK_M, BLOCK_K))
