@@ -145,6 +145,10 @@ for s in "$@"; do
       section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
         --out /tmp/res/nvfp4-bench
       section mxfp4-bench 150 $py bench/mxfp4/run.py --ms 1,4,16,64,256 --out /tmp/res/mxfp4-bench ;;
+    mxcheck)  # the MXFP4 GEMM's GPU tests, then its committed table
+      section mx-gpu-tests 150 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 140 \
+        plugins/quant_mxfp4_rocm/tests/test_triton_kernels.py
+      section mxfp4-bench 120 $py bench/mxfp4/run.py --ms 1,4,16,64,256 --out /tmp/res/mxfp4-bench ;;
     fp4tables)  # the two FP4 GEMMs' committed tables
       section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
         --out /tmp/res/nvfp4-bench

@@ -109,7 +109,8 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
                        INTERPRET: tl.constexpr, OUT_BF16_BITS: tl.constexpr,
                        ASM: tl.constexpr, FAST: tl.constexpr, SCALED: tl.constexpr,
-                       PAIRS: tl.constexpr, REPACKED: tl.constexpr):
+                       PAIRS: tl.constexpr, REPACKED: tl.constexpr,
+                       CLAMP_ROWS: tl.constexpr):
     # w_ptr: int16 halfwords [N, K/4] (decode), int32 words [N, K/8] (PAIRS, REPACKED) or
     # bytes [N, K/2] (SCALED); a_ptr: bf16 activations, or MX bytes (SCALED only).
     pid = tl.program_id(0)
@@ -185,14 +186,20 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
                                  other=0)
                 w = decode_e2m1(halves, sb.to(tl.int32), BLOCK_N, KW, ASM, FAST)
             # bf16 activations only: MX ones are decoded once per call (decode_activations)
-            if EVEN_K:
-                # rows past M read row M - 1 instead of being masked (their outputs are never
-                # stored): no per-row predicates, which cost the 16-row tile 10 registers
-                # and a resident program per SM when M is not a multiple of 16
-                xa = tl.load(a_ptr + x_rows[:, None] * stride_am + kk[None, :]).to(tl.bfloat16)
+            # CLAMP_ROWS: rows past M read row M - 1 instead of being masked (their outputs are
+            # never stored): no per-row predicates, which cost the 16-row tile 10 registers and
+            # a resident program per SM when M is neither 1 nor a multiple of 16 (at M = 1
+            # the masked rows cost nothing; clamped they are redundant row loads)
+            if CLAMP_ROWS:
+                if EVEN_K:
+                    xa = tl.load(a_ptr + x_rows[:, None] * stride_am + kk[None, :])
+                else:
+                    xa = tl.load(a_ptr + x_rows[:, None] * stride_am + kk[None, :],
+                                 mask=(kk < K)[None, :], other=0.0)
             else:
                 xa = tl.load(a_ptr + rm64[:, None] * stride_am + kk[None, :], mask=ak_ok,
-                             other=0.0).to(tl.bfloat16)
+                             other=0.0)
+            xa = xa.to(tl.bfloat16)
             if PAIRS:  # the activations in the decoded tile's K order (PAIR_ORDER)
                 xa = tl.reshape(tl.permute(tl.reshape(xa, (BLOCK_M, BLOCK_K // 8, 2, 4)),
                                            (0, 1, 3, 2)), (BLOCK_M, BLOCK_K))
@@ -382,14 +389,16 @@ def candidate_configs(m: int, n: int, k: int) -> list[GemmConfig]:
 
 
 def kernel_constexprs(cfg: GemmConfig, a_kind: int, *, k_even: bool, split: bool,
-                      interpret: bool, out_bits: bool, fast: bool = True) -> dict[str, object]:
-    """The compile-time arguments of ``_mxfp4_gemm_kernel`` for one config."""
+                      interpret: bool, out_bits: bool, fast: bool = True,
+                      clamp_rows: bool = False) -> dict[str, object]:
+    """The compile-time arguments of ``_mxfp4_gemm_kernel`` for one config (``clamp_rows``:
+    M is neither 1 nor a multiple of BLOCK_M, see the kernel's ``CLAMP_ROWS``)."""
     return {"A_KIND": a_kind, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
             "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k if split else 1,
             "EVEN_K": k_even, "INTERPRET": interpret, "OUT_BF16_BITS": out_bits,
             "ASM": not interpret and _asm_target(), "FAST": fast,
             "SCALED": cfg.path == "scaled", "PAIRS": cfg.path == "pairs",
-            "REPACKED": cfg.path == "repacked"}
+            "REPACKED": cfg.path == "repacked", "CLAMP_ROWS": clamp_rows}
 
 
 def _asm_target() -> bool:
@@ -549,7 +558,8 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     # whole K tiles: every split's range is whole tiles too (k_hi clamps the last one)
     const = kernel_constexprs(cfg, kind, k_even=k % cfg.block_k == 0,
                               split=split > 1, interpret=interpret, out_bits=out_bits,
-                              fast=scale_max is not None and scale_max <= FAST_SCALE_MAX_BYTE)
+                              fast=scale_max is not None and scale_max <= FAST_SCALE_MAX_BYTE,
+                              clamp_rows=m > 1 and m % cfg.block_m != 0)
     const["SPLIT_K"] = split
     _mxfp4_gemm_kernel[grid](
         x, xs, w_arg, weight_scale, target, m, n, k,

@@ -217,10 +217,7 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
     # Row bases outside the loop (64-bit: N * K / 4 may pass 2^31 for large layers).
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
     s_rows = s_ptr + rn.to(tl.int64)[:, None] * stride_sn
-    # Rows past M read row M - 1 instead of being masked (their outputs are never stored): no
-    # per-row predicates, which cost the 16-row tiles 10 registers and a resident program per
-    # SM when M is not a multiple of 16.
-    x_rows = x_ptr + tl.minimum(rm, M - 1).to(tl.int64)[:, None] * stride_xm
+    x_rows = x_ptr + rm.to(tl.int64)[:, None] * stride_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = pid_k * TILES_PER_SPLIT
     # the last split may be shorter: its loop stops at the last K tile (no masks needed)
@@ -230,11 +227,7 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
         else:
             packed = _load_k_tile(w_rows, t * KH + rw, n_ok, K // 4, EVEN_K)
         sb = _load_k_tile(s_rows, t * G + rg, n_ok, K // 16, EVEN_K)
-        if EVEN_K:
-            xa = tl.load(x_rows + (t * BLOCK_K + rk)[None, :])
-        else:
-            xa = tl.load(x_rows + (t * BLOCK_K + rk)[None, :],
-                         mask=(t * BLOCK_K + rk < K)[None, :], other=0)
+        xa = _load_k_tile(x_rows, t * BLOCK_K + rk, m_ok, K, EVEN_K)
         if PAIRS or REPACKED:
             w = decode_words(packed, sb, BLOCK_N, KQ, ASM, REPACKED)
             if not REPACKED:  # the activations in PAIR_ORDER (a permutation in registers)
