@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["repacked_codes", "repacked_lanes"]
+__all__ = ["repacked_codes", "repacked_lanes", "repacked_lanes16"]
 
 
 @triton.jit
@@ -34,6 +34,18 @@ def repacked_lanes(u):
     r2 = (u << 6) & keep
     r3 = ((u << 1) & 0x80008000) | ((u >> 4) & 0x00C000C0) | ((u >> 5) & 0x01000100)
     return r0, r1, r2, r3
+
+
+@triton.jit
+def repacked_lanes16(u, R: tl.constexpr, KQ: tl.constexpr):
+    """Repacked words uint32 [R, KQ] -> the bf16 lanes (bits, uint16) [R, 8 KQ] in K order,
+    for a packed-operand PTX (``pack=2``). The two joins make dimensions the MMA operand
+    layout keeps in one thread, so each pair of lanes stays the register it was computed in
+    (no repacking of 16-bit values)."""
+    r0, r1, r2, r3 = repacked_lanes(u)
+    # join(join(a, b), join(c, d)) flattens as a, c, b, d: registers 0, 1, 2, 3
+    regs = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (R, KQ * 4))
+    return tl.reshape(tl.join(regs.to(tl.uint16), (regs >> 16).to(tl.uint16)), (R, KQ * 8))
 
 
 @triton.jit

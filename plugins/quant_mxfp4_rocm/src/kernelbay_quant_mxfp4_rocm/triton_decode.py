@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from kernelbay.formats.e2m1_words_triton import repacked_codes, repacked_lanes
+from kernelbay.formats.e2m1_words_triton import repacked_codes, repacked_lanes16
 
 __all__ = ["PAIR_ORDER", "decode_e2m1", "decode_e2m1_pairs", "decode_kernel"]
 
@@ -152,7 +152,7 @@ def decode_e2m1_pairs(words, sbytes, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.
     otherwise).
 
     ``REPACKED``: the words of ``kernelbay.formats.repack_e2m1_words``, in the natural K
-    order: ``repacked_lanes`` gives the bf16 lanes with one mask, or a shift and a mask, per
+    order: ``repacked_lanes16`` gives the bf16 lanes with one mask, or a shift and a mask, per
     two elements for elements 0..5 of a word, and the PTX is the multiply alone.
 
     Otherwise the packed bytes read four at a time, the tile in ``PAIR_ORDER`` within each
@@ -162,15 +162,14 @@ def decode_e2m1_pairs(words, sbytes, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.
     SASS instructions per weight element, against 5.7 for ``decode_e2m1``)."""
     BK: tl.constexpr = KQ * 8
     u = words.to(tl.uint32, bitcast=True)
-    if REPACKED:
-        r0, r1, r2, r3 = repacked_lanes(u)
-        # join(join(a, b), join(c, d)) flattens as a, c, b, d: registers 0, 1, 2, 3
-        code = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (R, KQ * 4))
-    else:
+    if not REPACKED:
         # [R, KQ, 4] over j = 0..3 (two joins: dimensions the MMA layout keeps in registers)
         code = tl.reshape(tl.join(tl.join(u << 12, u << 4), tl.join(u << 8, u)), (R, KQ * 4))
     if ASM:
-        c16 = tl.reshape(tl.join(code.to(tl.uint16), (code >> 16).to(tl.uint16)), (R, BK))
+        if REPACKED:
+            c16 = repacked_lanes16(u, R, KQ)
+        else:
+            c16 = tl.reshape(tl.join(code.to(tl.uint16), (code >> 16).to(tl.uint16)), (R, BK))
         p1 = _bf16_pow2(tl.where(sbytes == 255, -1, tl.minimum(sbytes + 126, 254)))
         p1 = tl.reshape(tl.broadcast_to(p1[:, :, None], (R, KQ // 4, 32)), (R, BK))
         if FAST:

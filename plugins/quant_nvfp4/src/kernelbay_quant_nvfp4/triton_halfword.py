@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 from kernelbay.formats import e2m1_words_triton
-from kernelbay.formats.e2m1_words_triton import repacked_codes, repacked_lanes
+from kernelbay.formats.e2m1_words_triton import repacked_codes, repacked_lanes16
 
 from kernelbay_quant_nvfp4.triton_kernels import (
     e2m1_2m14,
@@ -137,7 +137,7 @@ def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.conste
     ``e2m1 * S * 2^-8`` [R, 8 KQ]: bf16 (``ASM``) or fp32 holding the same values (plain).
 
     ``REPACKED``: the words of ``kernelbay.formats.repack_e2m1_words``, decoded in the natural
-    K order by ``repacked_lanes`` (one mask, or a shift and a mask, per two elements for
+    K order by ``repacked_lanes16`` (one mask, or a shift and a mask, per two elements for
     elements 0..5) and one packed multiply (the ``pr-*`` kernels: 4.2-4.7 SASS instructions
     per element in the K loop of the 16-row tiles).
 
@@ -154,15 +154,14 @@ def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.conste
     if ASM:
         mult = _block_multipliers(s, R, G, BK)
         if REPACKED:
-            r0, r1, r2, r3 = repacked_lanes(u)
-            # join(join(a, b), join(c, d)) flattens as a, c, b, d: registers 0, 1, 2, 3
-            regs = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (R, KQ * 4))
+            lanes = repacked_lanes16(u, R, KQ)
         else:
             # [R, KQ, 2, 2] over j = 0..3 (two joins: dimensions the MMA layout keeps in
             # registers)
             regs = tl.reshape(tl.join(tl.join(u << 12, u << 4), tl.join(u << 8, u)),
                               (R, KQ * 4))
-        lanes = tl.reshape(tl.join(regs.to(tl.uint16), (regs >> 16).to(tl.uint16)), (R, BK))
+            lanes = tl.reshape(tl.join(regs.to(tl.uint16), (regs >> 16).to(tl.uint16)),
+                               (R, BK))
         if REPACKED:
             out = tl.inline_asm_elementwise(_SCALE_PTX, "=r,r,r", [lanes, mult],
                                             dtype=tl.bfloat16, is_pure=True, pack=2)
