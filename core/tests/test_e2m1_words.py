@@ -44,3 +44,39 @@ def test_bad_inputs_are_named() -> None:
         repack_e2m1_words(torch.zeros(2, 6, dtype=torch.uint8))
     with pytest.raises(ValueError, match="expected int32"):
         unpack_e2m1_words(torch.zeros(2, 6, dtype=torch.uint8))
+
+
+def _lanes(word: int) -> list[int]:
+    """The GPU decode's integer part on one word, as ``e2m1_words_triton.repacked_lanes``
+    computes it: four 32-bit registers of two bf16 lanes each."""
+    keep = 0x81C081C0
+    r3 = ((word << 1) & 0x80008000) | ((word >> 4) & 0x00C000C0) | ((word >> 5) & 0x01000100)
+    regs = [word & keep, (word << 3) & keep, (word << 6) & keep, r3]
+    return [(r >> (16 * h)) & 0xFFFF for r in regs for h in (0, 1)]
+
+
+def test_lanes_read_as_the_reference_values() -> None:
+    """Every code at every position of a word, through the decode's masks and shifts: each
+    lane is the bf16 bit pattern of the reference value times 2^-126 (registers 0..2 one
+    shift each, register 3 the three-shift gather)."""
+    from kernelbay.formats import decode_e2m1
+
+    want = (decode_e2m1(torch.arange(16, dtype=torch.uint8)) * 2.0**-126).to(torch.bfloat16)
+    bits = want.view(torch.int16).to(torch.int64) & 0xFFFF
+    for code in range(16):
+        for position in range(8):
+            nibbles = [(code + 5 * i) % 16 if i != position else code for i in range(8)]
+            packed = torch.tensor([[n0 | (n1 << 4) for n0, n1 in zip(nibbles[::2], nibbles[1::2],
+                                                                       strict=True)]],
+                                  dtype=torch.uint8)
+            word = int(repack_e2m1_words(packed)[0, 0]) & 0xFFFFFFFF
+            assert _lanes(word)[position] == int(bits[code]), (code, position)
+
+
+def test_large_stacks_repack_in_steps() -> None:
+    """Rows beyond one step (4096) repack and unpack like the first ones."""
+    packed = torch.randint(0, 256, (4100, 8), generator=torch.Generator().manual_seed(5),
+                           dtype=torch.uint8)
+    words = repack_e2m1_words(packed)
+    assert torch.equal(words[4096:], repack_e2m1_words(packed[4096:]))
+    assert torch.equal(unpack_e2m1_words(words), packed)

@@ -62,7 +62,15 @@ def _dense_layer(method: Mxfp4EmulationLinear, packed: torch.Tensor, scales: tor
 
 @pytest.mark.parametrize("activation", [None, "mxfp4-dynamic", "mxfp8-dynamic"])
 @pytest.mark.parametrize("rule", ["even", "rceil"])
-def test_dense_matches_the_emulation(activation: str | None, rule: str) -> None:
+@pytest.mark.parametrize("repack", [False, True])
+def test_dense_matches_the_emulation(activation: str | None, rule: str, repack: bool,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The method against the emulation, with the weight as loaded and (``repack``: as where
+    the PTX decode runs) stored in the repacked word layout."""
+    from kernelbay_quant_mxfp4_rocm import triton_gemm
+
+    if repack:  # storage only: the kernels keep the portable decode under the interpreter
+        monkeypatch.setattr(triton_gemm, "_asm_target", lambda: True)
     n, k = 40, 96
     g = torch.Generator().manual_seed(41)
     packed, scales = quantize_mx(torch.randn(n, k, generator=g), "e2m1", "even")
@@ -72,6 +80,8 @@ def test_dense_matches_the_emulation(activation: str | None, rule: str) -> None:
     emulation = Mxfp4EmulationLinear(request)
     layer_t = _dense_layer(triton_method, packed, scales, bias)
     layer_e = _dense_layer(emulation, packed, scales, bias)
+    want_dtype = torch.int32 if repack or DEVICE == "cuda" else torch.uint8
+    assert layer_t.weight.dtype == want_dtype
     x = torch.randn(2, 3, k, generator=g).bfloat16().to(DEVICE)  # 3-D input
     y = triton_method.apply(layer_t, x)
     want = emulation.apply(layer_e, x)

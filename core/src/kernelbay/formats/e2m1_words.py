@@ -39,8 +39,9 @@ def word_bit_positions() -> tuple[tuple[int, int, int, int], ...]:
     return tuple(out)
 
 
-def _positions(device: torch.device) -> torch.Tensor:
-    return torch.tensor(word_bit_positions(), dtype=torch.int64, device=device)  # [8, 4]
+#: Rows repacked per step: the temporaries are a few word-sized tensors of this many rows, so
+#: a stack of large experts repacks in bounded memory.
+_ROWS_PER_STEP = 4096
 
 
 def repack_e2m1_words(packed: torch.Tensor) -> torch.Tensor:
@@ -50,11 +51,17 @@ def repack_e2m1_words(packed: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"repack_e2m1_words: expected uint8 [N, K/2] with K a multiple of 8, "
                          f"got {packed.dtype} {tuple(packed.shape)}")
     n, half_k = packed.shape
-    b = packed.to(torch.int64)
-    codes = torch.stack((b & 15, b >> 4), dim=-1).reshape(n, half_k // 4, 8)  # [N, K/8, 8]
-    bits = (codes[..., None] >> torch.tensor([3, 2, 1, 0], device=packed.device)) & 1
-    word = (bits << _positions(packed.device)).sum(dim=(-1, -2))  # disjoint bits: sum == or
-    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+    out = torch.empty(n, half_k // 4, dtype=torch.int32, device=packed.device)
+    table = word_bit_positions()
+    for r0 in range(0, n, _ROWS_PER_STEP):
+        nibbles = packed[r0:r0 + _ROWS_PER_STEP].reshape(-1, half_k // 4, 4)
+        word = torch.zeros(nibbles.shape[:2], dtype=torch.int64, device=packed.device)
+        for e, positions in enumerate(table):  # element e: nibble e % 2 of byte e // 2
+            code = (nibbles[:, :, e // 2].to(torch.int64) >> (4 * (e % 2))) & 15
+            for bit, at in zip((3, 2, 1, 0), positions, strict=True):
+                word |= ((code >> bit) & 1) << at
+        out[r0:r0 + _ROWS_PER_STEP] = torch.where(word >= 2**31, word - 2**32, word)
+    return out
 
 
 def unpack_e2m1_words(words: torch.Tensor) -> torch.Tensor:
@@ -63,8 +70,14 @@ def unpack_e2m1_words(words: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"unpack_e2m1_words: expected int32 [N, K/8], got {words.dtype} "
                          f"{tuple(words.shape)}")
     n, q = words.shape
-    w = words.to(torch.int64) & 0xFFFFFFFF
-    bits = (w[:, :, None, None] >> _positions(words.device)) & 1  # [N, K/8, 8, 4]
-    codes = (bits << torch.tensor([3, 2, 1, 0], device=words.device)).sum(-1)  # [N, K/8, 8]
-    pairs = codes.reshape(n, q * 4, 2)
-    return (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)
+    out = torch.empty(n, q, 4, dtype=torch.uint8, device=words.device)
+    table = word_bit_positions()
+    for r0 in range(0, n, _ROWS_PER_STEP):
+        w = words[r0:r0 + _ROWS_PER_STEP].to(torch.int64) & 0xFFFFFFFF
+        byte = torch.zeros(*w.shape, 4, dtype=torch.int64, device=words.device)
+        for e, positions in enumerate(table):
+            code = sum(((w >> at) & 1) << bit
+                       for bit, at in zip((3, 2, 1, 0), positions, strict=True))
+            byte[:, :, e // 2] |= code << (4 * (e % 2))
+        out[r0:r0 + _ROWS_PER_STEP] = byte.to(torch.uint8)
+    return out.reshape(n, q * 4)

@@ -3,8 +3,10 @@
 """Triton MXFP4-weight GEMM: ``y = x @ dequantize_mx(W)^T`` with the weight dequantized in
 registers. Imported lazily by the methods (this module imports triton).
 
-Operands: ``w`` packed E2M1 uint8 [N, K/2] (element 2i in the low nibble; read as int16
-halfwords, no repacking), ``w_scale`` E8M0 bytes uint8 [N, K/32]; activations ``x`` one of
+Operands: ``w`` packed E2M1, either the checkpoint's uint8 [N, K/2] (element 2i in the low
+nibble; read as int16 halfwords or int32 words) or the repacked int32 words [N, K/8] of
+``kernelbay.formats.repack_e2m1_words`` (``prepare_weight`` stores those where the PTX
+decode runs); ``w_scale`` E8M0 bytes uint8 [N, K/32]; activations ``x`` one of
 
 * bf16 [M, K] (W4A16),
 * MXFP4 packed uint8 [M, K/2] + E8M0 bytes [M, K/32] (W4A4, from ``triton_mx.quantize_mx``),
@@ -21,6 +23,9 @@ Paths (``GemmConfig.path``):
   ``triton_decode.decode_e2m1_pairs`` (elements k and k + 4 in one register: fewer
   instructions per element), the tile in ``PAIR_ORDER`` along K and the activation tile
   permuted in registers to match.
+* ``repacked``: the repacked words, decoded by ``decode_e2m1_pairs(REPACKED=True)`` in the
+  natural K order (most element pairs one mask, or one shift and one mask; the PTX is the
+  scale multiply alone): the CUDA default up to M = 64.
 * ``scaled``: Triton's ``tl.dot_scaled`` (its own MX upcast on GPUs without MX MMA), for
   comparison in the tuning sweep.
 * ``dequant``: the whole weight decoded to bf16 once per call (``decode_kernel``), then
@@ -327,14 +332,15 @@ def _split(n: int, k: int, block_n: int, block_k: int, sm_count: int, per_sm: in
 def default_config(m: int, n: int, k: int, sm_count: int = 132, *,
                    repacked: bool = False) -> GemmConfig:
     """The config used when none is given: a 16-row tile for M <= 16 and 64-row tiles up to
-    M = 64, both split along K for about three programs per SM, and beyond that the weight
-    decoded to bf16 once for torch's matmul (decoding per 128-row tile costs more).
+    M = 64, both split along K, and beyond that the weight decoded to bf16 once for torch's
+    matmul (decoding per 128-row tile costs more). ``repacked``: the weight is in the
+    repacked word layout, read by the ``repacked`` path; otherwise ``pairs`` (M <= 16) and
+    ``decode`` (M <= 64) read the checkpoint bytes.
 
-    M <= 16: 16x64 tiles with K tiles of 256, 3 stages and the ``pairs`` decode, split K for
-    about six programs per SM and at least two: the fastest of the third H200 sweep on all
-    three benchmark shapes (22.7 us at N = K = 8192 split 4, 69.0 us at N = 28672, K = 8192
-    split 2, 70.4 us at N = 8192, K = 28672 split 4; the four-stage K-512 tile before it,
-    101 KB of shared memory and two programs per SM, gave 23.1 / 80.6 / 72.2 us)."""
+    M <= 16: 16x64 tiles with K tiles of 256 and 3 stages, split K for about six programs per
+    SM and at least two (four at N = 8192, two at N = 28672): the fastest of the H200 sweeps
+    on all three benchmark shapes, within 3% of the best fixed split in the split sweep
+    (``bench/results/mxfp4-sweep-splits-h200.md``). M <= 64: about three programs per SM."""
     if m <= 16:
         block_k = _block_k(k, 256)
         split = _split(n, k, 64, block_k, sm_count, per_sm=6, least=2)

@@ -16,8 +16,9 @@ Reasoning for the H200 defaults (132 SMs, 4.8 TB/s, 50 MB L2); ``bench/nvfp4/run
   at M <= 64 and to ``dequant`` above, and were removed.
 * M <= 16 (decode) should be memory bound: the weight is 0.5625 B/element against bf16's
   2. BLOCK_M = 16 is the smallest tl.dot tile (unused rows masked). N = 8192 gives 128
-  programs of 64 rows, so K is split (``split_k_for``) until there are about seven programs
-  per SM, five of them resident at a time;
+  programs of 64 rows, so K is split (``split_k_for``: the largest power of two keeping the
+  grid at or below seven programs per SM; four splits at N = 8192, two at N = 28672; five
+  programs fit an SM at a time);
   the fp32 partials (M x N x split, a few hundred KB at most) are summed by a second small
   kernel (deterministic: partials added in split order).
 * M = 64: 64 x 128 (M x N) tiles, the weight decoded once for all rows.
@@ -58,9 +59,11 @@ class KernelConfig:
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
 #: Set from the H200 sweep of the repacked kernels (geometric mean of the ratio to bf16 over
 #: the three N x K shapes; bench/results/nvfp4-sweep-repacked-h200.md): every M runs the
-#: repacked word layout (``kernelbay.formats.e2m1_words``), 8-15% faster than the checkpoint-layout kernels at every
-#: M: M <= 16 ``pr-16x64x256-p3`` (1.50-1.96x), M <= 64 ``pr-64x128x128`` (0.90-1.10x),
-#: larger M ``pr-128x128x64`` (0.52-0.61x, ahead of dequantize-then-cuBLAS's 0.53x).
+#: repacked word layout (``kernelbay.formats.e2m1_words``), 8-15% faster than the
+#: checkpoint-layout kernels at M <= 64: M <= 16 ``pr-16x64x256-p3`` (1.50-1.96x), M <= 64
+#: ``pr-64x128x128`` (0.90-1.10x), larger M ``pr-128x128x64`` (0.52-0.61x; dequantize-then-
+#: cuBLAS 0.53x on every shape: behind it at N = K = 8192, ahead on the two larger shapes,
+#: geometric mean 0.57 against 0.53).
 DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
     (16, KernelConfig("pr-16x64x256-p3", "repacked", 16, 64, 256, 0, 4, 3, per_sm=7)),
     (64, KernelConfig("pr-64x128x128", "repacked", 64, 128, 128, 0, 4, 3)),
@@ -123,9 +126,9 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     _hw("hw-64x128x128", 64, 128, 128, 4, 3),
     _hw("hw-128x128x64", 128, 128, 64, 8, 3),
     KernelConfig("dequant-cublas", "dequant"),
-    # The repacked word layout (``kernelbay.formats.e2m1_words``): natural K order, no activation permutation, no
-    # 16-bit repacking; the K loop of pr-16x128x128 has 4.4 SASS instructions per element
-    # against 4.8 for pw-16x64x256-p3 (LOP3 128, shifts 96, no PRMT).
+    # The repacked word layout (``kernelbay.formats.e2m1_words``): natural K order, no
+    # activation permutation, no 16-bit repacking; the K loop of pr-16x128x128 has 4.3 SASS
+    # instructions per element against 4.8 for pw-16x64x256-p3 (LOP3 128, shifts 96, no PRMT).
     KernelConfig("pr-16x128x128", "repacked", 16, 128, 128, 0, 4, 3),
     KernelConfig("pr-16x64x256-p3", "repacked", 16, 64, 256, 0, 4, 3),
     KernelConfig("pr-16x128x256", "repacked", 16, 128, 256, 0, 4, 3),
@@ -163,7 +166,7 @@ def split_k_for(config: KernelConfig, m: int, n: int, k: int, sms: int) -> int:
     ``bench/results/nvfp4-sweep-splits-h200.md``): five of its programs are resident per SM
     (96 registers, 35 KB of shared memory), and N = 28672 ran 9-13% faster split in two (896
     programs) than whole (448, a third of the slots idle), while N = 8192 stays at four
-    splits (eight lost 3-5%)."""
+    splits (eight lost up to 6%)."""
     if config.split_k:
         return config.split_k
     ctas = -(-m // config.block_m) * -(-n // config.block_n)

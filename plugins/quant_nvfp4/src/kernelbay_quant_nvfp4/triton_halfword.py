@@ -1,16 +1,22 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
 # (Triton kernels are written in its untyped DSL; the Python wrappers are typed.)
-"""The ``hw-*`` kernels of ``nvfp4-triton``: the weight read as int16 halfwords (four E2M1
-codes each) and decoded straight into the ``tl.dot`` operand layout as exact bf16, with the
-activations used as they come (bf16/fp16, no preparation pass).
+"""The fused kernel of ``nvfp4-triton``: the packed weight decoded straight into the
+``tl.dot`` operand layout as exact bf16, with the activations used as they come (bf16/fp16,
+no preparation pass), in three weight readings:
 
-Weight layout unchanged (``packed`` uint8 [N, K/2] viewed as int16 [N, K/4]: halfword ``j``
-holds elements ``4j .. 4j+3`` in nibbles 0..3, little-endian), E4M3 block scales as bytes
-[N, K/16], fp32 ``weight_scale_2``. The ``pw-*`` kernels (``PAIRS``) view the same bytes as
-int32 words of eight codes and decode elements k and k + 4 of a word in one register
-(``decode_words``), with the activation tile permuted to that order.
+* ``pr-*`` (``REPACKED``, the defaults): the repacked int32 words [N, K/8] of
+  ``kernelbay.formats.repack_e2m1_words``, stored by the method after loading, decoded by
+  ``decode_words(REPACKED=True)`` in the natural K order;
+* ``hw-*``: the checkpoint layout (``packed`` uint8 [N, K/2] viewed as int16 [N, K/4]:
+  halfword ``j`` holds elements ``4j .. 4j+3`` in nibbles 0..3, little-endian);
+* ``pw-*`` (``PAIRS``): the same bytes as int32 words of eight codes, elements k and k + 4 of
+  a word decoded in one register (``decode_words``), the activation tile permuted to match.
 
-Decode of one element (code ``c = s e1 e0 m``, block scale ``S``):
+E4M3 block scales as bytes [N, K/16], fp32 ``weight_scale_2``.
+
+Decode of one element (code ``c = s e1 e0 m``, block scale ``S``), halfword reading (the
+repacked one stores the bits where the second step wants them, so it does that step's
+mask and shift, ``kernelbay.formats.e2m1_words_triton``, and the multiply):
 
 * The codes are split out of the halfwords by three shifts and two ``tl.join`` (each lane's
   code in bits 12..15, lower bits ignored). The joined dimensions are ones the MMA operand
@@ -197,7 +203,8 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
                     BLOCK_K: tl.constexpr, TILES_PER_SPLIT, PARTIAL: tl.constexpr,
                     EVEN_K: tl.constexpr, ASM: tl.constexpr, INTERPRET: tl.constexpr,
                     PAIRS: tl.constexpr, REPACKED: tl.constexpr = False):
-    # w_ptr: int16 halfwords [N, K/4], or int32 words [N, K/8] with PAIRS; s_ptr: E4M3 bytes
+    # w_ptr: int16 halfwords [N, K/4], or int32 words [N, K/8] with PAIRS or REPACKED (the
+    # repacked layout); s_ptr: E4M3 bytes
     # [N, K/16]; out_ptr: [M, N] or, with PARTIAL, fp32 [split, M, N] (stride_os apart).
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
