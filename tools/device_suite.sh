@@ -108,21 +108,6 @@ for s in "$@"; do
         plugins/quant_nvfp4/tests/test_nvfp4_triton.py
       section nvfp4-bench 130 $py bench/nvfp4/run.py --configs all --rep-ms 10 --ms 1,16,64 \
         --out /tmp/res/nvfp4-bench ;;
-    repack)  # the repacked NVFP4 word layout: its GPU tests, then the sweep at M = 1 .. 256
-      section nv-tests 200 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 190 \
-        plugins/quant_nvfp4/tests/test_nvfp4_triton.py -k "pr- or every_code"
-      section nvfp4-bench 330 $py bench/nvfp4/run.py --configs all --rep-ms 8 --ms 1,16,64,256 \
-        --out /tmp/res/nvfp4-bench ;;
-    nvtable)  # the NVFP4 plugin's GPU tests on the repacked layout, then the committed table
-      section nv-gpu-tests 250 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 200 \
-        plugins/quant_nvfp4/tests
-      section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
-        --out /tmp/res/nvfp4-bench ;;
-    mxrepack)  # the MXFP4 GEMM on the repacked layout: GPU tests, then the table and a sweep
-      section mx-gpu-tests 200 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 190 \
-        plugins/quant_mxfp4_rocm/tests
-      section mxfp4-bench 260 $py bench/mxfp4/run.py --configs all --ms 1,4,16,64,256 \
-        --sweep-ms 16,64 --budget 230 --out /tmp/res/mxfp4-bench ;;
     fp4final)  # the MXFP4 table and sweep with rotated weights, the repacked kernels profiled
       section mxfp4-bench 250 $py bench/mxfp4/run.py --configs all --ms 1,4,16,64,256 \
         --sweep-ms 16,64 --budget 220 --out /tmp/res/mxfp4-bench
@@ -138,17 +123,6 @@ for s in "$@"; do
         --out /tmp/res/nvfp4-bench
       section mxfp4-bench 150 $py bench/mxfp4/run.py --configs all --ms 1,16 --sweep-ms 1,16 \
         --budget 130 --out /tmp/res/mxfp4-bench ;;
-    fp4check)  # the FP4 kernels' GPU tests, then both committed tables
-      section fp4-gpu-tests 200 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 190 \
-        plugins/quant_nvfp4/tests/test_nvfp4_triton.py plugins/quant_mxfp4_rocm/tests/test_triton_kernels.py \
-        -k "pr-16 or pr-64 or every_code or method or repacked or extremes"
-      section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
-        --out /tmp/res/nvfp4-bench
-      section mxfp4-bench 150 $py bench/mxfp4/run.py --ms 1,4,16,64,256 --out /tmp/res/mxfp4-bench ;;
-    mxcheck)  # the MXFP4 GEMM's GPU tests, then its committed table
-      section mx-gpu-tests 150 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 140 \
-        plugins/quant_mxfp4_rocm/tests/test_triton_kernels.py
-      section mxfp4-bench 120 $py bench/mxfp4/run.py --ms 1,4,16,64,256 --out /tmp/res/mxfp4-bench ;;
     fp4tables)  # the two FP4 GEMMs' committed tables
       section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
         --out /tmp/res/nvfp4-bench
