@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernelbay.formats import repack_e2m1_words, unpack_e2m1_words, word_bit_positions
+from kernelbay.formats import (
+    checkpoint_layout,
+    repack_e2m1_words,
+    unpack_e2m1_words,
+    word_bit_positions,
+)
 
 
 def test_positions_use_every_bit_once() -> None:
@@ -80,3 +85,4 @@ def test_large_stacks_repack_in_steps() -> None:
     words = repack_e2m1_words(packed)
     assert torch.equal(words[4096:], repack_e2m1_words(packed[4096:]))
     assert torch.equal(unpack_e2m1_words(words), packed)
+    assert torch.equal(checkpoint_layout(words), packed) and checkpoint_layout(packed) is packed

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernelbay_quant_nvfp4.linear_triton import run_config, stored_weight, unstored_weight
+from kernelbay.formats import checkpoint_layout
+from kernelbay_quant_nvfp4.linear_triton import run_config, stored_weight
 from kernelbay_quant_nvfp4.triton_configs import DEFAULT_CONFIGS, KernelConfig, table_layout
 
 
@@ -20,7 +21,7 @@ def test_stored_weight_round_trips_stacked_experts() -> None:
     packed = torch.randint(0, 256, (3, 4, 16), dtype=torch.uint8)
     stored = stored_weight(packed, DEFAULT_CONFIGS)
     assert stored.shape == (3, 4, 4) and stored.dtype == torch.int32
-    assert torch.equal(unstored_weight(stored[1]), packed[1])
+    assert torch.equal(checkpoint_layout(stored[1]), packed[1])
     checkpoint = ((1 << 62, KernelConfig("d", "dequant")),)
     assert stored_weight(packed, checkpoint).dtype == torch.uint8
 

@@ -7,6 +7,7 @@ imports torch); backends import it when they are built.
 
 from kernelbay.formats.e2m1 import E2M1_MAX, decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
 from kernelbay.formats.e2m1_words import (
+    checkpoint_layout,
     repack_e2m1_words,
     unpack_e2m1_words,
     word_bit_positions,
@@ -46,6 +47,7 @@ __all__ = [
     "NVFP4_BLOCK",
     "MXElem",
     "ScaleRule",
+    "checkpoint_layout",
     "compressed_tensors_global_scale",
     "decode_e2m1",
     "decode_e8m0",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["repack_e2m1_words", "unpack_e2m1_words", "word_bit_positions"]
+__all__ = ["checkpoint_layout", "repack_e2m1_words", "unpack_e2m1_words", "word_bit_positions"]
 
 
 def word_bit_positions() -> tuple[tuple[int, int, int, int], ...]:
@@ -81,3 +81,10 @@ def unpack_e2m1_words(words: torch.Tensor) -> torch.Tensor:
             byte[:, :, e // 2] |= code << (4 * (e % 2))
         out[r0:r0 + _ROWS_PER_STEP] = byte.to(torch.uint8)
     return out.reshape(n, q * 4)
+
+
+def checkpoint_layout(weight: torch.Tensor) -> torch.Tensor:
+    """A packed E2M1 weight as the checkpoint holds it (uint8 [N, K/2]), whether a method
+    stored it so or repacked (int32 words, ``repack_e2m1_words``): what the references
+    decode."""
+    return unpack_e2m1_words(weight) if weight.dtype == torch.int32 else weight

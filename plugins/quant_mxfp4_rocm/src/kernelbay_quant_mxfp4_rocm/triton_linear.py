@@ -114,14 +114,11 @@ class Mxfp4TritonLinear(Mxfp4EmulationLinear):
     def dequantized_weight(self, layer: torch.nn.Module) -> torch.Tensor:
         """The weight dequantized by the reference, in the activation dtype (MLA)."""
         import torch
-        from kernelbay.formats import dequantize_mx
+        from kernelbay.formats import checkpoint_layout, dequantize_mx
 
-        weight = _tensor(layer, "weight")
-        if weight.dtype == torch.int32:  # stored repacked (prepare_weight)
-            from kernelbay.formats import unpack_e2m1_words
-
-            weight = unpack_e2m1_words(weight)
-        w = dequantize_mx(weight, _tensor(layer, "weight_scale"), "e2m1")
+        # stored repacked where the PTX decode runs (prepare_weight)
+        w = dequantize_mx(checkpoint_layout(_tensor(layer, "weight")),
+                          _tensor(layer, "weight_scale"), "e2m1")
         return w.to(getattr(torch, self.request.activation_dtype))
 
 

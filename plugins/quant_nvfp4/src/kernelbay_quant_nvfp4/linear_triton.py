@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from kernelbay.device import DeviceCapability
 
 __all__ = ["Nvfp4TritonLinear", "check_finite_scales", "gpu_triton_checks", "run_config",
-           "stored_weight", "unstored_weight"]
+           "stored_weight"]
 
 _ACT_DTYPES = ("bfloat16", "float16")
 
@@ -99,17 +99,6 @@ def stored_weight(packed: torch.Tensor, table: tuple[tuple[int, KernelConfig], .
     lead = packed.shape[:-1]
     words = repack_e2m1_words(packed.contiguous().reshape(-1, packed.shape[-1]))
     return words.reshape(*lead, words.shape[-1])
-
-
-def unstored_weight(weight: torch.Tensor) -> torch.Tensor:
-    """The checkpoint layout (uint8 [N, K/2]) of a weight as ``stored_weight`` kept it."""
-    import torch
-
-    if weight.dtype != torch.int32:
-        return weight
-    from kernelbay.formats.e2m1_words import unpack_e2m1_words
-
-    return unpack_e2m1_words(weight)
 
 
 def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
@@ -222,9 +211,9 @@ class Nvfp4TritonLinear(LinearMethod):
     def dequantized_weight(self, layer: torch.nn.Module) -> torch.Tensor:
         """The dense weight in the activation dtype, through the reference (exact)."""
         import torch
-        from kernelbay.formats import dequantize_nvfp4
+        from kernelbay.formats import checkpoint_layout, dequantize_nvfp4
 
-        w = dequantize_nvfp4(unstored_weight(cast("torch.Tensor", layer.weight)),
+        w = dequantize_nvfp4(checkpoint_layout(cast("torch.Tensor", layer.weight)),
                              cast("torch.Tensor", layer.weight_scale),
                              cast("torch.Tensor", layer.weight_scale_2).reshape(()))
         return w.to(getattr(torch, self.request.activation_dtype))
