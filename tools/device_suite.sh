@@ -123,6 +123,12 @@ for s in "$@"; do
         --out /tmp/res/nvfp4-bench
       section mxfp4-bench 150 $py bench/mxfp4/run.py --configs all --ms 1,16 --sweep-ms 1,16 \
         --budget 130 --out /tmp/res/mxfp4-bench ;;
+    fragment)  # the NVFP4 fragment-order (swapped wgmma) kernels: GPU tests, then their sweep
+      section nv-tests 200 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 190 \
+        plugins/quant_nvfp4/tests/test_nvfp4_triton.py -k "pf- or every_code or method"
+      section nvfp4-bench 300 $py bench/nvfp4/run.py --rep-ms 8 --ms 1,16,64,256 \
+        --configs pf,pr-16x64x256-p3,pr-64x128x128,pr-128x128x64,dequant \
+        --out /tmp/res/nvfp4-bench ;;
     fp4tables)  # the two FP4 GEMMs' committed tables
       section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
         --out /tmp/res/nvfp4-bench

@@ -44,8 +44,9 @@ MS = (1, 4, 16, 64, 256)
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(HERE), help="folder for results.json / results.md")
-    p.add_argument("--configs", choices=("default", "all"), default="default",
-                   help="'all': also time every candidate kernel config per shape")
+    p.add_argument("--configs", default="default",
+                   help="'all': also time every candidate kernel config per shape; or a "
+                        "comma-separated list of candidate names (prefixes select several)")
     p.add_argument("--timer", choices=("graph", "events"), default="graph")
     p.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     p.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES),
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     import triton.testing
     from kernelbay.formats import dequantize_nvfp4, quantize_nvfp4
     from kernelbay.requests import LinearRequest
-    from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear, run_config
+    from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear, layout_weight, run_config
     from kernelbay_quant_nvfp4.schemes import nvfp4_scheme
     from kernelbay_quant_nvfp4.triton_configs import (
         CANDIDATES,
@@ -82,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         layout_of,
     )
 
+    candidates = [] if args.configs == "default" else [
+        c for c in CANDIDATES if args.configs == "all"
+        or any(c.name.startswith(want) for want in args.configs.split(","))]
+    if args.configs != "default" and not candidates:
+        print(f"--configs {args.configs!r} names no candidate; valid: 'default', 'all' or "
+              f"prefixes of {[c.name for c in CANDIDATES]}", file=sys.stderr)
+        return 2
     dtype = getattr(torch, args.dtype)
     unit = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
@@ -129,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             layer.weight_scale_2.data.copy_(gg)
             method.process_weights_after_loading(layer)
             layers.append(layer)
+        by_layout = {lay: [layout_weight(p, lay) for p, _, _ in nv_copies]
+                     for lay in {layout_of(c) for c in candidates}}
         for m in ms:
             x = torch.randn(m, k, generator=gen, device=dev).to(dtype)
             bound = 4 * unit * (x.float().abs() @ w_ref.abs().T) + 1e-5
@@ -168,13 +178,11 @@ def main(argv: list[str] | None = None) -> int:
                 "bf16_gbps": (bf_bytes + act_bytes) / bf_t / 1e3,
                 "nvfp4_gbps": (nv_bytes + act_bytes) / nv_t / 1e3, "correct": ok,
             }
-            if args.configs == "all":
+            if candidates:
                 tried: dict[str, float] = {}
-                for config in CANDIDATES:
-                    # each config reads its own layout: the method's stored (repacked) weight
-                    # or the checkpoint's packed bytes
-                    weights = ([ly.weight for ly in layers] if layout_of(config) == "repacked"
-                               else [p for p, _, _ in nv_copies])
+                for config in candidates:
+                    # each config reads its own layout of the copies' weights
+                    weights = by_layout[layout_of(config)]
                     p0, s0, g0 = weights[0], layers[0].weight_scale, layers[0].weight_scale_2
                     if not attempt(config.name, lambda c=config, p0=p0, s0=s0, g0=g0, x=x:
                                    run_config(c, x, p0, s0, g0, None)):
@@ -191,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"N={n} K={k} M={m}: bf16 {bf_t:.1f} us, nvfp4 {nv_t:.1f} us "
                   f"({bf_t / nv_t:.2f}x, {row['nvfp4_gbps']:.0f} GB/s)"
                   + (f", best {row['best_config']} {row['best_us']:.1f} us"
-                     if args.configs == "all" else ""), flush=True)
-        layers, nv_copies, bf_copies = [], [], []  # free this shape's weights
+                     if candidates else ""), flush=True)
+        layers, nv_copies, bf_copies, by_layout = [], [], [], {}  # free this shape's weights
         if dev == "cuda":
             torch.cuda.empty_cache()
 
@@ -215,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def markdown(result: dict[str, Any]) -> str:
     """The results table (ratio > 1: NVFP4 faster than bf16)."""
-    best = result["configs"] == "all"
+    best = result["configs"] != "default"
     lines = [f"# NVFP4 weight-only linear vs bf16 ({result['device']})", "",
              f"{result['date']}, torch {result['torch']}, triton {result['triton']}, "
              f"{result['dtype']} activations, timer {result['timer']}. Bandwidth = (weight + "

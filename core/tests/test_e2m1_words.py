@@ -7,6 +7,7 @@ import pytest
 import torch
 from kernelbay.formats import (
     checkpoint_layout,
+    fragment_k_order,
     repack_e2m1_words,
     unpack_e2m1_words,
     word_bit_positions,
@@ -49,6 +50,37 @@ def test_bad_inputs_are_named() -> None:
         repack_e2m1_words(torch.zeros(2, 6, dtype=torch.uint8))
     with pytest.raises(ValueError, match="expected int32"):
         unpack_e2m1_words(torch.zeros(2, 6, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="multiple of 32 \\(order 'fragment'\\)"):
+        repack_e2m1_words(torch.zeros(2, 8, dtype=torch.uint8), "fragment")
+    with pytest.raises(ValueError, match="order='mma'; valid: \\('k', 'fragment'\\)"):
+        unpack_e2m1_words(torch.zeros(2, 8, dtype=torch.int32), "mma")
+
+
+def test_fragment_order_is_the_mma_fragment_of_each_thread() -> None:
+    """Word c of a 32-element group holds what lane c of a quad reads of a 16-bit MMA
+    operand over two k16 steps: in each step the pairs (2c, 2c + 1) and (2c + 8, 2c + 9)."""
+    order = fragment_k_order()
+    assert sorted(order) == list(range(32))
+    for c in range(4):
+        step = [2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9]
+        assert list(order[8 * c:8 * c + 8]) == step + [16 + k for k in step]
+
+
+@pytest.mark.parametrize(("n", "k"), [(1, 32), (7, 96), (3, 512)])
+def test_fragment_order_round_trip_and_codes(n: int, k: int) -> None:
+    gen = torch.Generator().manual_seed(n + k)
+    packed = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
+    words = repack_e2m1_words(packed, "fragment")
+    assert torch.equal(unpack_e2m1_words(words, "fragment"), packed)
+    assert torch.equal(checkpoint_layout(words, "fragment"), packed)
+    assert not torch.equal(unpack_e2m1_words(words), packed)  # the orders differ
+    codes = torch.stack((packed & 15, packed >> 4), -1).reshape(n, k).long()
+    w = words.long() & 0xFFFFFFFF
+    for q in range(k // 8):
+        for e in range(8):
+            bits = word_bit_positions()[e]
+            got = sum(((w[:, q] >> p) & 1) << (3 - i) for i, p in enumerate(bits))
+            assert torch.equal(got, codes[:, 32 * (q // 4) + fragment_k_order()[8 * (q % 4) + e]])
 
 
 def _lanes(word: int) -> list[int]:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import torch
 from kernelbay.formats import quantize_nvfp4
-from kernelbay.formats.e2m1_words import repack_e2m1_words
-from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear
-from kernelbay_quant_nvfp4.triton_configs import KernelConfig
+from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear, layout_weight
+from kernelbay_quant_nvfp4.triton_configs import KernelConfig, layout_of
 
 UNIT = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 
@@ -66,5 +65,5 @@ def every_code_and_scale(dtype: torch.dtype = torch.bfloat16
 
 
 def weight_for(config: KernelConfig, packed: torch.Tensor) -> torch.Tensor:
-    """The weight as ``config``'s kernel reads it (``repacked`` configs: the repacked words)."""
-    return repack_e2m1_words(packed) if config.path == "repacked" else packed
+    """The weight in the layout ``config``'s kernel reads (``linear_triton.layout_weight``)."""
+    return layout_weight(packed, layout_of(config))

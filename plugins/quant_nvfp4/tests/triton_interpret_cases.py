@@ -61,6 +61,9 @@ def test_interpreter_matches_reference(dtype: torch.dtype, n: int, k: int,
                                     KernelConfig("repacked-split3", "repacked", 16, 16, 64, 3,
                                                  4, 1),
                                     KernelConfig("repacked", "repacked", 32, 32, 128, 1, 4, 1),
+                                    KernelConfig("fragment-split3", "fragment", 16, 16, 64, 3,
+                                                 4, 1),
+                                    KernelConfig("fragment", "fragment", 32, 32, 128, 1, 4, 1),
                                     KernelConfig("dequant", "dequant")], ids=str)
 def test_interpreter_every_path(config: KernelConfig) -> None:
     """Split-K with a K not a multiple of the tile (272 = 4.25 tiles of 64), no split, the
@@ -70,14 +73,15 @@ def test_interpreter_every_path(config: KernelConfig) -> None:
     from kernelbay_quant_nvfp4.triton_kernels import dequantize_nvfp4_triton
 
     gen = torch.Generator().manual_seed(7)
-    tensors = nvfp4_weights(24, 272, gen)
+    k = 288 if config.path == "fragment" else 272  # fragment order: K a multiple of 32
+    tensors = nvfp4_weights(24, k, gen)
     edge_scales(tensors)
     w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
     assert torch.equal(dequantize_nvfp4_triton(tensors["weight"], tensors["weight_scale"],
                                                tensors["weight_scale_2"], torch.float32), w)
     bias = torch.randn(24, generator=gen).to(torch.float16)
     for m in (1, 17):
-        x = torch.randn(m, 272, generator=gen).to(torch.float16)
+        x = torch.randn(m, k, generator=gen).to(torch.float16)
         got = run_config(config, x, weight_for(config, tensors["weight"]),
                          tensors["weight_scale"],
                          tensors["weight_scale_2"].reshape(1), bias)
@@ -128,6 +132,8 @@ def test_moe_triton_matches_emulation() -> None:
 HALFWORD = [KernelConfig("hw-split", "fused", 16, 16, 64, 3),
             KernelConfig("pr", "repacked", 32, 32, 128, 1),
             KernelConfig("pr-split", "repacked", 16, 16, 64, 3),
+            KernelConfig("pf", "fragment", 32, 32, 128, 1),
+            KernelConfig("pf-split", "fragment", 16, 32, 64, 3),
             KernelConfig("hw", "fused", 32, 32, 128, 1),
             KernelConfig("hw-even", "fused", 16, 32, 64, 2)]
 
@@ -141,7 +147,8 @@ def test_halfword_variant(config: KernelConfig, dtype: torch.dtype, bias: bool) 
     scales, rows from 1e-6 to 1e4 and a zero row."""
     from kernelbay_quant_nvfp4.linear_triton import run_config
 
-    for k in (272, 256, 320):  # 320: five whole tiles of 64 in splits of 2, 2 and 1
+    # 320: five whole tiles of 64 in splits of 2, 2 and 1; fragment order: K a multiple of 32
+    for k in (288 if config.path == "fragment" else 272, 256, 320):
         gen = torch.Generator().manual_seed(13 + bias + k)
         tensors = nvfp4_weights(40, k, gen)
         edge_scales(tensors)
@@ -159,7 +166,7 @@ def test_halfword_variant(config: KernelConfig, dtype: torch.dtype, bias: bool) 
             check_close(got, x, w, b)
 
 
-@pytest.mark.parametrize("config", HALFWORD[:2], ids=str)
+@pytest.mark.parametrize("config", [*HALFWORD[:2], HALFWORD[3]], ids=str)
 def test_halfword_decodes_every_code_and_scale(config: KernelConfig) -> None:
     """Every E2M1 code under every finite E4M3 block scale (signed zeros, subnormal and
     largest scales), one product per output: the reference rounded to bf16, bit for bit."""

@@ -8,6 +8,7 @@ imports torch); backends import it when they are built.
 from kernelbay.formats.e2m1 import E2M1_MAX, decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
 from kernelbay.formats.e2m1_words import (
     checkpoint_layout,
+    fragment_k_order,
     repack_e2m1_words,
     unpack_e2m1_words,
     word_bit_positions,
@@ -58,6 +59,7 @@ __all__ = [
     "e4m3_bits",
     "encode_e2m1",
     "encode_e8m0",
+    "fragment_k_order",
     "from_e4m3_bits",
     "mx_block_exponent",
     "nvfp4_global_scale",

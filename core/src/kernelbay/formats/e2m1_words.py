@@ -13,16 +13,32 @@ word shifted left by 3 and 6 (the only shifts whose sources do not collide), reg
 collects the 8 bits left over (sign from a left shift by 1, ``m e0`` from a right shift by 4,
 ``e1`` from a right shift by 5). ``word_bit_positions`` is the table both directions use.
 
-The layout is a permutation of bits inside each word: same bytes, same size as the
-checkpoint's ``[N, K/2]`` uint8 tensor viewed as ``[N, K/8]`` int32; rows stay rows, so
-tensor-parallel shards and block scales are untouched (repacking happens after sharding).
+Two K orders (``ORDERS``) say which eight elements a word holds:
+
+* ``"k"``: elements ``8q .. 8q + 7`` in word ``q`` (the kernels whose decoded tile is the MMA
+  operand of a Triton ``kWidth = 8`` layout, which keeps eight consecutive K per thread);
+* ``"fragment"``: in each group of 32 elements (four words), word ``c`` holds the eight
+  elements one thread of a 16-bit MMA fragment reads over two k16 steps: ``2c, 2c + 1,
+  2c + 8, 2c + 9`` and the same plus 16 (``fragment_k_order``). A kernel that keeps the
+  decoded weight as the register operand of an sm_90 ``wgmma`` (``kWidth = 2``) decodes a
+  word straight into the registers it multiplies, while the activations stay in shared
+  memory in their natural order. Needs K to be a multiple of 32.
+
+The layout is a permutation inside each word (``"k"``) or each 16-byte group (``"fragment"``):
+same bytes, same size as the checkpoint's ``[N, K/2]`` uint8 tensor viewed as ``[N, K/8]``
+int32; rows stay rows, so tensor-parallel shards and block scales are untouched (repacking
+happens after sharding).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["checkpoint_layout", "repack_e2m1_words", "unpack_e2m1_words", "word_bit_positions"]
+__all__ = ["ORDERS", "checkpoint_layout", "fragment_k_order", "repack_e2m1_words",
+           "unpack_e2m1_words", "word_bit_positions"]
+
+#: The K orders of the repacked words (see the module docstring).
+ORDERS = ("k", "fragment")
 
 
 def word_bit_positions() -> tuple[tuple[int, int, int, int], ...]:
@@ -44,17 +60,45 @@ def word_bit_positions() -> tuple[tuple[int, int, int, int], ...]:
 _ROWS_PER_STEP = 4096
 
 
-def repack_e2m1_words(packed: torch.Tensor) -> torch.Tensor:
+def fragment_k_order() -> tuple[int, ...]:
+    """For position ``p`` (word ``p // 8``, element ``p % 8``) of a 32-element group in the
+    ``"fragment"`` order: the element's K offset in the group."""
+    return tuple(16 * (e // 4) + 8 * ((e // 2) % 2) + 2 * c + e % 2
+                 for c in range(4) for e in range(8))
+
+
+def _check_order(fn: str, order: str) -> None:
+    if order not in ORDERS:
+        raise ValueError(f"{fn}: order={order!r}; valid: {ORDERS}")
+
+
+def _permute_groups(packed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[R, K/2]`` -> the same codes with each 32-element group read at ``index``."""
+    r, half_k = packed.shape
+    codes = torch.stack((packed & 15, packed >> 4), -1).reshape(r, half_k // 16, 32)
+    codes = codes[:, :, index].reshape(r, half_k, 2)
+    return codes[:, :, 0] | (codes[:, :, 1] << 4)
+
+
+def repack_e2m1_words(packed: torch.Tensor, order: str = "k") -> torch.Tensor:
     """Checkpoint layout uint8 ``[N, K/2]`` (element 2i in the low nibble of byte i) ->
-    repacked int32 ``[N, K/8]``. ``K/2`` must be a multiple of 4."""
-    if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] % 4:
-        raise ValueError(f"repack_e2m1_words: expected uint8 [N, K/2] with K a multiple of 8, "
-                         f"got {packed.dtype} {tuple(packed.shape)}")
+    repacked int32 ``[N, K/8]`` in K ``order`` (``ORDERS``). ``K`` must be a multiple of 8,
+    or of 32 for ``"fragment"``."""
+    _check_order("repack_e2m1_words", order)
+    group = 16 if order == "fragment" else 4
+    if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] % group:
+        raise ValueError(f"repack_e2m1_words: expected uint8 [N, K/2] with K a multiple of "
+                         f"{2 * group} (order {order!r}), got {packed.dtype} "
+                         f"{tuple(packed.shape)}")
     n, half_k = packed.shape
+    index = torch.tensor(fragment_k_order(), device=packed.device)
     out = torch.empty(n, half_k // 4, dtype=torch.int32, device=packed.device)
     table = word_bit_positions()
     for r0 in range(0, n, _ROWS_PER_STEP):
-        nibbles = packed[r0:r0 + _ROWS_PER_STEP].reshape(-1, half_k // 4, 4)
+        rows = packed[r0:r0 + _ROWS_PER_STEP]
+        if order == "fragment":
+            rows = _permute_groups(rows, index)
+        nibbles = rows.reshape(-1, half_k // 4, 4)
         word = torch.zeros(nibbles.shape[:2], dtype=torch.int64, device=packed.device)
         for e, positions in enumerate(table):  # element e: nibble e % 2 of byte e // 2
             code = (nibbles[:, :, e // 2].to(torch.int64) >> (4 * (e % 2))) & 15
@@ -64,12 +108,17 @@ def repack_e2m1_words(packed: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def unpack_e2m1_words(words: torch.Tensor) -> torch.Tensor:
-    """The inverse of ``repack_e2m1_words``: int32 ``[N, K/8]`` -> uint8 ``[N, K/2]``."""
-    if words.dtype != torch.int32 or words.dim() != 2:
-        raise ValueError(f"unpack_e2m1_words: expected int32 [N, K/8], got {words.dtype} "
+def unpack_e2m1_words(words: torch.Tensor, order: str = "k") -> torch.Tensor:
+    """The inverse of ``repack_e2m1_words``: int32 ``[N, K/8]`` in K ``order`` -> uint8
+    ``[N, K/2]``."""
+    _check_order("unpack_e2m1_words", order)
+    group = 4 if order == "fragment" else 1
+    if words.dtype != torch.int32 or words.dim() != 2 or words.shape[1] % group:
+        raise ValueError(f"unpack_e2m1_words: expected int32 [N, K/8] with K a multiple of "
+                         f"{8 * group} (order {order!r}), got {words.dtype} "
                          f"{tuple(words.shape)}")
     n, q = words.shape
+    inverse = torch.argsort(torch.tensor(fragment_k_order(), device=words.device))
     out = torch.empty(n, q, 4, dtype=torch.uint8, device=words.device)
     table = word_bit_positions()
     for r0 in range(0, n, _ROWS_PER_STEP):
@@ -79,12 +128,15 @@ def unpack_e2m1_words(words: torch.Tensor) -> torch.Tensor:
             code = sum(((w >> at) & 1) << bit
                        for bit, at in zip((3, 2, 1, 0), positions, strict=True))
             byte[:, :, e // 2] |= code << (4 * (e % 2))
-        out[r0:r0 + _ROWS_PER_STEP] = byte.to(torch.uint8)
+        rows = byte.to(torch.uint8).reshape(-1, q * 4)
+        if order == "fragment":
+            rows = _permute_groups(rows, inverse)
+        out[r0:r0 + _ROWS_PER_STEP] = rows.reshape(-1, q, 4)
     return out.reshape(n, q * 4)
 
 
-def checkpoint_layout(weight: torch.Tensor) -> torch.Tensor:
+def checkpoint_layout(weight: torch.Tensor, order: str = "k") -> torch.Tensor:
     """A packed E2M1 weight as the checkpoint holds it (uint8 [N, K/2]), whether a method
-    stored it so or repacked (int32 words, ``repack_e2m1_words``): what the references
-    decode."""
-    return unpack_e2m1_words(weight) if weight.dtype == torch.int32 else weight
+    stored it so or repacked (int32 words of ``repack_e2m1_words`` in K ``order``): what the
+    references decode."""
+    return unpack_e2m1_words(weight, order) if weight.dtype == torch.int32 else weight

@@ -31,6 +31,7 @@ from kernelbay_quant_nvfp4.schemes import (
 )
 from kernelbay_quant_nvfp4.triton_configs import (
     DEFAULT_CONFIGS,
+    LAYOUTS,
     KernelConfig,
     config_for,
     fit_block_m,
@@ -43,8 +44,8 @@ if TYPE_CHECKING:
     import torch
     from kernelbay.device import DeviceCapability
 
-__all__ = ["Nvfp4TritonLinear", "check_finite_scales", "gpu_triton_checks", "run_config",
-           "stored_weight"]
+__all__ = ["Nvfp4TritonLinear", "check_finite_scales", "checkpoint_weight", "gpu_triton_checks",
+           "layout_weight", "run_config", "stored_weight"]
 
 _ACT_DTYPES = ("bfloat16", "float16")
 
@@ -87,37 +88,72 @@ def _sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
-def stored_weight(packed: torch.Tensor, table: tuple[tuple[int, KernelConfig], ...]
-                  ) -> torch.Tensor:
-    """The packed checkpoint weight (uint8 [..., N, K/2]) in the layout ``table``'s kernels
-    read: as is, or ``kernelbay.formats.repack_e2m1_words``' int32 [..., N, K/8] (rows are independent, so
-    stacked experts repack as one matrix)."""
-    if table_layout(table) == "checkpoint":
+def layout_weight(packed: torch.Tensor, layout: str) -> torch.Tensor:
+    """The packed checkpoint weight (uint8 [..., N, K/2]) in weight ``layout``
+    (``triton_configs.LAYOUTS``): as is, ``kernelbay.formats.repack_e2m1_words``' int32
+    [..., N, K/8] (``repacked``) or the same words in the ``"fragment"`` K order grouped as
+    int32 [..., N, K/32, 4] (``fragment``; the extra dimension tells the two word layouts
+    apart). Rows are independent, so stacked experts repack as one matrix."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"nvfp4-triton: weight layout {layout!r}; valid: {LAYOUTS}")
+    if layout == "checkpoint":
         return packed.contiguous()
     from kernelbay.formats.e2m1_words import repack_e2m1_words
 
     lead = packed.shape[:-1]
-    words = repack_e2m1_words(packed.contiguous().reshape(-1, packed.shape[-1]))
-    return words.reshape(*lead, words.shape[-1])
+    order = "fragment" if layout == "fragment" else "k"
+    words = repack_e2m1_words(packed.contiguous().reshape(-1, packed.shape[-1]), order)
+    return words.reshape(*lead, -1, 4) if layout == "fragment" else words.reshape(*lead, -1)
+
+
+def stored_weight(packed: torch.Tensor, table: tuple[tuple[int, KernelConfig], ...]
+                  ) -> torch.Tensor:
+    """The packed checkpoint weight in the layout ``table``'s kernels read
+    (``layout_weight``)."""
+    return layout_weight(packed, table_layout(table))
+
+
+def _layout_text(weight: torch.Tensor) -> str:
+    """Which of ``LAYOUTS`` a stored weight is in, from its dtype and shape."""
+    import torch
+
+    if weight.dtype == torch.uint8 and weight.dim() == 2:
+        return "checkpoint"
+    if weight.dtype == torch.int32:
+        if weight.dim() == 2:
+            return "repacked"
+        if weight.dim() == 3 and weight.shape[-1] == 4:
+            return "fragment"
+    return f"none of {LAYOUTS}"
+
+
+def checkpoint_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A stored weight (any of ``LAYOUTS``, ``layout_weight``) back as the checkpoint's
+    uint8 [N, K/2]: what the references decode."""
+    from kernelbay.formats import checkpoint_layout
+
+    if _layout_text(weight) == "fragment":
+        return checkpoint_layout(weight.reshape(weight.shape[0], -1), "fragment")
+    return checkpoint_layout(weight)
 
 
 def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
                scales: torch.Tensor, global_scale: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
     """``x2 [M, K]`` through one kernel configuration (the benchmark calls it directly).
-    ``packed``: the weight in the layout the config reads (``layout_of``): the checkpoint's
-    uint8 [N, K/2] or the repacked int32 [N, K/8]."""
-    import torch
+    ``packed``: the weight in the layout the config reads (``layout_of``, ``layout_weight``):
+    the checkpoint's uint8 [N, K/2], the repacked int32 [N, K/8] or the fragment-order int32
+    [N, K/32, 4]."""
     import torch.nn.functional as F
 
     from kernelbay_quant_nvfp4.triton_halfword import nvfp4_linear_hw
     from kernelbay_quant_nvfp4.triton_kernels import dequantize_nvfp4_triton
 
-    want = torch.int32 if layout_of(config) == "repacked" else torch.uint8
-    if packed.dtype != want:
+    if _layout_text(packed) != layout_of(config):
         raise ValueError(f"nvfp4-triton: config {config.name} reads the {layout_of(config)} "
-                         f"weight layout ({want}), got a {packed.dtype} weight "
-                         f"{tuple(packed.shape)}")
+                         f"weight layout, got a {packed.dtype} weight {tuple(packed.shape)} "
+                         f"({_layout_text(packed)}); layouts: uint8 [N, K/2] checkpoint, "
+                         "int32 [N, K/8] repacked, int32 [N, K/32, 4] fragment")
     m, k = x2.shape
     if config.path == "dequant":
         # A per-call temporary: the caching allocator hands the same block back next call,
@@ -130,7 +166,8 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
                            block_n=config.block_n, block_k=config.block_k,
                            split_k=split_k_for(config, m, packed.shape[0], k, sms),
                            num_warps=config.num_warps, num_stages=config.num_stages,
-                           pairs=config.path == "pairs", repacked=config.path == "repacked")
+                           pairs=config.path == "pairs", repacked=config.path == "repacked",
+                           fragment=config.path == "fragment")
 
 
 class Nvfp4TritonLinear(LinearMethod):
@@ -211,9 +248,9 @@ class Nvfp4TritonLinear(LinearMethod):
     def dequantized_weight(self, layer: torch.nn.Module) -> torch.Tensor:
         """The dense weight in the activation dtype, through the reference (exact)."""
         import torch
-        from kernelbay.formats import checkpoint_layout, dequantize_nvfp4
+        from kernelbay.formats import dequantize_nvfp4
 
-        w = dequantize_nvfp4(checkpoint_layout(cast("torch.Tensor", layer.weight)),
+        w = dequantize_nvfp4(checkpoint_weight(cast("torch.Tensor", layer.weight)),
                              cast("torch.Tensor", layer.weight_scale),
                              cast("torch.Tensor", layer.weight_scale_2).reshape(()))
         return w.to(getattr(torch, self.request.activation_dtype))

@@ -70,14 +70,17 @@ DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
     (1 << 62, KernelConfig("pr-128x128x64", "repacked", 128, 128, 64, 0, 8, 3)),
 )
 
-#: The two weight layouts: ``checkpoint`` (packed uint8 [N, K/2] as loaded) and ``repacked``
-#: (``kernelbay.formats.repack_e2m1_words``' int32 [N, K/8]).
-LAYOUTS = ("checkpoint", "repacked")
+#: The weight layouts: ``checkpoint`` (packed uint8 [N, K/2] as loaded), ``repacked``
+#: (``kernelbay.formats.repack_e2m1_words``' int32 [N, K/8], K order ``"k"``) and ``fragment``
+#: (the same words in the ``"fragment"`` K order, int32 [N, K/32, 4]; K a multiple of 32).
+LAYOUTS = ("checkpoint", "repacked", "fragment")
+
+_LAYOUT_OF_PATH = {"repacked": "repacked", "fragment": "fragment"}
 
 
 def layout_of(config: KernelConfig) -> str:
     """The weight layout ``config``'s kernel reads."""
-    return "repacked" if config.path == "repacked" else "checkpoint"
+    return _LAYOUT_OF_PATH.get(config.path, "checkpoint")
 
 
 def table_layout(table: tuple[tuple[int, KernelConfig], ...]) -> str:
@@ -140,6 +143,24 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     KernelConfig("pr-64x128x64-p4", "repacked", 64, 128, 64, 0, 4, 4),
     KernelConfig("pr-128x128x64", "repacked", 128, 128, 64, 0, 8, 3),
     KernelConfig("pr-128x256x64", "repacked", 128, 256, 64, 0, 8, 3),
+    # The transposed product on fragment-order words (``path="fragment"``): the decoded
+    # weight is the register A operand of an sm_90 wgmma (BLOCK_N rows, 64 per warpgroup),
+    # the activations its shared-memory B operand as loaded (no fragment moves, no ldmatrix
+    # reorder), and no shared-memory round trip of the decoded tile at any M.
+    KernelConfig("pf-16x64x256-p3", "fragment", 16, 64, 256, 0, 4, 3, per_sm=7),
+    KernelConfig("pf-16x64x256-p4", "fragment", 16, 64, 256, 0, 4, 4, per_sm=7),
+    KernelConfig("pf-16x128x256", "fragment", 16, 128, 256, 0, 4, 3, per_sm=7),
+    KernelConfig("pf-16x128x128-p4", "fragment", 16, 128, 128, 0, 4, 4, per_sm=7),
+    KernelConfig("pf-16x64x512-p2", "fragment", 16, 64, 512, 0, 4, 2, per_sm=7),
+    KernelConfig("pf-16x128x256-w8", "fragment", 16, 128, 256, 0, 8, 3, per_sm=7),
+    KernelConfig("pf-64x128x128", "fragment", 64, 128, 128, 0, 4, 3),
+    KernelConfig("pf-64x64x256", "fragment", 64, 64, 256, 0, 4, 3),
+    KernelConfig("pf-64x128x128-w8", "fragment", 64, 128, 128, 0, 8, 3),
+    KernelConfig("pf-64x256x64-w8", "fragment", 64, 256, 64, 0, 8, 4),
+    KernelConfig("pf-128x128x64-w8", "fragment", 128, 128, 64, 0, 8, 3),
+    KernelConfig("pf-128x128x128-w8", "fragment", 128, 128, 128, 0, 8, 3),
+    KernelConfig("pf-128x256x64-w8", "fragment", 128, 256, 64, 0, 8, 3),
+    KernelConfig("pf-256x128x64-w8", "fragment", 256, 128, 64, 0, 8, 3),
     # Fixed splits of the M <= 16 default (any count: a shorter last split stops early): the
     # rule's power of two leaves 512 programs for 660 resident slots at N = 8192 (Nsight
     # Compute: 0.78 waves, 3.3 warps per scheduler).

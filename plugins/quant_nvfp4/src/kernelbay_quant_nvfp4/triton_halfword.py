@@ -90,11 +90,24 @@ fma.rn.bf16x2 $0, v, $2, nz;
 
 
 @triton.jit
-def _block_multipliers(s, R: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
+def _per_position(v, R: tl.constexpr, G: tl.constexpr, BK: tl.constexpr,
+                  FRAGMENT: tl.constexpr):
+    """A value per 16-element block [R, G] -> per element [R, BK], in K order or, with
+    ``FRAGMENT``, in the ``"fragment"`` order of the words (each word's elements 0..3 in the
+    even block of its 32-group, 4..7 in the odd one)."""
+    if FRAGMENT:
+        pairs = tl.reshape(v, (R, G // 2, 1, 2, 1))
+        return tl.reshape(tl.broadcast_to(pairs, (R, G // 2, 4, 2, 4)), (R, BK))
+    return tl.reshape(tl.broadcast_to(v[:, :, None], (R, G, 16)), (R, BK))
+
+
+@triton.jit
+def _block_multipliers(s, R: tl.constexpr, G: tl.constexpr, BK: tl.constexpr,
+                       FRAGMENT: tl.constexpr = False):
     """fp32 ``S * 2^-8`` [R, G] -> the bf16 bits of ``S * 2^118`` per element [R, BK] (each
     16-element block's multiplier, exact: a normal bf16 for every finite E4M3 ``S``)."""
     mult = (s * 8.507059173023462e37).to(tl.bfloat16).to(tl.int16, bitcast=True)
-    return tl.reshape(tl.broadcast_to(mult[:, :, None], (R, G, 16)), (R, BK))
+    return _per_position(mult, R, G, BK, FRAGMENT)
 
 
 @triton.jit
@@ -138,7 +151,7 @@ fma.rn.bf16x2 $0, $1, $2, nz;
 
 @triton.jit
 def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.constexpr,
-                 REPACKED: tl.constexpr):
+                 REPACKED: tl.constexpr, FRAGMENT: tl.constexpr = False):
     """``words`` int32 [R, KQ] (eight codes each) and E4M3 bytes [R, KQ // 2] ->
     ``e2m1 * S * 2^-8`` [R, 8 KQ]: bf16 (``ASM``) or fp32 holding the same values (plain).
 
@@ -152,13 +165,17 @@ def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.conste
     element j's code in bits 12..15 and element j + 4's in bits 28..31, the two lanes of
     ``_DECODE_PTX``, so no 16-bit codes are packed into registers first (the ``pw-*``
     kernels: 4.8 SASS instructions per element in the K loop of a 16 x 64 x 256 tile against
-    6.2 for the halfword decode). The caller permutes its activation tile to the same order."""
+    6.2 for the halfword decode). The caller permutes its activation tile to the same order.
+
+    ``FRAGMENT`` (with ``REPACKED``): the words are in the ``"fragment"`` K order; the block
+    multipliers are laid out in the same order and the decoded tile is relabelled to K order
+    at the end (``fragment_to_k``), so the result is in K order too."""
     BK: tl.constexpr = KQ * 8
     G: tl.constexpr = KQ // 2
     s = e4m3_2m8(sbits)
     u = words.to(tl.uint32, bitcast=True)
     if ASM:
-        mult = _block_multipliers(s, R, G, BK)
+        mult = _block_multipliers(s, R, G, BK, FRAGMENT)
         if REPACKED:
             lanes = repacked_lanes16(u, R, KQ)
         else:
@@ -181,9 +198,23 @@ def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.conste
             pos = tl.arange(0, 8)
             shifts = (pos // 2) * 4 + (pos % 2) * 16  # PAIR_ORDER: nibble j, then j + 4
             nib = (u[:, :, None] >> shifts[None, None, :].to(tl.uint32)) & 15
-        s = tl.reshape(tl.broadcast_to((s * 16384.0)[:, :, None], (R, G, 16)), (R, BK))
-        out = e2m1_2m14(tl.reshape(nib, (R, BK))) * s
+        out = e2m1_2m14(tl.reshape(nib, (R, BK))) * _per_position(s * 16384.0, R, G, BK,
+                                                                  FRAGMENT)
+    if FRAGMENT:
+        out = fragment_to_k(out, R, BK)
     return out
+
+
+@triton.jit
+def fragment_to_k(w, R: tl.constexpr, BK: tl.constexpr):
+    """A tile decoded from ``"fragment"``-order words [R, BK] (position ``p`` of each 32-group:
+    word ``c = p // 8``, element ``e = p % 8``) -> K order (``kernelbay.formats.
+    fragment_k_order``: ``k = 16 (e // 4) + 8 ((e // 2) % 2) + 2 c + e % 2``). As the A
+    operand of an sm_90 ``wgmma`` (``kWidth = 2``) each thread holds exactly the eight
+    elements of one word per 32-group, so the compiler maps this reshape onto the registers
+    the decode wrote: no shuffle, no shared memory."""
+    return tl.reshape(tl.permute(tl.reshape(w, (R, BK // 32, 4, 2, 2, 2)), (0, 1, 3, 4, 2, 5)),
+                      (R, BK))
 
 
 @triton.jit
@@ -202,7 +233,8 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, TILES_PER_SPLIT, PARTIAL: tl.constexpr,
                     EVEN_K: tl.constexpr, ASM: tl.constexpr, INTERPRET: tl.constexpr,
-                    PAIRS: tl.constexpr, REPACKED: tl.constexpr = False):
+                    PAIRS: tl.constexpr, REPACKED: tl.constexpr = False,
+                    SWAP: tl.constexpr = False):
     # w_ptr: int16 halfwords [N, K/4], or int32 words [N, K/8] with PAIRS or REPACKED (the
     # repacked layout); s_ptr: E4M3 bytes
     # [N, K/16]; out_ptr: [M, N] or, with PARTIAL, fp32 [split, M, N] (stride_os apart).
@@ -224,7 +256,10 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
     s_rows = s_ptr + rn.to(tl.int64)[:, None] * stride_sn
     x_rows = x_ptr + rm.to(tl.int64)[:, None] * stride_xm
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = pid_k * TILES_PER_SPLIT
     # the last split may be shorter: its loop stops at the last K tile (no masks needed)
     for t in range(first, tl.minimum(first + TILES_PER_SPLIT, tl.cdiv(K, BLOCK_K))):
@@ -235,16 +270,23 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
         sb = _load_k_tile(s_rows, t * G + rg, n_ok, K // 16, EVEN_K)
         xa = _load_k_tile(x_rows, t * BLOCK_K + rk, m_ok, K, EVEN_K)
         if PAIRS or REPACKED:
-            w = decode_words(packed, sb, BLOCK_N, KQ, ASM, REPACKED)
+            w = decode_words(packed, sb, BLOCK_N, KQ, ASM, REPACKED, SWAP)
             if not REPACKED:  # the activations in PAIR_ORDER (a permutation in registers)
                 xa = tl.reshape(tl.permute(tl.reshape(xa, (BLOCK_M, KQ, 2, 4)), (0, 1, 3, 2)),
                                 (BLOCK_M, BLOCK_K))
         else:
             w = decode_halfwords(packed, sb, BLOCK_N, KH, ASM)
         if INTERPRET:  # exact values either way; the interpreter's 16-bit dot is not exact
-            acc = tl.dot(xa.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
+            if SWAP:
+                acc = tl.dot(w.to(tl.float32), tl.trans(xa.to(tl.float32)), acc)
+            else:
+                acc = tl.dot(xa.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
+        elif SWAP:
+            acc = tl.dot(w.to(xa.dtype), tl.trans(xa), acc)
         else:
             acc = tl.dot(xa, tl.trans(w.to(xa.dtype)), acc)
+    if SWAP:
+        acc = tl.trans(acc)
     acc = acc * (tl.load(g_ptr).to(tl.float32) * 256.0)
     store_tile(acc, out_ptr, b_ptr, rm, rn, m_ok, n_ok, stride_om,
                pid_k.to(tl.int64) * stride_os, HAS_BIAS, PARTIAL)
@@ -268,20 +310,26 @@ def hw_kernel() -> Any:
 def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                     global_scale: torch.Tensor, bias: torch.Tensor | None, *, block_m: int,
                     block_n: int, block_k: int, split_k: int, num_warps: int,
-                    num_stages: int, pairs: bool = False, repacked: bool = False
-                    ) -> torch.Tensor:
+                    num_stages: int, pairs: bool = False, repacked: bool = False,
+                    fragment: bool = False) -> torch.Tensor:
     """``x [M, K] @ dequant(packed, scales, global_scale)^T (+ bias)`` -> [M, N] in x's dtype
     through ``nvfp4_matmul_hw``. ``block_k``: a power of two >= 64; ``split_k`` > 1 writes
     fp32 partials summed in split order; ``pairs``: the weight read as 32-bit words and
     decoded by ``decode_words`` (K is a multiple of 16, so rows are whole words);
     ``repacked``: ``packed`` is ``kernelbay.formats.repack_e2m1_words``' int32 words, decoded by
-    ``decode_words(REPACKED=True)``."""
+    ``decode_words(REPACKED=True)``; ``fragment``: the same words in the ``"fragment"`` K order
+    (int32 [N, K/32, 4], ``linear_triton.layout_weight``), the product computed transposed
+    (``SWAP``: the decoded weight is the register operand of the dot, ``block_n`` >= 64 on
+    sm_90 for ``wgmma``)."""
     if block_k < 64 or block_k & (block_k - 1):
         raise ValueError(f"nvfp4-triton: block_k={block_k} for the halfword kernel; valid: a "
                          "power of two >= 64 (whole 16-element blocks, dots of >= 16)")
     m, k = x.shape
     n = packed.shape[0]
-    words = packed if repacked else packed.view(torch.int32 if pairs else torch.int16)
+    if fragment:
+        words = packed.reshape(packed.shape[0], -1)
+    else:
+        words = packed if repacked else packed.view(torch.int32 if pairs else torch.int16)
     sbits = scale_bits(scales)
     k_tiles = -(-k // block_k)
     split_k, per_split = split_plan(k_tiles, split_k)
@@ -298,5 +346,6 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                       m * n if partial else 0, HAS_BIAS=bias is not None and not partial,
                       BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                       TILES_PER_SPLIT=per_split, PARTIAL=partial, EVEN_K=even, ASM=asm,
-                      INTERPRET=interp, PAIRS=pairs, REPACKED=repacked, **opts)
+                      INTERPRET=interp, PAIRS=pairs, REPACKED=repacked or fragment,
+                      SWAP=fragment, **opts)
     return sum_partials(dest, bias, out) if partial else out
