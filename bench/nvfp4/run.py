@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     import triton.testing
     from kernelbay.formats import dequantize_nvfp4, quantize_nvfp4
     from kernelbay.requests import LinearRequest
-    from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear, layout_weight, run_config
+    from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear, layout_tensors, run_config
     from kernelbay_quant_nvfp4.schemes import nvfp4_scheme
     from kernelbay_quant_nvfp4.triton_configs import (
         CANDIDATES,
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             layer.weight_scale_2.data.copy_(gg)
             method.process_weights_after_loading(layer)
             layers.append(layer)
-        by_layout = {lay: [layout_weight(p, lay) for p, _, _ in nv_copies]
+        by_layout = {lay: [layout_tensors(p, s, lay) for p, s, _ in nv_copies]
                      for lay in {layout_of(c) for c in candidates}}
         for m in ms:
             x = torch.randn(m, k, generator=gen, device=dev).to(dtype)
@@ -183,12 +183,12 @@ def main(argv: list[str] | None = None) -> int:
                 for config in candidates:
                     # each config reads its own layout of the copies' weights
                     weights = by_layout[layout_of(config)]
-                    p0, s0, g0 = weights[0], layers[0].weight_scale, layers[0].weight_scale_2
+                    (p0, s0), g0 = weights[0], layers[0].weight_scale_2
                     if not attempt(config.name, lambda c=config, p0=p0, s0=s0, g0=g0, x=x:
                                    run_config(c, x, p0, s0, g0, None)):
                         continue
                     calls = [lambda ly=ly, wt=wt, c=config, x=x: run_config(
-                        c, x, wt, ly.weight_scale, ly.weight_scale_2, None)
+                        c, x, wt[0], wt[1], ly.weight_scale_2, None)
                         for ly, wt in zip(layers, weights, strict=True)]
                     tried[config.name] = bench(rotating(calls))
                 best = min(tried, key=tried.__getitem__) if tried else ""

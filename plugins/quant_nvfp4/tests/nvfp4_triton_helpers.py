@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 from kernelbay.formats import quantize_nvfp4
-from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear, layout_weight
+from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear, layout_tensors
 from kernelbay_quant_nvfp4.triton_configs import KernelConfig, layout_of
 
 UNIT = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
@@ -64,6 +64,11 @@ def every_code_and_scale(dtype: torch.dtype = torch.bfloat16
     return tensors, torch.eye(k, dtype=dtype)
 
 
-def weight_for(config: KernelConfig, packed: torch.Tensor) -> torch.Tensor:
-    """The weight in the layout ``config``'s kernel reads (``linear_triton.layout_weight``)."""
-    return layout_weight(packed, layout_of(config))
+def run_on(config: KernelConfig, x: torch.Tensor, tensors: dict[str, torch.Tensor],
+           bias: torch.Tensor | None) -> torch.Tensor:
+    """``x`` through ``config`` with the checkpoint ``tensors`` converted to the layout its
+    kernel reads (``linear_triton.layout_tensors``)."""
+    from kernelbay_quant_nvfp4.linear_triton import run_config
+
+    weight, scales = layout_tensors(tensors["weight"], tensors["weight_scale"], layout_of(config))
+    return run_config(config, x, weight, scales, tensors["weight_scale_2"].reshape(1), bias)

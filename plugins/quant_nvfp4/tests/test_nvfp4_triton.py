@@ -32,7 +32,7 @@ from nvfp4_triton_helpers import (
     every_code_and_scale,
     make_layer,
     nvfp4_weights,
-    weight_for,
+    run_on,
 )
 
 W4A16 = nvfp4_scheme("modelopt", w4a4=False)
@@ -90,19 +90,16 @@ def ragged_k(config: KernelConfig) -> int:
 def test_cuda_every_config_matches_reference(config: KernelConfig) -> None:
     """Every kernel config the benchmark may pick (the PTX decode included), ragged N and K."""
     assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
-    from kernelbay_quant_nvfp4.linear_triton import run_config
 
     n, k = 1000, ragged_k(config)
     gen = torch.Generator().manual_seed(n ^ k)
     tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
     edge_scales(tensors)
     w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
-    glob = tensors["weight_scale_2"].reshape(1)
     bias = torch.randn(n, generator=gen).bfloat16().cuda()
     for m in (1, 5, 16, 64, 257):
         x = torch.randn(m, k, generator=gen).bfloat16().cuda()
-        got = run_config(config, x, weight_for(config, tensors["weight"]),
-                         tensors["weight_scale"], glob, bias)
+        got = run_on(config, x, tensors, bias)
         check_close(got, x, w, bias)
 
 
@@ -127,19 +124,16 @@ def test_cuda_method_matches_reference(dtype: torch.dtype, n: int, k: int) -> No
 def test_cuda_halfword_fp16_matches_reference(config: KernelConfig) -> None:
     """The halfword kernels with fp16 activations (decoded bf16 tile converted to fp16,
     exact), ragged N and K, edge block scales."""
-    from kernelbay_quant_nvfp4.linear_triton import run_config
 
     n, k = 1000, ragged_k(config)
     gen = torch.Generator().manual_seed(n + k)
     tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
     edge_scales(tensors)
     w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
-    glob = tensors["weight_scale_2"].reshape(1)
     bias = torch.randn(n, generator=gen).half().cuda()
     for m in (1, 16, 64, 257):
         x = torch.randn(m, k, generator=gen).half().cuda()
-        got = run_config(config, x, weight_for(config, tensors["weight"]),
-                         tensors["weight_scale"], glob, bias)
+        got = run_on(config, x, tensors, bias)
         check_close(got, x, w, bias)
 
 
@@ -154,13 +148,11 @@ def test_cuda_ptx_decodes_every_code_and_scale(config: KernelConfig) -> None:
     """The PTX decode of every E2M1 code under every finite E4M3 block scale, one exact
     product per output: equal to the reference rounded to bf16, bit for bit (a split-K and
     an unsplit config of the halfword decode, and the word decode: the PTX is the same)."""
-    from kernelbay_quant_nvfp4.linear_triton import run_config
 
     tensors, eye = every_code_and_scale()
     tensors = {name: t.cuda() for name, t in tensors.items()}
     w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
-    got = run_config(config, eye.cuda(), weight_for(config, tensors["weight"]),
-                     tensors["weight_scale"], tensors["weight_scale_2"].reshape(1), None)
+    got = run_on(config, eye.cuda(), tensors, None)
     assert torch.equal(got, w.T.to(torch.bfloat16))
 
 

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernelbay.formats import checkpoint_layout
-from kernelbay_quant_nvfp4.linear_triton import run_config, stored_weight
+from kernelbay.formats import checkpoint_layout, dequantize_nvfp4
+from kernelbay_quant_nvfp4.linear_triton import (
+    checkpoint_tensors,
+    layout_tensors,
+    run_config,
+    stored_tensors,
+)
 from kernelbay_quant_nvfp4.triton_configs import DEFAULT_CONFIGS, KernelConfig, table_layout
 
 
@@ -17,13 +22,34 @@ def test_tables_read_one_layout() -> None:
         table_layout(mixed)
 
 
-def test_stored_weight_round_trips_stacked_experts() -> None:
+def test_stored_tensors_round_trip_stacked_experts() -> None:
     packed = torch.randint(0, 256, (3, 4, 16), dtype=torch.uint8)
-    stored = stored_weight(packed, DEFAULT_CONFIGS)
-    assert stored.shape == (3, 4, 4) and stored.dtype == torch.int32
+    scales = torch.rand(3, 4, 2).to(torch.float8_e4m3fn)
+    stored, kept = stored_tensors(packed, scales, ((1, KernelConfig("pr", "repacked")),))
+    assert stored.shape == (3, 4, 4) and stored.dtype == torch.int32 and kept is not None
     assert torch.equal(checkpoint_layout(stored[1]), packed[1])
     checkpoint = ((1 << 62, KernelConfig("d", "dequant")),)
-    assert stored_weight(packed, checkpoint).dtype == torch.uint8
+    assert stored_tensors(packed, scales, checkpoint)[0].dtype == torch.uint8
+
+
+def test_fragment_layout_dequantizes_to_the_same_values() -> None:
+    """The fragment layout folds signs and zeros of the block scales into the codes and
+    stores scale codes: converted back (``checkpoint_tensors``) it dequantizes through the
+    reference to the checkpoint's values, bit for bit, stacked experts too."""
+    gen = torch.Generator().manual_seed(3)
+    packed = torch.randint(0, 256, (2, 5, 32), generator=gen, dtype=torch.uint8)
+    bits = torch.randint(0, 256, (2, 5, 4), generator=gen, dtype=torch.uint8)
+    bits[(bits & 0x7F) == 0x7F] = 0x80  # finite scales only; -0 included
+    bits[0, 0, 0], bits[1, 4, 3] = 0x00, 0x01
+    scales = bits.view(torch.float8_e4m3fn)
+    words, codes = layout_tensors(packed, scales, "fragment")
+    assert words.shape == (2, 5, 2, 4) and codes.dtype == torch.uint8
+    glob = torch.tensor(0.75)
+    for e in range(2):
+        back = checkpoint_tensors(words[e], codes[e])
+        want = dequantize_nvfp4(packed[e], scales[e], glob)
+        assert torch.equal(dequantize_nvfp4(*back, glob).view(torch.int32),
+                           want.view(torch.int32))
 
 
 def test_run_config_names_a_layout_mismatch() -> None:
@@ -32,6 +58,10 @@ def test_run_config_names_a_layout_mismatch() -> None:
     scales = torch.ones(4, 2, dtype=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="config pr reads the repacked weight layout"):
         run_config(KernelConfig("pr", "repacked"), x, packed, scales, torch.ones(1), None)
+    words = torch.zeros(4, 4, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"config pf reads the fragment weight layout.*"
+                                         r"\(repacked\)"):
+        run_config(KernelConfig("pf", "fragment"), x, words, scales, torch.ones(1), None)
 
 
 @pytest.mark.parametrize(("m", "n", "k", "want"), [(1, 8192, 8192, 4), (16, 28672, 8192, 2),

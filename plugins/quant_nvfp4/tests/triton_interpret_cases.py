@@ -19,7 +19,7 @@ from nvfp4_triton_helpers import (
     edge_scales,
     make_layer,
     nvfp4_weights,
-    weight_for,
+    run_on,
 )
 
 W4A16 = nvfp4_scheme("modelopt", w4a4=False)
@@ -69,7 +69,6 @@ def test_interpreter_every_path(config: KernelConfig) -> None:
     """Split-K with a K not a multiple of the tile (272 = 4.25 tiles of 64), no split, the
     word decode (elements k and k + 4 paired, activations permuted to match) and the
     dequantize-then-F.linear path, all against the reference."""
-    from kernelbay_quant_nvfp4.linear_triton import run_config
     from kernelbay_quant_nvfp4.triton_kernels import dequantize_nvfp4_triton
 
     gen = torch.Generator().manual_seed(7)
@@ -82,9 +81,7 @@ def test_interpreter_every_path(config: KernelConfig) -> None:
     bias = torch.randn(24, generator=gen).to(torch.float16)
     for m in (1, 17):
         x = torch.randn(m, k, generator=gen).to(torch.float16)
-        got = run_config(config, x, weight_for(config, tensors["weight"]),
-                         tensors["weight_scale"],
-                         tensors["weight_scale_2"].reshape(1), bias)
+        got = run_on(config, x, tensors, bias)
         check_close(got, x, w, bias)
 
 
@@ -145,7 +142,6 @@ def test_halfword_variant(config: KernelConfig, dtype: torch.dtype, bias: bool) 
     """The halfword kernel (portable decode; the PTX one runs on CUDA only): K = 272 (not a
     multiple of the tile) and K = 256 (whole tiles, unmasked loop), ragged N and M, edge block
     scales, rows from 1e-6 to 1e4 and a zero row."""
-    from kernelbay_quant_nvfp4.linear_triton import run_config
 
     # 320: five whole tiles of 64 in splits of 2, 2 and 1; fragment order: K a multiple of 32
     for k in (288 if config.path == "fragment" else 272, 256, 320):
@@ -160,9 +156,7 @@ def test_halfword_variant(config: KernelConfig, dtype: torch.dtype, bias: bool) 
             x = torch.randn(m, k, generator=gen) * torch.logspace(-6, top, m)[:, None]
             x[m // 2] = 0.0
             x = x.to(dtype)
-            got = run_config(config, x, weight_for(config, tensors["weight"]),
-                             tensors["weight_scale"],
-                             tensors["weight_scale_2"].reshape(1), b)
+            got = run_on(config, x, tensors, b)
             check_close(got, x, w, b)
 
 
@@ -170,11 +164,9 @@ def test_halfword_variant(config: KernelConfig, dtype: torch.dtype, bias: bool) 
 def test_halfword_decodes_every_code_and_scale(config: KernelConfig) -> None:
     """Every E2M1 code under every finite E4M3 block scale (signed zeros, subnormal and
     largest scales), one product per output: the reference rounded to bf16, bit for bit."""
-    from kernelbay_quant_nvfp4.linear_triton import run_config
     from nvfp4_triton_helpers import every_code_and_scale
 
     tensors, eye = every_code_and_scale()
     w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
-    got = run_config(config, eye, weight_for(config, tensors["weight"]),
-                     tensors["weight_scale"], tensors["weight_scale_2"].reshape(1), None)
+    got = run_on(config, eye, tensors, None)
     assert torch.equal(got, w.T.to(torch.bfloat16))

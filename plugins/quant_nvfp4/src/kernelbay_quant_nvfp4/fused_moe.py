@@ -159,15 +159,15 @@ class Nvfp4MoETriton(MoEMethod):
         return expert_specs(self, False if self.request.scheme.activation is not None else None)
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        """Stack per projection: ``{proj}_w`` (``stored_weight``: repacked int32 [E, N, K/8] for
-        the default table), ``{proj}_bs`` E4M3
-        [E, N, K/16], ``{proj}_g`` fp32 [E, 1] (buffers); the per-expert parameters go."""
+        """Stack per projection: ``{proj}_w`` and ``{proj}_bs`` (``stored_tensors``: the weight
+        and block scales [E, N, K/16] in the layout of the linear method's M table),
+        ``{proj}_g`` fp32 [E, 1] (buffers); the per-expert parameters go."""
         import torch
 
         from kernelbay_quant_nvfp4.linear_triton import (
             Nvfp4TritonLinear,
             check_finite_scales,
-            stored_weight,
+            stored_tensors,
         )
 
         params = layer._parameters
@@ -183,10 +183,10 @@ class Nvfp4MoETriton(MoEMethod):
                 g.append(take(e, proj, "weight_scale_2").float().reshape(1))
                 check_finite_scales(self.name, bs[-1], g[-1], f"experts.{e}.{proj}.")
                 params.pop(expert_tensor(e, proj, "input_scale"), None)
-            layer.register_buffer(f"{proj}_w", stored_weight(torch.stack(w),
-                                                             Nvfp4TritonLinear.configs),
-                                  persistent=False)
-            layer.register_buffer(f"{proj}_bs", torch.stack(bs), persistent=False)
+            weights, scales = stored_tensors(torch.stack(w), torch.stack(bs),
+                                             Nvfp4TritonLinear.configs)
+            layer.register_buffer(f"{proj}_w", weights, persistent=False)
+            layer.register_buffer(f"{proj}_bs", scales, persistent=False)
             layer.register_buffer(f"{proj}_g", torch.stack(g), persistent=False)
 
     def apply_moe(self, layer: torch.nn.Module, x: torch.Tensor, topk_ids: torch.Tensor,

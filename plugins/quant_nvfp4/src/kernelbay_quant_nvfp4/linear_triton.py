@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     import torch
     from kernelbay.device import DeviceCapability
 
-__all__ = ["Nvfp4TritonLinear", "check_finite_scales", "checkpoint_weight", "gpu_triton_checks",
-           "layout_weight", "run_config", "stored_weight"]
+__all__ = ["Nvfp4TritonLinear", "check_finite_scales", "checkpoint_tensors", "gpu_triton_checks",
+           "layout_tensors", "run_config", "stored_tensors"]
 
 _ACT_DTYPES = ("bfloat16", "float16")
 
@@ -88,72 +88,94 @@ def _sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
-def layout_weight(packed: torch.Tensor, layout: str) -> torch.Tensor:
-    """The packed checkpoint weight (uint8 [..., N, K/2]) in weight ``layout``
-    (``triton_configs.LAYOUTS``): as is, ``kernelbay.formats.repack_e2m1_words``' int32
-    [..., N, K/8] (``repacked``) or the same words in the ``"fragment"`` K order grouped as
-    int32 [..., N, K/32, 4] (``fragment``; the extra dimension tells the two word layouts
-    apart). Rows are independent, so stacked experts repack as one matrix."""
+def layout_tensors(packed: torch.Tensor, scales: torch.Tensor, layout: str
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The checkpoint's weight (uint8 [..., N, K/2]) and E4M3 block scales [..., N, K/16] in
+    weight ``layout`` (``triton_configs.LAYOUTS``):
+
+    * ``checkpoint``: as loaded;
+    * ``repacked``: ``kernelbay.formats.repack_e2m1_words``' int32 [..., N, K/8], the scales
+      as loaded;
+    * ``fragment``: the scales' signs and zeros folded into the codes and the scales stored as
+      uint8 codes (``scale_codes.fold_block_scales``), the words in the ``"fragment"`` K order
+      grouped as int32 [..., N, K/32, 4] (the extra dimension tells the two word layouts
+      apart; K a multiple of 32).
+
+    Rows are independent, so stacked experts convert as one matrix."""
     if layout not in LAYOUTS:
         raise ValueError(f"nvfp4-triton: weight layout {layout!r}; valid: {LAYOUTS}")
     if layout == "checkpoint":
-        return packed.contiguous()
+        return packed.contiguous(), scales.contiguous()
     from kernelbay.formats.e2m1_words import repack_e2m1_words
 
+    order = "k"
+    if layout == "fragment":
+        from kernelbay_quant_nvfp4.scale_codes import fold_block_scales
+
+        packed, scales = fold_block_scales(packed, scales)
+        order = "fragment"
     lead = packed.shape[:-1]
-    order = "fragment" if layout == "fragment" else "k"
     words = repack_e2m1_words(packed.contiguous().reshape(-1, packed.shape[-1]), order)
-    return words.reshape(*lead, -1, 4) if layout == "fragment" else words.reshape(*lead, -1)
+    words = words.reshape(*lead, -1, 4) if layout == "fragment" else words.reshape(*lead, -1)
+    return words, scales.contiguous()
 
 
-def stored_weight(packed: torch.Tensor, table: tuple[tuple[int, KernelConfig], ...]
-                  ) -> torch.Tensor:
-    """The packed checkpoint weight in the layout ``table``'s kernels read
-    (``layout_weight``)."""
-    return layout_weight(packed, table_layout(table))
+def stored_tensors(packed: torch.Tensor, scales: torch.Tensor,
+                   table: tuple[tuple[int, KernelConfig], ...]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The checkpoint's weight and block scales in the layout ``table``'s kernels read
+    (``layout_tensors``)."""
+    return layout_tensors(packed, scales, table_layout(table))
 
 
-def _layout_text(weight: torch.Tensor) -> str:
-    """Which of ``LAYOUTS`` a stored weight is in, from its dtype and shape."""
+def _layout_text(weight: torch.Tensor, scales: torch.Tensor) -> str:
+    """Which of ``LAYOUTS`` a stored weight and its scales are in, from dtypes and shapes."""
     import torch
 
-    if weight.dtype == torch.uint8 and weight.dim() == 2:
+    e4m3 = scales.dtype == torch.float8_e4m3fn
+    if weight.dtype == torch.uint8 and weight.dim() == 2 and e4m3:
         return "checkpoint"
     if weight.dtype == torch.int32:
-        if weight.dim() == 2:
+        if weight.dim() == 2 and e4m3:
             return "repacked"
-        if weight.dim() == 3 and weight.shape[-1] == 4:
+        if weight.dim() == 3 and weight.shape[-1] == 4 and scales.dtype == torch.uint8:
             return "fragment"
     return f"none of {LAYOUTS}"
 
 
-def checkpoint_weight(weight: torch.Tensor) -> torch.Tensor:
-    """A stored weight (any of ``LAYOUTS``, ``layout_weight``) back as the checkpoint's
-    uint8 [N, K/2]: what the references decode."""
+def checkpoint_tensors(weight: torch.Tensor, scales: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stored weight and its scales (any of ``LAYOUTS``, ``layout_tensors``) as checkpoint
+    uint8 [N, K/2] codes and E4M3 scales that dequantize through the reference to the same
+    values (for ``fragment``: with the folded signs and zeros)."""
     from kernelbay.formats import checkpoint_layout
 
-    if _layout_text(weight) == "fragment":
-        return checkpoint_layout(weight.reshape(weight.shape[0], -1), "fragment")
-    return checkpoint_layout(weight)
+    if _layout_text(weight, scales) == "fragment":
+        from kernelbay_quant_nvfp4.scale_codes import codes_to_e4m3
+
+        return (checkpoint_layout(weight.reshape(weight.shape[0], -1), "fragment"),
+                codes_to_e4m3(scales))
+    return checkpoint_layout(weight), scales
 
 
 def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
                scales: torch.Tensor, global_scale: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
     """``x2 [M, K]`` through one kernel configuration (the benchmark calls it directly).
-    ``packed``: the weight in the layout the config reads (``layout_of``, ``layout_weight``):
-    the checkpoint's uint8 [N, K/2], the repacked int32 [N, K/8] or the fragment-order int32
-    [N, K/32, 4]."""
+    ``packed`` and ``scales``: in the layout the config reads (``layout_of``,
+    ``layout_tensors``)."""
     import torch.nn.functional as F
 
     from kernelbay_quant_nvfp4.triton_halfword import nvfp4_linear_hw
     from kernelbay_quant_nvfp4.triton_kernels import dequantize_nvfp4_triton
 
-    if _layout_text(packed) != layout_of(config):
+    found = _layout_text(packed, scales)
+    if found != layout_of(config):
         raise ValueError(f"nvfp4-triton: config {config.name} reads the {layout_of(config)} "
                          f"weight layout, got a {packed.dtype} weight {tuple(packed.shape)} "
-                         f"({_layout_text(packed)}); layouts: uint8 [N, K/2] checkpoint, "
-                         "int32 [N, K/8] repacked, int32 [N, K/32, 4] fragment")
+                         f"with {scales.dtype} scales ({found}); layouts (weight, scales): "
+                         "checkpoint (uint8 [N, K/2], E4M3), repacked (int32 [N, K/8], E4M3), "
+                         "fragment (int32 [N, K/32, 4], uint8 codes)")
     m, k = x2.shape
     if config.path == "dequant":
         # A per-call temporary: the caching allocator hands the same block back next call,
@@ -226,8 +248,8 @@ class Nvfp4TritonLinear(LinearMethod):
         scales = cast("torch.Tensor", layer.weight_scale)
         glob = cast("torch.Tensor", layer.weight_scale_2)
         check_finite_scales(self.name, scales.data, glob.data)
-        layer.weight.data = stored_weight(weight.data, self.configs)
-        layer.weight_scale.data = scales.data.contiguous()
+        layer.weight.data, layer.weight_scale.data = stored_tensors(weight.data, scales.data,
+                                                                    self.configs)
         layer.weight_scale_2.data = glob.data.float().reshape(1).to(weight.device)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -250,7 +272,8 @@ class Nvfp4TritonLinear(LinearMethod):
         import torch
         from kernelbay.formats import dequantize_nvfp4
 
-        w = dequantize_nvfp4(checkpoint_weight(cast("torch.Tensor", layer.weight)),
-                             cast("torch.Tensor", layer.weight_scale),
+        packed, scales = checkpoint_tensors(cast("torch.Tensor", layer.weight),
+                                            cast("torch.Tensor", layer.weight_scale))
+        w = dequantize_nvfp4(packed, scales,
                              cast("torch.Tensor", layer.weight_scale_2).reshape(()))
         return w.to(getattr(torch, self.request.activation_dtype))

@@ -59,7 +59,11 @@ import torch
 import triton
 import triton.language as tl
 from kernelbay.formats import e2m1_words_triton
-from kernelbay.formats.e2m1_words_triton import repacked_codes, repacked_lanes16
+from kernelbay.formats.e2m1_words_triton import (
+    repacked_codes,
+    repacked_lanes,
+    repacked_lanes16,
+)
 
 from kernelbay_quant_nvfp4.triton_kernels import (
     e2m1_2m14,
@@ -90,24 +94,11 @@ fma.rn.bf16x2 $0, v, $2, nz;
 
 
 @triton.jit
-def _per_position(v, R: tl.constexpr, G: tl.constexpr, BK: tl.constexpr,
-                  FRAGMENT: tl.constexpr):
-    """A value per 16-element block [R, G] -> per element [R, BK], in K order or, with
-    ``FRAGMENT``, in the ``"fragment"`` order of the words (each word's elements 0..3 in the
-    even block of its 32-group, 4..7 in the odd one)."""
-    if FRAGMENT:
-        pairs = tl.reshape(v, (R, G // 2, 1, 2, 1))
-        return tl.reshape(tl.broadcast_to(pairs, (R, G // 2, 4, 2, 4)), (R, BK))
-    return tl.reshape(tl.broadcast_to(v[:, :, None], (R, G, 16)), (R, BK))
-
-
-@triton.jit
-def _block_multipliers(s, R: tl.constexpr, G: tl.constexpr, BK: tl.constexpr,
-                       FRAGMENT: tl.constexpr = False):
+def _block_multipliers(s, R: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
     """fp32 ``S * 2^-8`` [R, G] -> the bf16 bits of ``S * 2^118`` per element [R, BK] (each
     16-element block's multiplier, exact: a normal bf16 for every finite E4M3 ``S``)."""
     mult = (s * 8.507059173023462e37).to(tl.bfloat16).to(tl.int16, bitcast=True)
-    return _per_position(mult, R, G, BK, FRAGMENT)
+    return tl.reshape(tl.broadcast_to(mult[:, :, None], (R, G, 16)), (R, BK))
 
 
 @triton.jit
@@ -151,7 +142,7 @@ fma.rn.bf16x2 $0, $1, $2, nz;
 
 @triton.jit
 def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.constexpr,
-                 REPACKED: tl.constexpr, FRAGMENT: tl.constexpr = False):
+                 REPACKED: tl.constexpr):
     """``words`` int32 [R, KQ] (eight codes each) and E4M3 bytes [R, KQ // 2] ->
     ``e2m1 * S * 2^-8`` [R, 8 KQ]: bf16 (``ASM``) or fp32 holding the same values (plain).
 
@@ -165,17 +156,13 @@ def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.conste
     element j's code in bits 12..15 and element j + 4's in bits 28..31, the two lanes of
     ``_DECODE_PTX``, so no 16-bit codes are packed into registers first (the ``pw-*``
     kernels: 4.8 SASS instructions per element in the K loop of a 16 x 64 x 256 tile against
-    6.2 for the halfword decode). The caller permutes its activation tile to the same order.
-
-    ``FRAGMENT`` (with ``REPACKED``): the words are in the ``"fragment"`` K order; the block
-    multipliers are laid out in the same order and the decoded tile is relabelled to K order
-    at the end (``fragment_to_k``), so the result is in K order too."""
+    6.2 for the halfword decode). The caller permutes its activation tile to the same order."""
     BK: tl.constexpr = KQ * 8
     G: tl.constexpr = KQ // 2
     s = e4m3_2m8(sbits)
     u = words.to(tl.uint32, bitcast=True)
     if ASM:
-        mult = _block_multipliers(s, R, G, BK, FRAGMENT)
+        mult = _block_multipliers(s, R, G, BK)
         if REPACKED:
             lanes = repacked_lanes16(u, R, KQ)
         else:
@@ -198,10 +185,8 @@ def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.conste
             pos = tl.arange(0, 8)
             shifts = (pos // 2) * 4 + (pos % 2) * 16  # PAIR_ORDER: nibble j, then j + 4
             nib = (u[:, :, None] >> shifts[None, None, :].to(tl.uint32)) & 15
-        out = e2m1_2m14(tl.reshape(nib, (R, BK))) * _per_position(s * 16384.0, R, G, BK,
-                                                                  FRAGMENT)
-    if FRAGMENT:
-        out = fragment_to_k(out, R, BK)
+        s = tl.reshape(tl.broadcast_to((s * 16384.0)[:, :, None], (R, G, 16)), (R, BK))
+        out = e2m1_2m14(tl.reshape(nib, (R, BK))) * s
     return out
 
 
@@ -215,6 +200,59 @@ def fragment_to_k(w, R: tl.constexpr, BK: tl.constexpr):
     the decode wrote: no shuffle, no shared memory."""
     return tl.reshape(tl.permute(tl.reshape(w, (R, BK // 32, 4, 2, 2, 2)), (0, 1, 3, 4, 2, 5)),
                       (R, BK))
+
+
+# One packed multiply of a repacked register's two lanes by its block's multiplier: $1 the
+# lanes (bf16 bits of e2m1 * 2^-126), $2 the scale code r (scale_codes), whose multiplier bits
+# r * 16 + 0x7600 go to both halves in one multiply-add; adding -0 keeps signed zeros.
+_CODE_SCALE_PTX = tl.constexpr("""{
+.reg .b32 m, nz;
+mov.b32 nz, 0x80008000;
+mad.lo.u32 m, $2, 0x100010, 0x76007600;
+fma.rn.bf16x2 $0, $1, m, nz;
+}""")
+
+
+@triton.jit
+def decode_fragment(words, codes, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.constexpr):
+    """``"fragment"``-order repacked words int32 [R, KQ] and scale codes uint8 [R, KQ // 4]
+    (``scale_codes``: signs and zeros folded into the words) -> ``e2m1 * S * 2^-8`` [R, 8 KQ]
+    in K order: bf16 (``ASM``) or fp32 holding the same values (plain).
+
+    Word ``4 b + c`` holds four elements of block ``2 b`` (registers 0, 1 of
+    ``repacked_lanes``) and four of block ``2 b + 1`` (registers 2, 3). Each register is
+    multiplied as a 32-bit value by its block's code (``_CODE_SCALE_PTX``: one multiply-add
+    makes the multiplier pair), so a scale costs one shared-memory byte load and one
+    multiply-add per thread, and the lanes are split into bf16 elements only at the end."""
+    BK: tl.constexpr = KQ * 8
+    B: tl.constexpr = KQ // 4
+    u = words.to(tl.uint32, bitcast=True)
+    if ASM:
+        r0, r1, r2, r3 = repacked_lanes(u)
+        even, odd = tl.split(tl.reshape(codes.to(tl.uint32), (R, B, 2)))
+        m_even = tl.reshape(tl.broadcast_to(even[:, :, None], (R, B, 4)), (R, KQ))
+        m_odd = tl.reshape(tl.broadcast_to(odd[:, :, None], (R, B, 4)), (R, KQ))
+        v0 = tl.inline_asm_elementwise(_CODE_SCALE_PTX, "=r,r,r", [r0, m_even],
+                                       dtype=tl.uint32, is_pure=True, pack=1)
+        v1 = tl.inline_asm_elementwise(_CODE_SCALE_PTX, "=r,r,r", [r1, m_even],
+                                       dtype=tl.uint32, is_pure=True, pack=1)
+        v2 = tl.inline_asm_elementwise(_CODE_SCALE_PTX, "=r,r,r", [r2, m_odd],
+                                       dtype=tl.uint32, is_pure=True, pack=1)
+        v3 = tl.inline_asm_elementwise(_CODE_SCALE_PTX, "=r,r,r", [r3, m_odd],
+                                       dtype=tl.uint32, is_pure=True, pack=1)
+        # join(join(a, b), join(c, d)) flattens as a, c, b, d: registers 0, 1, 2, 3
+        regs = tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (R, KQ * 4))
+        halves = tl.join(regs.to(tl.uint16), (regs >> 16).to(tl.uint16))
+        out = tl.reshape(halves, (R, BK)).to(tl.bfloat16, bitcast=True)
+    else:
+        nib = tl.reshape(repacked_codes(u), (R, BK))
+        bits = (codes.to(tl.int32) * 16 + 0x7600).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        s = bits.to(tl.float32) * 1.1754943508222875e-38  # S * 2^-8 = multiplier * 2^-126
+        # per position: word 4 b + c's elements 0..3 in block 2 b, 4..7 in block 2 b + 1
+        s = tl.reshape(tl.broadcast_to(tl.reshape(s * 16384.0, (R, B, 1, 2, 1)),
+                                       (R, B, 4, 2, 4)), (R, BK))
+        out = e2m1_2m14(nib) * s
+    return fragment_to_k(out, R, BK)
 
 
 @triton.jit
@@ -269,8 +307,10 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
             packed = _load_k_tile(w_rows, t * KH + rw, n_ok, K // 4, EVEN_K)
         sb = _load_k_tile(s_rows, t * G + rg, n_ok, K // 16, EVEN_K)
         xa = _load_k_tile(x_rows, t * BLOCK_K + rk, m_ok, K, EVEN_K)
-        if PAIRS or REPACKED:
-            w = decode_words(packed, sb, BLOCK_N, KQ, ASM, REPACKED, SWAP)
+        if SWAP:
+            w = decode_fragment(packed, sb, BLOCK_N, KQ, ASM)
+        elif PAIRS or REPACKED:
+            w = decode_words(packed, sb, BLOCK_N, KQ, ASM, REPACKED)
             if not REPACKED:  # the activations in PAIR_ORDER (a permutation in registers)
                 xa = tl.reshape(tl.permute(tl.reshape(xa, (BLOCK_M, KQ, 2, 4)), (0, 1, 3, 2)),
                                 (BLOCK_M, BLOCK_K))
