@@ -129,6 +129,16 @@ for s in "$@"; do
       section nvfp4-bench 300 $py bench/nvfp4/run.py --rep-ms 8 --ms 1,16,64,256 \
         --configs pf,pr-16x64x256-p3,pr-64x128x128,pr-128x128x64,dequant \
         --out /tmp/res/nvfp4-bench ;;
+    fragment2)  # GPU tests of both FP4 plugins' fragment kernels, the NVFP4 table and pf sweep
+      section fp4-tests 260 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 250 \
+        plugins/quant_nvfp4/tests/test_nvfp4_triton.py plugins/quant_nvfp4/tests/test_nvfp4_fused_moe.py \
+        plugins/quant_mxfp4_rocm/tests/test_triton_kernels.py \
+        -k "pf- or every_code or method or moe or fragment or pairs_decode or realistic"
+      section nvfp4-bench 280 $py bench/nvfp4/run.py --rep-ms 8 --ms 1,4,16,64,256 \
+        --configs pf,dequant --out /tmp/res/nvfp4-bench ;;
+    mxfrag)  # the MXFP4 table and candidate sweep with the fragment layout
+      section mxfp4-bench 330 $py bench/mxfp4/run.py --configs all --ms 1,4,16,64,256 \
+        --sweep-ms 1,16,64,256 --budget 300 --out /tmp/res/mxfp4-bench ;;
     fp4tables)  # the two FP4 GEMMs' committed tables
       section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
         --out /tmp/res/nvfp4-bench

@@ -34,7 +34,7 @@ def compile_config(cfg: Any, a_kind: int, arch: int, split: bool) -> Any:
                                  out_bits=False)
     scaled = cfg.path == "scaled"
     a_type = {0: "*bf16", 1: "*u8" if scaled else "*i16", 2: "*u8"}[a_kind]
-    w_type = "*u8" if scaled else "*i32" if cfg.path in ("pairs", "repacked") else "*i16"
+    w_type = "*u8" if scaled else "*i32" if cfg.path in ("pairs", "repacked", "fragment") else "*i16"
     types = {"a_ptr": a_type, "as_ptr": "*u8", "w_ptr": w_type,
              "ws_ptr": "*u8",
              "out_ptr": "*fp32" if split else "*bf16"}

@@ -203,6 +203,7 @@ def run_shape(n: int, k: int, ms: tuple[int, ...], args: argparse.Namespace, sta
         default_config,
         mxfp4_gemm,
         prepare_weight_scales,
+        weight_layout,
     )
 
     torch.manual_seed(n + k)
@@ -253,7 +254,7 @@ def run_shape(n: int, k: int, ms: tuple[int, ...], args: argparse.Namespace, sta
             rotating([_w4a4(x, p, s, state["scale_max"]) for s, p in state["packed_copies"]]),
             args.rep))
         row["default_config"] = default_config(
-            m, n, k, repacked=layer.weight.dtype == torch.int32).describe()
+            m, n, k, layout=weight_layout(layer.weight)).describe()
         if args.configs == "all" and m in {int(v) for v in args.sweep_ms.split(",")}:
             sweep(row, x, packed, scales, w_deq, args, start, state)
         weight_bytes = n * k // 2 + n * k // 32
@@ -273,10 +274,11 @@ def sweep(row: dict[str, Any], x: torch.Tensor, packed: torch.Tensor, scales: to
           w_deq: torch.Tensor, args: argparse.Namespace, start: float,
           state: dict[str, Any]) -> None:
     """Check and time every candidate config of the GEMM for this shape (until --budget)."""
-    from kernelbay.formats import repack_e2m1_words
     from kernelbay_quant_mxfp4_rocm.triton_gemm import (
+        READABLE,
         candidate_configs,
         config_dict,
+        layout_weight,
         mxfp4_gemm,
     )
 
@@ -285,9 +287,11 @@ def sweep(row: dict[str, Any], x: torch.Tensor, packed: torch.Tensor, scales: to
     top = state["scale_max"]
     tried: list[dict[str, Any]] = []
     copies = state["packed_copies"]
-    words = [repack_e2m1_words(p) for _, p in copies]  # what the repacked configs read
+    # each config reads the copies in its own layout
+    by_layout = {lay: [layout_weight(p, lay) for _, p in copies]
+                 for lay in ("checkpoint", "repacked", "fragment")}
     for cfg in candidate_configs(m, n, k):
-        weights = words if cfg.path == "repacked" else [p for _, p in copies]
+        weights = next(by_layout[lay] for lay, paths in READABLE.items() if cfg.path in paths)
         weight = weights[0]
         if time.time() - start > args.budget:
             state["sweep_cut"] = True

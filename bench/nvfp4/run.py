@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                     return False
                 return verify(name, y)
 
-            default = config_for(m, Nvfp4TritonLinear.configs)
+            default = config_for(m, method.table())
             ok = attempt(f"nvfp4-triton ({default.name})",
                          lambda md=method, ly=layers[0], x=x: md.apply(ly, x))
             bf_t = bench(rotating([lambda wb=wb, x=x: F.linear(x, wb) for wb in bf_copies]))

@@ -165,12 +165,17 @@ def random_weight(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
 CONFIGS = [None, (16, 32, 64, 2), (16, 16, 32, 3), (32, 32, 64, 1), (16, 64, 128, 1),
            (16, 32, 64, 2, 4, 3, "scaled"), (16, 16, 32, 1, 4, 3, "dequant"),
            (16, 32, 64, 1, 4, 3, "pairs"), (32, 16, 32, 2, 4, 3, "pairs"),
-           (16, 32, 64, 2, 4, 3, "repacked"), (32, 16, 32, 1, 4, 3, "repacked")]
+           (16, 32, 64, 2, 4, 3, "repacked"), (32, 16, 32, 1, 4, 3, "repacked"),
+           (16, 32, 64, 2, 4, 3, "fragment"), (32, 16, 32, 1, 4, 3, "fragment")]
 
 
 def weight_for(config: Any, packed: torch.Tensor) -> torch.Tensor:
-    """The weight as ``config`` reads it: the repacked words for ``repacked`` configs."""
-    return repack_e2m1_words(packed) if getattr(config, "path", "") == "repacked" else packed
+    """The weight in the layout ``config`` reads (``triton_gemm.layout_weight``; no config:
+    the checkpoint bytes)."""
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import READABLE, layout_weight
+
+    path = getattr(config, "path", "decode")
+    return layout_weight(packed, next(lay for lay, paths in READABLE.items() if path in paths))
 
 
 @pytest.mark.parametrize("shape", [(1, 40, 96), (5, 33, 128), (16, 16, 64), (19, 48, 160)])
@@ -302,10 +307,11 @@ def test_decode_activations_bit_exact(elem: Any, rows: int = 5) -> None:
 
 
 @pytest.mark.parametrize("fast", [False, True])
-@pytest.mark.parametrize("path", ["pairs", "repacked"])
+@pytest.mark.parametrize("path", ["pairs", "repacked", "fragment"])
 def test_pairs_decode_every_code_exact(fast: bool, path: str, step: int = 23) -> None:
     """The word paths (``pairs``: 32-bit words, K in ``PAIR_ORDER``, activations loaded to
-    match; ``repacked``: the repacked words in K order) with one-hot activations return the
+    match; ``repacked``: the repacked words in K order; ``fragment``: the fragment-order words,
+    product transposed) with one-hot activations return the
     reference's weight values exactly: every code in every position against scale bytes
     0..252 (every ``step``-th; no 6 * 2^127 = inf, whose product with the zeros is NaN), plus
     extreme and NaN scales in the GEMM test."""
@@ -322,10 +328,10 @@ def test_pairs_decode_every_code_exact(fast: bool, path: str, step: int = 23) ->
                    scale_max=top if fast else None).cpu()
     assert torch.equal(y, x.float() @ w.T)
     test_gemm_scale_extremes_and_nan(fast, path)
-    # the dequantize path reads the repacked words too (decode_kernel, REPACKED)
+    # the dequantize path reads the word layouts too (decode_kernel, REPACKED / FRAGMENT)
     from kernelbay_quant_mxfp4_rocm.triton_gemm import dequantize_weight
 
-    got = dequantize_weight(repack_e2m1_words(wp).to(DEVICE), ws.to(DEVICE),
+    got = dequantize_weight(weight_for(config, wp).to(DEVICE), ws.to(DEVICE),
                             scale_max=top if fast else None).cpu()
     assert torch.equal(got.view(torch.int16), w.bfloat16().view(torch.int16))
 
@@ -337,11 +343,17 @@ def test_weight_layout_and_config_must_agree() -> None:
 
     wp, ws = random_weight(16, 64, seed=3)
     x = torch.zeros(2, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"'pairs' cannot read a repacked int32 weight; paths "
-                                         r"for it: \['repacked', 'dequant'\]"):
+    with pytest.raises(ValueError, match=r"'pairs' cannot read a weight in the repacked layout; "
+                                         r"paths for it: \['repacked', 'dequant'\]"):
         mxfp4_gemm(x, repack_e2m1_words(wp), ws, config=GemmConfig(16, 16, 64, 1, 4, 3, "pairs"))
-    with pytest.raises(ValueError, match="'repacked' cannot read a packed uint8 weight"):
+    with pytest.raises(ValueError, match="'repacked' cannot read a weight in the checkpoint"):
         mxfp4_gemm(x, wp, ws, config=GemmConfig(16, 16, 64, 1, 4, 3, "repacked"))
+    fragment = repack_e2m1_words(wp, "fragment").reshape(16, -1, 4)
+    with pytest.raises(ValueError, match=r"'repacked' cannot read a weight in the fragment "
+                                         r"layout; paths for it: \['fragment', 'dequant'\]"):
+        mxfp4_gemm(x, fragment, ws, config=GemmConfig(16, 16, 64, 1, 4, 3, "repacked"))
+    with pytest.raises(ValueError, match=r"int32 \[N, K/32, 4\], got torch.int16"):
+        mxfp4_gemm(x, wp.view(torch.int16), ws)
 
 
 def test_decode_subnormal_scale_in_the_gemm() -> None:
@@ -449,6 +461,7 @@ def test_gpu_pairs_decode_every_code_exact(fast: bool) -> None:
     """The ``pairs`` and ``repacked`` PTX decodes on CUDA, every scale byte."""
     test_pairs_decode_every_code_exact(fast, "pairs", step=1)
     test_pairs_decode_every_code_exact(fast, "repacked", step=1)
+    test_pairs_decode_every_code_exact(fast, "fragment", step=1)
 
 
 @pytest.mark.gpu
@@ -459,7 +472,7 @@ def test_gpu_decode_activations_bit_exact(elem: Any) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["decode", "pairs", "repacked", "dequant"])
+@pytest.mark.parametrize("path", ["decode", "pairs", "repacked", "fragment", "dequant"])
 @pytest.mark.parametrize("fast", [False, True])
 def test_gpu_gemm_scale_extremes_and_nan(path: str, fast: bool) -> None:
     test_gemm_scale_extremes_and_nan(fast, path)
@@ -478,8 +491,8 @@ def _gpu_configs() -> list[tuple[int, Any]]:
     n, k = 2048, 8192
     out = []
     for m in (16, 256):
-        cfgs = [default_config(m, n, k), default_config(m, n, k, repacked=True),
-                *candidate_configs(m, n, k)]
+        cfgs = [default_config(m, n, k), default_config(m, n, k, layout="repacked"),
+                default_config(m, n, k, layout="fragment"), *candidate_configs(m, n, k)]
         out += [(m, c) for c in dict.fromkeys(cfgs)]
     return out
 

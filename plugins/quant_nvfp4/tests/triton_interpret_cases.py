@@ -32,7 +32,7 @@ def interpreting() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("n", "k"), [(40, 272), (17, 48)])
+@pytest.mark.parametrize(("n", "k"), [(40, 272), (17, 48), (33, 96)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_interpreter_matches_reference(dtype: torch.dtype, n: int, k: int,
                                        bias: bool) -> None:

@@ -10,6 +10,9 @@ modules import this, when a backend is built (never ``kernelbay`` or ``kernelbay
   register ``r``, half ``h``. Registers 0..2 are the word shifted left by 0 / 3 / 6 under one
   mask, register 3 gathers the leftover bits with three shifts. A packed bf16 multiply by the
   block scale (times 2^126 and whatever power of two the caller folds in) finishes the decode.
+* ``fragment_to_k(w, R, BK)``: a tile decoded from ``"fragment"``-order words, relabelled to
+  K order (no data moves when it feeds an sm_90 ``wgmma`` as the register operand);
+  ``fragment_tile`` does the same from the four scaled registers of ``repacked_lanes``.
 * ``repacked_codes(u)``: the portable decode's codes, [R, KQ] words -> [R, KQ, 8] nibbles in
   K order, each bit read from ``word_bit_positions``' place (for the interpreter and ROCm).
 
@@ -22,7 +25,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["repacked_codes", "repacked_lanes", "repacked_lanes16"]
+__all__ = ["fragment_tile", "fragment_to_k", "repacked_codes", "repacked_lanes",
+           "repacked_lanes16"]
 
 
 @triton.jit
@@ -60,3 +64,28 @@ def repacked_codes(u):
     w = u[:, :, None]
     return ((((w >> sign_at[None, None, :]) & 1) << 3) | (((w >> e1_at[None, None, :]) & 1) << 2)
             | ((w >> m_at[None, None, :]) & 3))
+
+
+@triton.jit
+def fragment_to_k(w, R: tl.constexpr, BK: tl.constexpr):
+    """A tile decoded from ``"fragment"``-order words [R, BK] (position ``p`` of each 32-group:
+    word ``c = p // 8``, element ``e = p % 8``) -> K order (``e2m1_words.fragment_k_order``:
+    ``k = 16 (e // 4) + 8 ((e // 2) % 2) + 2 c + e % 2``). As the A
+    operand of an sm_90 ``wgmma`` (``kWidth = 2``) each thread holds exactly the eight
+    elements of one word per 32-group, so the compiler maps this reshape onto the registers
+    the decode wrote: no shuffle, no shared memory."""
+    return tl.reshape(tl.permute(tl.reshape(w, (R, BK // 32, 4, 2, 2, 2)), (0, 1, 3, 4, 2, 5)),
+                      (R, BK))
+
+
+@triton.jit
+def fragment_tile(v0, v1, v2, v3, R: tl.constexpr, KQ: tl.constexpr):
+    """The four registers of ``repacked_lanes`` [R, KQ] (uint32, two decoded bf16 lanes each,
+    already scaled) of ``"fragment"``-order words -> the bf16 tile [R, 8 KQ] in K order. The
+    registers are split into lanes only here, through joins the MMA operand layout keeps in
+    one thread, so each pair stays the register it was computed in."""
+    # join(join(a, b), join(c, d)) flattens as a, c, b, d: registers 0, 1, 2, 3
+    regs = tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (R, KQ * 4))
+    halves = tl.join(regs.to(tl.uint16), (regs >> 16).to(tl.uint16))
+    return fragment_to_k(tl.reshape(halves, (R, KQ * 8)).to(tl.bfloat16, bitcast=True), R,
+                         KQ * 8)

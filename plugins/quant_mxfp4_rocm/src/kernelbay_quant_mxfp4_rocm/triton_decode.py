@@ -44,9 +44,16 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from kernelbay.formats.e2m1_words_triton import repacked_codes, repacked_lanes16
+from kernelbay.formats.e2m1_words_triton import (
+    fragment_tile,
+    fragment_to_k,
+    repacked_codes,
+    repacked_lanes,
+    repacked_lanes16,
+)
 
-__all__ = ["PAIR_ORDER", "decode_e2m1", "decode_e2m1_pairs", "decode_kernel"]
+__all__ = ["PAIR_ORDER", "decode_e2m1", "decode_e2m1_fragment", "decode_e2m1_pairs",
+           "decode_kernel"]
 
 # PTX for two elements (pack=2 of 16-bit operands: each register holds two elements, the
 # first in the low half): $0 the two bf16 results, $1 the two elements' codes (bits 12..15
@@ -206,14 +213,61 @@ def decode_e2m1_pairs(words, sbytes, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.
 
 
 @triton.jit
+def _scaled_register(r, p1, p2, FAST: tl.constexpr):
+    """One repacked register (two lanes, uint32) times its block's multiplier pair(s)."""
+    if FAST:
+        out = tl.inline_asm_elementwise(ASM_FAST_REPACKED, "=r,r,r", [r, p1],
+                                        dtype=tl.uint32, is_pure=True, pack=1)
+    else:
+        out = tl.inline_asm_elementwise(ASM_GENERAL_REPACKED, "=r,r,r,r", [r, p1, p2],
+                                        dtype=tl.uint32, is_pure=True, pack=1)
+    return out
+
+
+@triton.jit
+def decode_e2m1_fragment(words, sbytes, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.constexpr,
+                         FAST: tl.constexpr):
+    """``"fragment"``-order repacked words int32 [R, KQ] (``kernelbay.formats.
+    repack_e2m1_words(order="fragment")``) and E8M0 bytes int32 [R, KQ // 4] -> [R, 8 KQ] in
+    K order, values as ``decode_e2m1``'s.
+
+    A 32-element group of four words is one MX block, so every register of a word takes the
+    same multiplier pair, made once per block as a 32-bit value (both bf16 halves:
+    ``(b + 126) << 7`` times 0x10001, one multiply-add for ``FAST``) and broadcast to the
+    block's words: no per-element scale packing."""
+    u = words.to(tl.uint32, bitcast=True)
+    if ASM:
+        b = sbytes.to(tl.uint32)
+        if FAST:
+            p1 = b * 0x800080 + 0x3F003F00
+            p2 = p1
+        else:
+            p1 = tl.where(b == 255, 0x7FC07FC0, tl.minimum(b + 126, 254) * 0x10001 << 7)
+            p2 = (tl.maximum(b, 128) - 1) * 0x800080
+        p1 = tl.reshape(tl.broadcast_to(p1[:, :, None], (R, KQ // 4, 4)), (R, KQ))
+        p2 = tl.reshape(tl.broadcast_to(p2[:, :, None], (R, KQ // 4, 4)), (R, KQ))
+        r0, r1, r2, r3 = repacked_lanes(u)
+        out = fragment_tile(_scaled_register(r0, p1, p2, FAST),
+                            _scaled_register(r1, p1, p2, FAST),
+                            _scaled_register(r2, p1, p2, FAST),
+                            _scaled_register(r3, p1, p2, FAST), R, KQ)
+    else:  # the block's scale is the same at every position of the group
+        out = fragment_to_k(decode_e2m1_pairs(words, sbytes, R, KQ, False, FAST, True), R,
+                            KQ * 8)
+    return out
+
+
+@triton.jit
 def decode_kernel(w_ptr, s_ptr, out_ptr, N, KH, stride_w, stride_s, stride_o,
                   BLOCK_R: tl.constexpr, BLOCK_KH: tl.constexpr, ASM: tl.constexpr,
-                  FAST: tl.constexpr, OUT_BITS: tl.constexpr, REPACKED: tl.constexpr = False):
+                  FAST: tl.constexpr, OUT_BITS: tl.constexpr, REPACKED: tl.constexpr = False,
+                  FRAGMENT: tl.constexpr = False):
     """Dequantize a packed weight (int16 halfwords [N, KH], bytes [N, KH / 8]) to bf16
     [N, 4 KH] with ``decode_e2m1`` (the GEMM's dequantize-then-matmul path, and the
     decoder's tests); ``REPACKED``: the weight is repacked words [N, KH / 2] decoded by
-    ``decode_e2m1_pairs``. ``OUT_BITS``: store int16 bits (the interpreter cannot store bf16
-    exactly)."""
+    ``decode_e2m1_pairs``, with ``FRAGMENT`` in the ``"fragment"`` K order (relabelled by
+    ``fragment_to_k``: one MX block per 32-group, so the scales apply before).
+    ``OUT_BITS``: store int16 bits (the interpreter cannot store bf16 exactly)."""
     rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rk = tl.program_id(1) * BLOCK_KH + tl.arange(0, BLOCK_KH)
     rs = tl.program_id(1) * (BLOCK_KH // 8) + tl.arange(0, BLOCK_KH // 8)
@@ -226,6 +280,8 @@ def decode_kernel(w_ptr, s_ptr, out_ptr, N, KH, stride_w, stride_s, stride_o,
         words = tl.load(w_ptr + r64[:, None] * stride_w + rq[None, :],
                         mask=ok & (rq[None, :] < KH // 2), other=0)
         w = decode_e2m1_pairs(words, sb, BLOCK_R, BLOCK_KH // 2, ASM, FAST, True)
+        if FRAGMENT:
+            w = fragment_to_k(w, BLOCK_R, BLOCK_KH * 4)
     else:
         halves = tl.load(w_ptr + r64[:, None] * stride_w + rk[None, :],
                          mask=ok & (rk[None, :] < KH), other=0)

@@ -52,6 +52,7 @@ import triton.language as tl
 
 from kernelbay_quant_mxfp4_rocm.triton_decode import (
     decode_e2m1,
+    decode_e2m1_fragment,
     decode_e2m1_pairs,
     decode_kernel,
 )
@@ -59,13 +60,21 @@ from kernelbay_quant_mxfp4_rocm.triton_decode import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["GemmConfig", "candidate_configs", "decode_activations", "default_config",
-           "dequantize_weight", "mxfp4_gemm", "prepare_weight", "prepare_weight_scales"]
+__all__ = ["LAYOUTS", "GemmConfig", "candidate_configs", "decode_activations", "default_config",
+           "dequantize_weight", "layout_weight", "mxfp4_gemm", "prepare_weight",
+           "prepare_weight_scales", "weight_layout"]
 
 #: Largest E8M0 weight byte of the single-multiply decode (2^(b - 1) must be a bf16).
 FAST_SCALE_MAX_BYTE = 128
 _A_BF16, _A_MXFP4, _A_MXFP8 = 0, 1, 2
-PATHS = ("decode", "pairs", "repacked", "scaled", "dequant")
+PATHS = ("decode", "pairs", "repacked", "fragment", "scaled", "dequant")
+#: Weight layouts (``weight_layout``): the checkpoint's uint8 [N, K/2], the repacked words
+#: int32 [N, K/8] (K order) and the fragment-order words int32 [N, K/32, 4]
+#: (``kernelbay.formats.repack_e2m1_words``; the extra dimension tells the two apart).
+LAYOUTS = ("checkpoint", "repacked", "fragment")
+#: The paths that read each layout.
+READABLE = {"checkpoint": ("decode", "pairs", "scaled", "dequant"),
+            "repacked": ("repacked", "dequant"), "fragment": ("fragment", "dequant")}
 
 
 @dataclass(frozen=True)
@@ -115,9 +124,11 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
                        INTERPRET: tl.constexpr, OUT_BF16_BITS: tl.constexpr,
                        ASM: tl.constexpr, FAST: tl.constexpr, SCALED: tl.constexpr,
                        PAIRS: tl.constexpr, REPACKED: tl.constexpr,
-                       CLAMP_ROWS: tl.constexpr):
+                       CLAMP_ROWS: tl.constexpr, SWAP: tl.constexpr = False):
     # w_ptr: int16 halfwords [N, K/4] (decode), int32 words [N, K/8] (PAIRS, REPACKED) or
-    # bytes [N, K/2] (SCALED); a_ptr: bf16 activations, or MX bytes (SCALED only).
+    # bytes [N, K/2] (SCALED), or the "fragment"-order words [N, K/8] (SWAP: the product is
+    # computed transposed, the decoded tile the register operand of the dot); a_ptr: bf16
+    # activations, or MX bytes (SCALED only).
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     grid_n = tl.cdiv(N, BLOCK_N)
@@ -140,7 +151,10 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
     k_span = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
     k_lo = pid_k * k_span
     k_hi = tl.minimum(k_lo + k_span, K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kw = k0 // 4 + rw
         ks = k0 // 32 + rs
@@ -181,7 +195,12 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
                              other=0).to(tl.float8e4nv, bitcast=True)
                 acc = tl.dot_scaled(xa, xb, "e4m3", tl.trans(wq), sb, "e2m1", acc=acc)
         else:
-            if PAIRS or REPACKED:
+            if SWAP:
+                words = tl.load(w_ptr + rn64[:, None] * stride_wn + (k0 // 8 + rq)[None, :],
+                                mask=q_ok, other=0)
+                w = decode_e2m1_fragment(words, sb.to(tl.int32), BLOCK_N, BLOCK_K // 8, ASM,
+                                         FAST)
+            elif PAIRS or REPACKED:
                 words = tl.load(w_ptr + rn64[:, None] * stride_wn + (k0 // 8 + rq)[None, :],
                                 mask=q_ok, other=0)
                 w = decode_e2m1_pairs(words, sb.to(tl.int32), BLOCK_N, BLOCK_K // 8, ASM,
@@ -209,9 +228,16 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
                 xa = tl.reshape(tl.permute(tl.reshape(xa, (BLOCK_M, BLOCK_K // 8, 2, 4)),
                                            (0, 1, 3, 2)), (BLOCK_M, BLOCK_K))
             if INTERPRET:  # the interpreter's bf16 dot is wrong; the values are exact in both
-                acc = tl.dot(xa.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
+                if SWAP:
+                    acc = tl.dot(w.to(tl.float32), tl.trans(xa.to(tl.float32)), acc)
+                else:
+                    acc = tl.dot(xa.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
+            elif SWAP:
+                acc = tl.dot(w.to(tl.bfloat16), tl.trans(xa), acc)
             else:
                 acc = tl.dot(xa.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)), acc)
+    if SWAP:
+        acc = tl.trans(acc)
     o_ptr = out_ptr + pid_k.to(tl.int64) * stride_os + rm64[:, None] * stride_om + rn64[None, :]
     if OUT_BF16_BITS:  # noqa: SIM108 (a constexpr branch, not a runtime select)
         out = _bf16_bits_rne(acc)
@@ -330,26 +356,40 @@ def _split(n: int, k: int, block_n: int, block_k: int, sm_count: int, per_sm: in
 
 
 def default_config(m: int, n: int, k: int, sm_count: int = 132, *,
-                   repacked: bool = False) -> GemmConfig:
-    """The config used when none is given: a 16-row tile for M <= 16 and 64-row tiles up to
+                   layout: str = "checkpoint") -> GemmConfig:
+    """The config used when none is given for a weight in ``layout`` (``LAYOUTS``).
+
+    ``fragment`` (what ``prepare_weight`` stores on CUDA): the transposed product, 16 x 64 x
+    256 tiles split along K for M <= 16 (as below), 64 x 128 x 128 with 8 warps up to M = 64
+    and 128 x 128 x 128 beyond (see bench/results/mxfp4-h200.md).
+
+    ``repacked`` and ``checkpoint``: a 16-row tile for M <= 16 and 64-row tiles up to
     M = 64, both split along K, and beyond that the weight decoded to bf16 once for torch's
-    matmul (decoding per 128-row tile costs more). ``repacked``: the weight is in the
-    repacked word layout, read by the ``repacked`` path; otherwise ``pairs`` (M <= 16) and
-    ``decode`` (M <= 64) read the checkpoint bytes.
+    matmul (decoding per 128-row tile costs more); the ``repacked`` path reads the repacked
+    words, ``pairs`` (M <= 16) and ``decode`` (M <= 64) the checkpoint bytes.
 
     M <= 16: 16x64 tiles with K tiles of 256 and 3 stages, split K for about six programs per
     SM and at least two (four at N = 8192, two at N = 28672): the fastest of the H200 sweeps
     on all three benchmark shapes, within 3% of the best fixed split in the split sweep
     (``bench/results/mxfp4-sweep-splits-h200.md``). M <= 64: about three programs per SM."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"mxfp4_gemm: weight layout {layout!r}; valid: {LAYOUTS}")
+    words = {"repacked": "repacked", "fragment": "fragment"}
     if m <= 16:
         block_k = _block_k(k, 256)
         split = _split(n, k, 64, block_k, sm_count, per_sm=6, least=2)
-        return GemmConfig(16, 64, block_k, split, 4, 3, "repacked" if repacked else "pairs")
+        return GemmConfig(16, 64, block_k, split, 4, 3, words.get(layout, "pairs"))
+    if layout == "fragment":
+        block_k = _block_k(k, 128)
+        block_m = 64 if m <= 64 else 128
+        tiles = triton.cdiv(m, block_m) * triton.cdiv(n, 128)
+        split = _split(tiles * 128, k, 128, block_k, sm_count, per_sm=2)
+        return GemmConfig(block_m, 128, block_k, split, 8, 3, "fragment")
     if m <= 64:
         block_k = _block_k(k, 128)
         tiles_m = triton.cdiv(m, 64)
         return GemmConfig(64, 128, block_k, _split(n * tiles_m, k, 128, block_k, sm_count),
-                          4, 3, "repacked" if repacked else "decode")
+                          4, 3, words.get(layout, "decode"))
     return GemmConfig(128, 128, 64, 1, 8, 3, "dequant")
 
 
@@ -375,7 +415,10 @@ def candidate_configs(m: int, n: int, k: int) -> list[GemmConfig]:
                 (64, 512, 2, 4, "repacked", 2), (64, 128, 4, 4, "repacked", 3),
                 (128, 128, 4, 4, "repacked", 3), (64, 256, 3, 4, "repacked", 3),
                 (64, 256, 5, 4, "repacked", 3), (64, 256, 6, 4, "repacked", 3),
-                (64, 256, 7, 4, "repacked", 3)):
+                (64, 256, 7, 4, "repacked", 3), (64, 256, 2, 4, "fragment", 3),
+                (64, 256, 4, 4, "fragment", 3), (64, 256, 3, 4, "fragment", 3),
+                (64, 512, 2, 4, "fragment", 2), (128, 256, 2, 8, "fragment", 3),
+                (64, 256, 2, 4, "fragment", 4)):
             if k % bk == 0 and k // (bk * split) >= 2:
                 out.append(GemmConfig(16, bn, bk, split, warps, stages, path))
         out.append(GemmConfig(16, 64, 64, 1, 4, 3, "dequant"))
@@ -387,7 +430,11 @@ def candidate_configs(m: int, n: int, k: int) -> list[GemmConfig]:
                                            (128, 128, 128, 1, 8, "scaled"),
                                            (64, 128, 128, 1, 4, "repacked"),
                                            (64, 128, 128, 4, 4, "repacked"),
-                                           (128, 128, 64, 1, 8, "repacked")):
+                                           (128, 128, 64, 1, 8, "repacked"),
+                                           (64, 128, 128, 1, 8, "fragment"),
+                                           (64, 128, 128, 4, 8, "fragment"),
+                                           (128, 128, 128, 1, 8, "fragment"),
+                                           (128, 128, 128, 2, 8, "fragment")):
         if k % bk == 0 and k // (bk * split) >= 2:
             out.append(GemmConfig(bm, bn, bk, split, warps, 3, path))
     out.append(GemmConfig(128, 128, 64, 1, 8, 3, "dequant"))
@@ -404,7 +451,8 @@ def kernel_constexprs(cfg: GemmConfig, a_kind: int, *, k_even: bool, split: bool
             "EVEN_K": k_even, "INTERPRET": interpret, "OUT_BF16_BITS": out_bits,
             "ASM": not interpret and _asm_target(), "FAST": fast,
             "SCALED": cfg.path == "scaled", "PAIRS": cfg.path == "pairs",
-            "REPACKED": cfg.path == "repacked", "CLAMP_ROWS": clamp_rows}
+            "REPACKED": cfg.path == "repacked", "CLAMP_ROWS": clamp_rows,
+            "SWAP": cfg.path == "fragment"}
 
 
 def _asm_target() -> bool:
@@ -440,14 +488,32 @@ def _words(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32)
 
 
-def dequantize_weight(weight: torch.Tensor, weight_scale: torch.Tensor, *,
-                      scale_max: int | None = None) -> torch.Tensor:
-    """The packed weight [N, K/2] (or its repacked words, int32 [N, K/8]) with its E8M0 bytes
-    [N, K/32] as bf16 [N, K], decoded on the device by ``triton_decode.decode_kernel``
-    (exactly the reference's values)."""
+def weight_layout(weight: torch.Tensor) -> str:
+    """Which of ``LAYOUTS`` a packed weight is in (``ValueError`` naming it when none)."""
     import torch
 
-    repacked = weight.dtype == torch.int32
+    if weight.dtype == torch.uint8 and weight.dim() == 2:
+        return "checkpoint"
+    if weight.dtype == torch.int32 and weight.dim() == 2:
+        return "repacked"
+    if weight.dtype == torch.int32 and weight.dim() == 3 and weight.shape[-1] == 4:
+        return "fragment"
+    raise ValueError(f"mxfp4_gemm: weight must be packed E2M1 uint8 [N, K/2], its repacked "
+                     f"words int32 [N, K/8] or fragment-order words int32 [N, K/32, 4], got "
+                     f"{weight.dtype} {tuple(weight.shape)}")
+
+
+def dequantize_weight(weight: torch.Tensor, weight_scale: torch.Tensor, *,
+                      scale_max: int | None = None) -> torch.Tensor:
+    """The packed weight in any of ``LAYOUTS`` with its E8M0 bytes [N, K/32] as bf16 [N, K],
+    decoded on the device by ``triton_decode.decode_kernel`` (exactly the reference's
+    values)."""
+    import torch
+
+    layout = weight_layout(weight)
+    fragment = layout == "fragment"
+    weight = weight.reshape(weight.shape[0], -1)
+    repacked = layout != "checkpoint"
     n, k = weight.shape[0], weight.shape[1] * (8 if repacked else 2)
     out = torch.empty(n, k, dtype=torch.bfloat16, device=weight.device)
     if n == 0 or k == 0:
@@ -461,20 +527,28 @@ def dequantize_weight(weight: torch.Tensor, weight_scale: torch.Tensor, *,
                         halves.stride(0), scales.stride(0), k, BLOCK_R=block_r,
                         BLOCK_KH=block_kh, ASM=not interpret and _asm_target(),
                         FAST=scale_max is not None and scale_max <= FAST_SCALE_MAX_BYTE,
-                        OUT_BITS=interpret, REPACKED=repacked)
+                        OUT_BITS=interpret, REPACKED=repacked, FRAGMENT=fragment)
     return out
+
+
+def layout_weight(weight: torch.Tensor, layout: str) -> torch.Tensor:
+    """The checkpoint's packed weight uint8 [N, K/2] in ``layout`` (``LAYOUTS``)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"mxfp4_gemm: weight layout {layout!r}; valid: {LAYOUTS}")
+    if layout == "checkpoint":
+        return weight
+    from kernelbay.formats import repack_e2m1_words
+
+    words = repack_e2m1_words(weight.contiguous(), "fragment" if layout == "fragment" else "k")
+    return words.reshape(words.shape[0], -1, 4) if layout == "fragment" else words
 
 
 def prepare_weight(weight: torch.Tensor) -> torch.Tensor:
     """The packed weight [N, K/2] in the layout this machine's kernels read best: the
-    repacked words of ``kernelbay.formats.repack_e2m1_words`` (int32 [N, K/8]) where the PTX
-    decode runs (its integer work halves), the checkpoint bytes elsewhere (the portable
-    decode reads those with fewer operations)."""
-    if not _asm_target():
-        return weight
-    from kernelbay.formats import repack_e2m1_words
-
-    return repack_e2m1_words(weight.contiguous())
+    fragment-order words (``layout_weight``) where the PTX decode runs (the transposed
+    product with the decoded tile as the dot's register operand), the checkpoint bytes
+    elsewhere (the portable decode reads those with fewer operations)."""
+    return layout_weight(weight, "fragment" if _asm_target() else "checkpoint")
 
 
 def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *,
@@ -489,11 +563,9 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     """
     import torch
 
-    repacked = weight.dtype == torch.int32
-    if weight.dtype not in (torch.uint8, torch.int32) or weight.dim() != 2:
-        raise ValueError(f"mxfp4_gemm: weight must be packed E2M1 uint8 [N, K/2] or its "
-                         f"repacked words int32 [N, K/8], got {weight.dtype} "
-                         f"{tuple(weight.shape)}")
+    layout = weight_layout(weight)
+    weight = weight.reshape(weight.shape[0], -1)
+    repacked = layout != "checkpoint"
     n, k = weight.shape[0], weight.shape[1] * (8 if repacked else 2)
     if k % 32 or tuple(weight_scale.shape) != (n, k // 32) or weight_scale.dtype != torch.uint8:
         raise ValueError(f"mxfp4_gemm: weight_scale must be uint8 [{n}, {k // 32}] and K={k} a "
@@ -523,14 +595,12 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     out = torch.empty(m, n, dtype=out_dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    cfg = config or default_config(m, n, k, repacked=repacked)
+    cfg = config or default_config(m, n, k, layout=layout)
     if cfg.path not in PATHS:
         raise ValueError(f"mxfp4_gemm: config path {cfg.path!r} is not one of {list(PATHS)}")
-    readable = ("repacked", "dequant") if repacked else tuple(p for p in PATHS if p != "repacked")
-    if cfg.path not in readable:
-        raise ValueError(f"mxfp4_gemm: config path {cfg.path!r} cannot read a "
-                         f"{'repacked int32' if repacked else 'packed uint8'} weight; paths "
-                         f"for it: {list(readable)}")
+    if cfg.path not in READABLE[layout]:
+        raise ValueError(f"mxfp4_gemm: config path {cfg.path!r} cannot read a weight in the "
+                         f"{layout} layout; paths for it: {list(READABLE[layout])}")
     if cfg.block_k % 32 or cfg.block_k < 32:
         raise ValueError(f"mxfp4_gemm: block_k={cfg.block_k} must be a multiple of 32")
     weight_scale = weight_scale if weight_scale.stride(-1) == 1 else weight_scale.contiguous()
@@ -539,7 +609,8 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         # once per call, not per N tile; no host sync (CUDA-graph capturable)
         x, x_scale, kind = decode_activations(x, x_scale), None, _A_BF16
     if cfg.path == "dequant":
-        w = dequantize_weight(weight, weight_scale, scale_max=scale_max)
+        w = dequantize_weight(weight.reshape(n, -1, 4) if layout == "fragment" else weight,
+                              weight_scale, scale_max=scale_max)
         if out_dtype == torch.bfloat16:  # torch's matmul: float32 sums, one rounding
             return torch.matmul(x, w.T)
         return torch.matmul(x.float(), w.float().T).to(out_dtype)

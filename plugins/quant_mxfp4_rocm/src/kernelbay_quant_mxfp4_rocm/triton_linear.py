@@ -81,7 +81,7 @@ class Mxfp4TritonLinear(Mxfp4EmulationLinear):
         """Check the weight scales once and keep their largest finite byte on the layer
         (``mxfp4_scale_max``: at most 128 selects the GEMM's single-multiply decode), and store
         the packed weight in the layout the GEMM reads best here (``prepare_weight``: the
-        repacked words where the PTX decode runs, after tensor-parallel sharding)."""
+        fragment-order words where the PTX decode runs, after tensor-parallel sharding)."""
         from kernelbay_quant_mxfp4_rocm.triton_gemm import prepare_weight, prepare_weight_scales
 
         top = prepare_weight_scales(_tensor(layer, "weight_scale"), f"{self.name}: weight_scale")
@@ -116,9 +116,11 @@ class Mxfp4TritonLinear(Mxfp4EmulationLinear):
         import torch
         from kernelbay.formats import checkpoint_layout, dequantize_mx
 
-        # stored repacked where the PTX decode runs (prepare_weight)
-        w = dequantize_mx(checkpoint_layout(_tensor(layer, "weight")),
-                          _tensor(layer, "weight_scale"), "e2m1")
+        # stored as fragment-order words where the PTX decode runs (prepare_weight)
+        weight = _tensor(layer, "weight")
+        if weight.dim() == 3:
+            weight = checkpoint_layout(weight.reshape(weight.shape[0], -1), "fragment")
+        w = dequantize_mx(checkpoint_layout(weight), _tensor(layer, "weight_scale"), "e2m1")
         return w.to(getattr(torch, self.request.activation_dtype))
 
 

@@ -169,6 +169,7 @@ class Nvfp4MoETriton(MoEMethod):
             check_finite_scales,
             stored_tensors,
         )
+        from kernelbay_quant_nvfp4.triton_configs import table_for
 
         params = layer._parameters
 
@@ -184,7 +185,8 @@ class Nvfp4MoETriton(MoEMethod):
                 check_finite_scales(self.name, bs[-1], g[-1], f"experts.{e}.{proj}.")
                 params.pop(expert_tensor(e, proj, "input_scale"), None)
             weights, scales = stored_tensors(torch.stack(w), torch.stack(bs),
-                                             Nvfp4TritonLinear.configs)
+                                             table_for(w[0].shape[-1] * 2,
+                                                       Nvfp4TritonLinear.configs))
             layer.register_buffer(f"{proj}_w", weights, persistent=False)
             layer.register_buffer(f"{proj}_bs", scales, persistent=False)
             layer.register_buffer(f"{proj}_g", torch.stack(g), persistent=False)
@@ -194,10 +196,10 @@ class Nvfp4MoETriton(MoEMethod):
         import torch.nn.functional as F
 
         from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear, run_config
-        from kernelbay_quant_nvfp4.triton_configs import config_for
+        from kernelbay_quant_nvfp4.triton_configs import config_for, table_for
 
         def gemm(proj: str, e: int, t: torch.Tensor) -> torch.Tensor:
-            config = config_for(t.shape[0], Nvfp4TritonLinear.configs)
+            config = config_for(t.shape[0], table_for(t.shape[1], Nvfp4TritonLinear.configs))
             return run_config(config, t, getattr(layer, f"{proj}_w")[e],
                               getattr(layer, f"{proj}_bs")[e], getattr(layer, f"{proj}_g")[e],
                               None)

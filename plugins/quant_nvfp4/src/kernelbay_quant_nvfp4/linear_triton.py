@@ -37,6 +37,7 @@ from kernelbay_quant_nvfp4.triton_configs import (
     fit_block_m,
     layout_of,
     split_k_for,
+    table_for,
     table_layout,
 )
 
@@ -222,6 +223,10 @@ class Nvfp4TritonLinear(LinearMethod):
                                   "(activations stay in their dtype)")
         return verdict
 
+    def table(self) -> tuple[tuple[int, KernelConfig], ...]:
+        """The M table this layer runs (``table_for`` its input features)."""
+        return table_for(self.request.in_features, self.configs)
+
     def tensor_specs(self) -> Mapping[str, TensorSpec]:
         r = self.request
         n, k = r.out_features, r.in_features
@@ -249,7 +254,7 @@ class Nvfp4TritonLinear(LinearMethod):
         glob = cast("torch.Tensor", layer.weight_scale_2)
         check_finite_scales(self.name, scales.data, glob.data)
         layer.weight.data, layer.weight_scale.data = stored_tensors(weight.data, scales.data,
-                                                                    self.configs)
+                                                                    self.table())
         layer.weight_scale_2.data = glob.data.float().reshape(1).to(weight.device)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -261,7 +266,7 @@ class Nvfp4TritonLinear(LinearMethod):
         n = self.request.out_features
         if x2.shape[0] == 0:
             return x.new_empty(*lead, n)
-        config = config_for(x2.shape[0], self.configs)
+        config = config_for(x2.shape[0], self.table())
         out = run_config(config, x2, cast("torch.Tensor", layer.weight),
                          cast("torch.Tensor", layer.weight_scale),
                          cast("torch.Tensor", layer.weight_scale_2), self.rank_bias(layer))

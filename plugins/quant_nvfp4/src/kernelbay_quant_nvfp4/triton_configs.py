@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["CANDIDATES", "DEFAULT_CONFIGS", "LAYOUTS", "KernelConfig", "config_for", "layout_of",
-           "split_k_for", "table_layout"]
+__all__ = ["CANDIDATES", "DEFAULT_CONFIGS", "K_ORDER_CONFIGS", "LAYOUTS", "KernelConfig",
+           "config_for", "layout_of", "split_k_for", "table_for", "table_layout"]
 
 
 @dataclass(frozen=True)
@@ -57,18 +57,35 @@ class KernelConfig:
 
 
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
-#: Set from the H200 sweep of the repacked kernels (geometric mean of the ratio to bf16 over
-#: the three N x K shapes; bench/results/nvfp4-sweep-repacked-h200.md): every M runs the
-#: repacked word layout (``kernelbay.formats.e2m1_words``), 8-15% faster than the
-#: checkpoint-layout kernels at M <= 64: M <= 16 ``pr-16x64x256-p3`` (1.50-1.96x), M <= 64
-#: ``pr-64x128x128`` (0.90-1.10x), larger M ``pr-128x128x64`` (0.52-0.61x; dequantize-then-
-#: cuBLAS 0.53x on every shape: behind it at N = K = 8192, ahead on the two larger shapes,
-#: geometric mean 0.57 against 0.53).
+#: Set from the H200 sweep of the fragment-order kernels (bench/results/nvfp4-sweep-fragment-h200.md):
+#: the transposed product on fragment-order words with scale codes is the fastest at every M
+#: and shape measured: M <= 16 ``pf-16x64x256-p3`` (15-20% ahead of the repacked
+#: ``pr-16x64x256-p3``), larger M ``pf-128x128x128-w8`` (12-19% ahead at M = 64, 2-8% at
+#: M = 256, where it also passes dequantize-then-cuBLAS on every shape).
 DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
+    (16, KernelConfig("pf-16x64x256-p3", "fragment", 16, 64, 256, 0, 4, 3, per_sm=7)),
+    (1 << 62, KernelConfig("pf-128x128x128-w8", "fragment", 128, 128, 128, 0, 8, 3)),
+)
+
+#: The table for K not a multiple of 32 (the fragment order groups 32 elements): the
+#: repacked K-order kernels, the defaults before the fragment order (from
+#: bench/results/nvfp4-sweep-repacked-h200.md): M <= 16 ``pr-16x64x256-p3``, M <= 64
+#: ``pr-64x128x128``, larger M ``pr-128x128x64``.
+K_ORDER_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
     (16, KernelConfig("pr-16x64x256-p3", "repacked", 16, 64, 256, 0, 4, 3, per_sm=7)),
     (64, KernelConfig("pr-64x128x128", "repacked", 64, 128, 128, 0, 4, 3)),
     (1 << 62, KernelConfig("pr-128x128x64", "repacked", 128, 128, 64, 0, 8, 3)),
 )
+
+
+def table_for(k: int, table: tuple[tuple[int, KernelConfig], ...] = DEFAULT_CONFIGS
+              ) -> tuple[tuple[int, KernelConfig], ...]:
+    """The M table a layer with ``k`` input features runs: ``table``, unless it reads the
+    fragment order and ``k`` is not a multiple of 32, then ``K_ORDER_CONFIGS``."""
+    if k % 32 and table_layout(table) == "fragment":
+        return K_ORDER_CONFIGS
+    return table
+
 
 #: The weight layouts: ``checkpoint`` (packed uint8 [N, K/2] as loaded), ``repacked``
 #: (``kernelbay.formats.repack_e2m1_words``' int32 [N, K/8], K order ``"k"``) and ``fragment``
@@ -161,6 +178,13 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     KernelConfig("pf-128x128x128-w8", "fragment", 128, 128, 128, 0, 8, 3),
     KernelConfig("pf-128x256x64-w8", "fragment", 128, 256, 64, 0, 8, 3),
     KernelConfig("pf-256x128x64-w8", "fragment", 256, 128, 64, 0, 8, 3),
+    # Fixed splits of the fragment defaults (the split rule's choice is timed as the plain name)
+    *(KernelConfig(f"pf-16x64x256-p3-s{s}", "fragment", 16, 64, 256, s, 4, 3)
+      for s in (2, 3, 5, 6, 8)),
+    *(KernelConfig(f"pf-128x128x128-w8-s{s}", "fragment", 128, 128, 128, s, 8, 3)
+      for s in (1, 2, 4, 6)),
+    *(KernelConfig(f"pf-64x128x128-w8-s{s}", "fragment", 64, 128, 128, s, 8, 3)
+      for s in (1, 2, 4)),
     # Fixed splits of the M <= 16 default (any count: a shorter last split stops early): the
     # rule's power of two leaves 512 programs for 660 resident slots at N = 8192 (Nsight
     # Compute: 0.78 waves, 3.3 warps per scheduler).

@@ -60,6 +60,8 @@ import triton
 import triton.language as tl
 from kernelbay.formats import e2m1_words_triton
 from kernelbay.formats.e2m1_words_triton import (
+    fragment_tile,
+    fragment_to_k,
     repacked_codes,
     repacked_lanes,
     repacked_lanes16,
@@ -190,18 +192,6 @@ def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.conste
     return out
 
 
-@triton.jit
-def fragment_to_k(w, R: tl.constexpr, BK: tl.constexpr):
-    """A tile decoded from ``"fragment"``-order words [R, BK] (position ``p`` of each 32-group:
-    word ``c = p // 8``, element ``e = p % 8``) -> K order (``kernelbay.formats.
-    fragment_k_order``: ``k = 16 (e // 4) + 8 ((e // 2) % 2) + 2 c + e % 2``). As the A
-    operand of an sm_90 ``wgmma`` (``kWidth = 2``) each thread holds exactly the eight
-    elements of one word per 32-group, so the compiler maps this reshape onto the registers
-    the decode wrote: no shuffle, no shared memory."""
-    return tl.reshape(tl.permute(tl.reshape(w, (R, BK // 32, 4, 2, 2, 2)), (0, 1, 3, 4, 2, 5)),
-                      (R, BK))
-
-
 # One packed multiply of a repacked register's two lanes by its block's multiplier: $1 the
 # lanes (bf16 bits of e2m1 * 2^-126), $2 the scale code r (scale_codes), whose multiplier bits
 # r * 16 + 0x7600 go to both halves in one multiply-add; adding -0 keeps signed zeros.
@@ -240,10 +230,7 @@ def decode_fragment(words, codes, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.con
                                        dtype=tl.uint32, is_pure=True, pack=1)
         v3 = tl.inline_asm_elementwise(_CODE_SCALE_PTX, "=r,r,r", [r3, m_odd],
                                        dtype=tl.uint32, is_pure=True, pack=1)
-        # join(join(a, b), join(c, d)) flattens as a, c, b, d: registers 0, 1, 2, 3
-        regs = tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (R, KQ * 4))
-        halves = tl.join(regs.to(tl.uint16), (regs >> 16).to(tl.uint16))
-        out = tl.reshape(halves, (R, BK)).to(tl.bfloat16, bitcast=True)
+        out = fragment_tile(v0, v1, v2, v3, R, KQ)
     else:
         nib = tl.reshape(repacked_codes(u), (R, BK))
         bits = (codes.to(tl.int32) * 16 + 0x7600).to(tl.int16).to(tl.bfloat16, bitcast=True)
@@ -251,8 +238,8 @@ def decode_fragment(words, codes, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.con
         # per position: word 4 b + c's elements 0..3 in block 2 b, 4..7 in block 2 b + 1
         s = tl.reshape(tl.broadcast_to(tl.reshape(s * 16384.0, (R, B, 1, 2, 1)),
                                        (R, B, 4, 2, 4)), (R, BK))
-        out = e2m1_2m14(nib) * s
-    return fragment_to_k(out, R, BK)
+        out = fragment_to_k(e2m1_2m14(nib) * s, R, BK)
+    return out
 
 
 @triton.jit
