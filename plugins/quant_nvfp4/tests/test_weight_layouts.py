@@ -87,11 +87,12 @@ def test_run_config_names_a_layout_mismatch() -> None:
 
 
 @pytest.mark.parametrize(("m", "n", "k", "want"), [(1, 8192, 8192, 4), (16, 28672, 8192, 2),
-                                                   (16, 8192, 28672, 4), (64, 8192, 8192, 8),
-                                                   (256, 8192, 8192, 4), (1, 64, 512, 1)])
+                                                   (16, 8192, 28672, 4), (64, 8192, 8192, 4),
+                                                   (64, 28672, 8192, 1), (64, 8192, 28672, 4),
+                                                   (256, 8192, 8192, 1), (1, 64, 512, 1)])
 def test_split_rule_on_the_benchmark_shapes(m: int, n: int, k: int, want: int) -> None:
-    """The split counts the H200 sweep found best for the M <= 16 default (132 SMs), the
-    larger-M defaults' splits as before, and no split when K has too few tiles."""
+    """The split counts the H200 sweeps found best for the defaults (132 SMs), and no split
+    when K has too few tiles."""
     from kernelbay_quant_nvfp4.triton_configs import config_for, split_k_for
 
     assert split_k_for(config_for(m), m, n, k, 132) == want

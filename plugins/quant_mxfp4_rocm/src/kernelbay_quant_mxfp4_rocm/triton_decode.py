@@ -233,13 +233,13 @@ def decode_e2m1_fragment(words, sbytes, R: tl.constexpr, KQ: tl.constexpr, ASM: 
 
     A 32-element group of four words is one MX block, so every register of a word takes the
     same multiplier pair, made once per block as a 32-bit value (both bf16 halves:
-    ``(b + 126) << 7`` times 0x10001, one multiply-add for ``FAST``) and broadcast to the
-    block's words: no per-element scale packing."""
+    ``(b + 126) << 7`` times 0x10001, one multiply-add and a select of the NaN byte for
+    ``FAST``) and broadcast to the block's words: no per-element scale packing."""
     u = words.to(tl.uint32, bitcast=True)
     if ASM:
         b = sbytes.to(tl.uint32)
-        if FAST:
-            p1 = b * 0x800080 + 0x3F003F00
+        if FAST:  # byte 255 (NaN) is not counted by scale_max: it may be there
+            p1 = tl.where(b == 255, 0x7FC07FC0, b * 0x800080 + 0x3F003F00)
             p2 = p1
         else:
             p1 = tl.where(b == 255, 0x7FC07FC0, tl.minimum(b + 126, 254) * 0x10001 << 7)

@@ -383,7 +383,8 @@ def default_config(m: int, n: int, k: int, sm_count: int = 132, *,
         block_k = _block_k(k, 128)
         block_m = 64 if m <= 64 else 128
         tiles = triton.cdiv(m, block_m) * triton.cdiv(n, 128)
-        split = _split(tiles * 128, k, 128, block_k, sm_count, per_sm=2)
+        # two programs per SM up to M = 64, one beyond (as the NVFP4 fragment kernels)
+        split = _split(tiles * 128, k, 128, block_k, sm_count, per_sm=2 if m <= 64 else 1)
         return GemmConfig(block_m, 128, block_k, split, 8, 3, "fragment")
     if m <= 64:
         block_k = _block_k(k, 128)

@@ -57,14 +57,17 @@ class KernelConfig:
 
 
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
-#: Set from the H200 sweep of the fragment-order kernels (bench/results/nvfp4-sweep-fragment-h200.md):
-#: the transposed product on fragment-order words with scale codes is the fastest at every M
-#: and shape measured: M <= 16 ``pf-16x64x256-p3`` (15-20% ahead of the repacked
-#: ``pr-16x64x256-p3``), larger M ``pf-128x128x128-w8`` (12-19% ahead at M = 64, 2-8% at
-#: M = 256, where it also passes dequantize-then-cuBLAS on every shape).
+#: Set from the H200 sweeps of the fragment-order kernels (bench/results/
+#: nvfp4-sweep-fragment-h200.md): the transposed product on fragment-order words with scale
+#: codes is the fastest at every M and shape measured. M <= 16 ``pf-16x64x256-p3`` (15-20%
+#: ahead of the repacked ``pr-16x64x256-p3``); M <= 64 the 64 x 128 x 128 tile with 8 warps
+#: aiming for two programs per SM (four splits at N = 8192, none at N = 28672: 12-35% ahead
+#: of the rule's eight and two); larger M 128 x 128 x 128 with one program per SM (no split at
+#: N = 8192: 77 us against 99 us with four, 112 us for the repacked kernel).
 DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
     (16, KernelConfig("pf-16x64x256-p3", "fragment", 16, 64, 256, 0, 4, 3, per_sm=7)),
-    (1 << 62, KernelConfig("pf-128x128x128-w8", "fragment", 128, 128, 128, 0, 8, 3)),
+    (64, KernelConfig("pf-64x128x128-w8", "fragment", 64, 128, 128, 0, 8, 3, per_sm=2)),
+    (1 << 62, KernelConfig("pf-128x128x128-w8", "fragment", 128, 128, 128, 0, 8, 3, per_sm=1)),
 )
 
 #: The table for K not a multiple of 32 (the fragment order groups 32 elements): the
@@ -172,10 +175,10 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     KernelConfig("pf-16x128x256-w8", "fragment", 16, 128, 256, 0, 8, 3, per_sm=7),
     KernelConfig("pf-64x128x128", "fragment", 64, 128, 128, 0, 4, 3),
     KernelConfig("pf-64x64x256", "fragment", 64, 64, 256, 0, 4, 3),
-    KernelConfig("pf-64x128x128-w8", "fragment", 64, 128, 128, 0, 8, 3),
+    KernelConfig("pf-64x128x128-w8", "fragment", 64, 128, 128, 0, 8, 3, per_sm=2),
     KernelConfig("pf-64x256x64-w8", "fragment", 64, 256, 64, 0, 8, 4),
     KernelConfig("pf-128x128x64-w8", "fragment", 128, 128, 64, 0, 8, 3),
-    KernelConfig("pf-128x128x128-w8", "fragment", 128, 128, 128, 0, 8, 3),
+    KernelConfig("pf-128x128x128-w8", "fragment", 128, 128, 128, 0, 8, 3, per_sm=1),
     KernelConfig("pf-128x256x64-w8", "fragment", 128, 256, 64, 0, 8, 3),
     KernelConfig("pf-256x128x64-w8", "fragment", 256, 128, 64, 0, 8, 3),
     # Fixed splits of the fragment defaults (the split rule's choice is timed as the plain name)
