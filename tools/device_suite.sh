@@ -136,9 +136,11 @@ for s in "$@"; do
         -k "pf- or every_code or method or moe or fragment or pairs_decode or realistic"
       section nvfp4-bench 280 $py bench/nvfp4/run.py --rep-ms 8 --ms 1,4,16,64,256 \
         --configs pf,dequant --out /tmp/res/nvfp4-bench ;;
-    mxfrag)  # the MXFP4 table and candidate sweep with the fragment layout
+    mxfrag)  # the MXFP4 fragment decode's GPU tests, then its table and candidate sweep
+      section mx-tests 130 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 120 \
+        plugins/quant_mxfp4_rocm/tests/test_triton_kernels.py -k "fragment or pairs_decode"
       section mxfp4-bench 330 $py bench/mxfp4/run.py --configs all --ms 1,4,16,64,256 \
-        --sweep-ms 1,16,64,256 --budget 300 --out /tmp/res/mxfp4-bench ;;
+        --sweep-ms 1,16,64,256 --budget 270 --out /tmp/res/mxfp4-bench ;;
     fp4tables)  # the two FP4 GEMMs' committed tables
       section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
         --out /tmp/res/nvfp4-bench
