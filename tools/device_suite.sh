@@ -141,6 +141,14 @@ for s in "$@"; do
         plugins/quant_mxfp4_rocm/tests/test_triton_kernels.py -k "fragment or pairs_decode"
       section mxfp4-bench 330 $py bench/mxfp4/run.py --configs all --ms 1,4,16,64,256 \
         --sweep-ms 1,16,64,256 --budget 270 --out /tmp/res/mxfp4-bench ;;
+    fragfinal)  # GPU tests of both FP4 plugins on the fragment defaults, then their tables
+      section fp4-tests 230 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 220 \
+        plugins/quant_nvfp4/tests/test_nvfp4_triton.py plugins/quant_nvfp4/tests/test_nvfp4_fused_moe.py \
+        plugins/quant_mxfp4_rocm/tests/test_triton_kernels.py plugins/quant_mxfp4_rocm/tests/test_triton_methods.py \
+        -k "pf- or every_code or method or moe or fragment or pairs_decode or realistic or linear"
+      section nvfp4-bench 120 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
+        --out /tmp/res/nvfp4-bench
+      section mxfp4-bench 130 $py bench/mxfp4/run.py --ms 1,4,16,64,256 --out /tmp/res/mxfp4-bench ;;
     fp4tables)  # the two FP4 GEMMs' committed tables
       section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
         --out /tmp/res/nvfp4-bench
