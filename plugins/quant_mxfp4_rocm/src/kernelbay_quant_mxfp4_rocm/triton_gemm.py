@@ -4,9 +4,9 @@
 registers. Imported lazily by the methods (this module imports triton).
 
 Operands: ``w`` packed E2M1, either the checkpoint's uint8 [N, K/2] (element 2i in the low
-nibble; read as int16 halfwords or int32 words) or the repacked int32 words [N, K/8] of
-``kernelbay.formats.repack_e2m1_words`` (``prepare_weight`` stores those where the PTX
-decode runs); ``w_scale`` E8M0 bytes uint8 [N, K/32]; activations ``x`` one of
+nibble; read as int16 halfwords or int32 words) or the repacked int32 words of
+``kernelbay.formats.repack_e2m1_words`` (K order [N, K/8], or fragment order [N, K/32, 4],
+which ``prepare_weight`` stores where the PTX decode runs); ``w_scale`` E8M0 bytes uint8 [N, K/32]; activations ``x`` one of
 
 * bf16 [M, K] (W4A16),
 * MXFP4 packed uint8 [M, K/2] + E8M0 bytes [M, K/32] (W4A4, from ``triton_mx.quantize_mx``),
@@ -25,7 +25,12 @@ Paths (``GemmConfig.path``):
   permuted in registers to match.
 * ``repacked``: the repacked words, decoded by ``decode_e2m1_pairs(REPACKED=True)`` in the
   natural K order (most element pairs one mask, or one shift and one mask; the PTX is the
-  scale multiply alone): the CUDA default up to M = 64.
+  scale multiply alone).
+* ``fragment``: the repacked words in the ``"fragment"`` K order (int32 [N, K/32, 4],
+  what ``prepare_weight`` stores on CUDA), decoded by ``decode_e2m1_fragment`` into the
+  registers of the dot's first operand with the product computed transposed (on sm_90 the
+  weight is the register operand of the wgmma, the activations its shared-memory operand as
+  loaded): the CUDA default at every M.
 * ``scaled``: Triton's ``tl.dot_scaled`` (its own MX upcast on GPUs without MX MMA), for
   comparison in the tuning sweep.
 * ``dequant``: the whole weight decoded to bf16 once per call (``decode_kernel``), then

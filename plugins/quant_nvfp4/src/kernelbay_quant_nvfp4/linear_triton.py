@@ -245,10 +245,10 @@ class Nvfp4TritonLinear(LinearMethod):
         return specs
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        """Check the scales, store the weight in the layout the M table's kernels read
-        (``stored_weight``: repacked words for the default table), make the scales
-        contiguous, keep the global scale as a one-element fp32 tensor on the weight's device
-        (the kernels load it)."""
+        """Check the scales, store the weight and block scales in the layout this layer's M
+        table reads (``stored_tensors``: fragment-order words and scale codes for the default
+        table when K is a multiple of 32), keep the global scale as a one-element fp32
+        tensor on the weight's device (the kernels load it)."""
         weight = cast("torch.Tensor", layer.weight)
         scales = cast("torch.Tensor", layer.weight_scale)
         glob = cast("torch.Tensor", layer.weight_scale_2)

@@ -1,29 +1,29 @@
 """Kernel configurations of ``nvfp4-triton`` by batch size M, and the split-K rule.
 
 Reasoning for the H200 defaults (132 SMs, 4.8 TB/s, 50 MB L2); ``bench/nvfp4/run.py
---configs all`` times every entry of ``CANDIDATES`` per shape so one GPU run can retune:
+--configs all`` (or name prefixes) times entries of ``CANDIDATES`` per shape so one GPU run
+can retune:
 
-* The fused path is the kernel of ``triton_halfword`` on the repacked word layout
-  (``kernelbay.formats.e2m1_words``, made once after loading): no activation pass, the codes' bits stored where the
-  decode wants them (one mask, or a shift and a mask, per two elements for three quarters of
-  them), the block scale applied by one packed multiply, exact, directly in the dot operand
-  layout. sm_90 SASS of the K loop (triton 3.9, pointers/strides specialized): 4.2-4.7
-  instructions per element for the 16-row tiles, 3.7 at 64x128x128, against 4.6-6.2 for the
-  checkpoint-layout decodes (halfwords, ``hw-*``; words, ``pw-*``), which stay in the sweep.
-* Earlier fused kernels (per-element fp32 / fp16 decodes, int32 words of 8 nibbles
-  decoded in PTX, activations prepared once per call with the operands swapped, split sums
-  in the kernel) were measured in the first three H200 sweeps, lost to the halfword kernels
-  at M <= 64 and to ``dequant`` above, and were removed.
-* M <= 16 (decode) should be memory bound: the weight is 0.5625 B/element against bf16's
-  2. BLOCK_M = 16 is the smallest tl.dot tile (unused rows masked). N = 8192 gives 128
-  programs of 64 rows, so K is split (``split_k_for``: the largest power of two keeping the
-  grid at or below seven programs per SM; four splits at N = 8192, two at N = 28672; five
-  programs fit an SM at a time);
-  the fp32 partials (M x N x split, a few hundred KB at most) are summed by a second small
-  kernel (deterministic: partials added in split order).
-* M = 64: 64 x 128 (M x N) tiles, the weight decoded once for all rows.
-* M > 64: 128 x 128 x 64 tiles with 8 warps; ``dequant`` (decode the whole weight into a
-  temporary and call cuBLAS, paying a 2 B/element write and read of it) is the contender.
+* The default path (``fragment``, ``pf-*``) is the kernel of ``triton_halfword`` computing
+  the product transposed on fragment-order words with scale codes (``linear_triton.
+  layout_tensors``): the decoded weight is the register operand of the sm_90 wgmma, so no
+  activation fragments are assembled in registers and no decoded tile passes through shared
+  memory; a block scale costs one byte extract and one multiply-add per thread. sm_90 SASS of
+  the K loop (triton 3.9, pointers/strides specialized): 3.6 instructions per element for
+  ``pf-16x64x256-p3`` against 4.6 for the repacked K-order ``pr-16x64x256-p3`` and 4.6-6.2 for
+  the checkpoint-layout decodes (halfwords, ``hw-*``; words, ``pw-*``), which stay in the
+  sweep. The fragment order needs K a multiple of 32; other layers run ``K_ORDER_CONFIGS``.
+* Earlier fused kernels (per-element fp32 / fp16 decodes, int32 words of 8 nibbles decoded
+  in PTX, activations prepared once per call with the operands swapped, split sums in the
+  kernel) were measured in the first three H200 sweeps, lost, and were removed.
+* M <= 16 (decode) should be memory bound: the weight is 0.5625 B/element against bf16's 2.
+  BLOCK_M = 16 is the smallest tl.dot tile (unused rows masked). N = 8192 gives 128 programs
+  of 64 rows, so K is split (``split_k_for``: the largest power of two keeping the grid at or
+  below ``per_sm`` programs per SM); the fp32 partials (M x N x split, a few hundred KB at
+  most) are summed by a second small kernel (deterministic: partials added in split order).
+* M <= 64: 64 x 128 tiles with 8 warps (two warpgroups of 64 weight rows), split for about
+  two programs per SM; larger M: 128-row tiles, one program per SM (splitting them wrote
+  more partials than it gained).
 """
 
 from __future__ import annotations

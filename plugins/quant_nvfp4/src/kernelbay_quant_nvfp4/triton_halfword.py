@@ -2,11 +2,16 @@
 # (Triton kernels are written in its untyped DSL; the Python wrappers are typed.)
 """The fused kernel of ``nvfp4-triton``: the packed weight decoded straight into the
 ``tl.dot`` operand layout as exact bf16, with the activations used as they come (bf16/fp16,
-no preparation pass), in three weight readings:
+no preparation pass), in four weight readings:
 
-* ``pr-*`` (``REPACKED``, the defaults): the repacked int32 words [N, K/8] of
-  ``kernelbay.formats.repack_e2m1_words``, stored by the method after loading, decoded by
-  ``decode_words(REPACKED=True)`` in the natural K order;
+* ``pf-*`` (``SWAP``, the defaults): the repacked words in the ``"fragment"`` K order with
+  scale codes (``scale_codes``), decoded by ``decode_fragment`` straight into the registers
+  of the dot's first operand, the product computed transposed (``out^T = W x^T``; on sm_90
+  the weight is the register operand of the wgmma and the activations its shared-memory
+  operand, as loaded);
+* ``pr-*`` (``REPACKED``): the repacked int32 words [N, K/8] of
+  ``kernelbay.formats.repack_e2m1_words`` in the natural K order, decoded by
+  ``decode_words(REPACKED=True)``;
 * ``hw-*``: the checkpoint layout (``packed`` uint8 [N, K/2] viewed as int16 [N, K/4]:
   halfword ``j`` holds elements ``4j .. 4j+3`` in nibbles 0..3, little-endian);
 * ``pw-*`` (``PAIRS``): the same bytes as int32 words of eight codes, elements k and k + 4 of
