@@ -6,7 +6,8 @@ registers. Imported lazily by the methods (this module imports triton).
 Operands: ``w`` packed E2M1, either the checkpoint's uint8 [N, K/2] (element 2i in the low
 nibble; read as int16 halfwords or int32 words) or the repacked int32 words of
 ``kernelbay.formats.repack_e2m1_words`` (K order [N, K/8], or fragment order [N, K/32, 4],
-which ``prepare_weight`` stores where the PTX decode runs); ``w_scale`` E8M0 bytes uint8 [N, K/32]; activations ``x`` one of
+which ``prepare_weight`` stores where the PTX decode runs); ``w_scale`` E8M0 bytes uint8
+[N, K/32]; activations ``x`` one of
 
 * bf16 [M, K] (W4A16),
 * MXFP4 packed uint8 [M, K/2] + E8M0 bytes [M, K/32] (W4A4, from ``triton_mx.quantize_mx``),
