@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from kernelbay_quant_mxfp4_rocm.triton_gemm import candidate_configs, default_config
 
-    cfgs = [default_config(args.m, args.n, args.k, repacked=True)]
+    cfgs = [default_config(args.m, args.n, args.k, layout="fragment")]
     cfgs += [c for c in candidate_configs(args.m, args.n, args.k) if c != cfgs[0]]
     if args.only:
         cfgs = [c for c in cfgs if c.describe() in args.only.split(",")]

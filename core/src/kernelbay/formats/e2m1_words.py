@@ -67,9 +67,19 @@ def fragment_k_order() -> tuple[int, ...]:
                  for c in range(4) for e in range(8))
 
 
-def _check_order(fn: str, order: str) -> None:
+def _check(fn: str, t: torch.Tensor, dtype: torch.dtype, shape: str, per_row: int,
+           order: str) -> None:
+    """``ValueError`` naming ``fn`` unless ``order`` is one of ``ORDERS`` and ``t`` is a 2-D
+    ``dtype`` tensor whose rows hold a multiple of ``per_row`` (what one group of the order
+    takes: a word, or four in the fragment order)."""
     if order not in ORDERS:
         raise ValueError(f"{fn}: order={order!r}; valid: {ORDERS}")
+    group = per_row * (4 if order == "fragment" else 1)
+    if t.dtype != dtype or t.dim() != 2 or t.shape[1] % group:
+        k = 32 if order == "fragment" else 8
+        want = str(dtype).removeprefix("torch.")
+        raise ValueError(f"{fn}: expected {want} {shape} with K a multiple of {k} (order "
+                         f"{order!r}), got {t.dtype} {tuple(t.shape)}")
 
 
 def _permute_groups(packed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -84,12 +94,7 @@ def repack_e2m1_words(packed: torch.Tensor, order: str = "k") -> torch.Tensor:
     """Checkpoint layout uint8 ``[N, K/2]`` (element 2i in the low nibble of byte i) ->
     repacked int32 ``[N, K/8]`` in K ``order`` (``ORDERS``). ``K`` must be a multiple of 8,
     or of 32 for ``"fragment"``."""
-    _check_order("repack_e2m1_words", order)
-    group = 16 if order == "fragment" else 4
-    if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] % group:
-        raise ValueError(f"repack_e2m1_words: expected uint8 [N, K/2] with K a multiple of "
-                         f"{2 * group} (order {order!r}), got {packed.dtype} "
-                         f"{tuple(packed.shape)}")
+    _check("repack_e2m1_words", packed, torch.uint8, "[N, K/2]", 4, order)
     n, half_k = packed.shape
     index = torch.tensor(fragment_k_order(), device=packed.device)
     out = torch.empty(n, half_k // 4, dtype=torch.int32, device=packed.device)
@@ -111,12 +116,7 @@ def repack_e2m1_words(packed: torch.Tensor, order: str = "k") -> torch.Tensor:
 def unpack_e2m1_words(words: torch.Tensor, order: str = "k") -> torch.Tensor:
     """The inverse of ``repack_e2m1_words``: int32 ``[N, K/8]`` in K ``order`` -> uint8
     ``[N, K/2]``."""
-    _check_order("unpack_e2m1_words", order)
-    group = 4 if order == "fragment" else 1
-    if words.dtype != torch.int32 or words.dim() != 2 or words.shape[1] % group:
-        raise ValueError(f"unpack_e2m1_words: expected int32 [N, K/8] with K a multiple of "
-                         f"{8 * group} (order {order!r}), got {words.dtype} "
-                         f"{tuple(words.shape)}")
+    _check("unpack_e2m1_words", words, torch.int32, "[N, K/8]", 1, order)
     n, q = words.shape
     inverse = torch.argsort(torch.tensor(fragment_k_order(), device=words.device))
     out = torch.empty(n, q, 4, dtype=torch.uint8, device=words.device)

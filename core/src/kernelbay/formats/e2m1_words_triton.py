@@ -12,7 +12,8 @@ modules import this, when a backend is built (never ``kernelbay`` or ``kernelbay
   block scale (times 2^126 and whatever power of two the caller folds in) finishes the decode.
 * ``fragment_to_k(w, R, BK)``: a tile decoded from ``"fragment"``-order words, relabelled to
   K order (no data moves when it feeds an sm_90 ``wgmma`` as the register operand);
-  ``fragment_tile`` does the same from the four scaled registers of ``repacked_lanes``.
+  ``fragment_tile`` does the same from the four scaled registers of ``repacked_lanes``;
+  ``weight_dot`` is the K-tile product of a decoded weight tile in either orientation.
 * ``repacked_codes(u)``: the portable decode's codes, [R, KQ] words -> [R, KQ, 8] nibbles in
   K order, each bit read from ``word_bit_positions``' place (for the interpreter and ROCm).
 
@@ -26,7 +27,7 @@ import triton
 import triton.language as tl
 
 __all__ = ["fragment_tile", "fragment_to_k", "repacked_codes", "repacked_lanes",
-           "repacked_lanes16"]
+           "repacked_lanes16", "weight_dot"]
 
 
 @triton.jit
@@ -89,3 +90,22 @@ def fragment_tile(v0, v1, v2, v3, R: tl.constexpr, KQ: tl.constexpr):
     halves = tl.join(regs.to(tl.uint16), (regs >> 16).to(tl.uint16))
     return fragment_to_k(tl.reshape(halves, (R, KQ * 8)).to(tl.bfloat16, bitcast=True), R,
                          KQ * 8)
+
+
+@triton.jit
+def weight_dot(xa, w, acc, SWAP: tl.constexpr, INTERPRET: tl.constexpr):
+    """One K tile of a weight-only GEMM: ``acc + xa @ w^T`` ([M, N]) or, with ``SWAP``,
+    ``acc + w @ xa^T`` ([N, M]: the decoded weight is the dot's first operand, kept in
+    registers; the fragment-order kernels). The weight is cast to the activations' 16-bit
+    dtype (exact for decoded FP4 values); under the interpreter both go as float32, whose dot
+    is exact where its 16-bit one is not."""
+    if INTERPRET:
+        if SWAP:
+            out = tl.dot(w.to(tl.float32), tl.trans(xa.to(tl.float32)), acc)
+        else:
+            out = tl.dot(xa.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
+    elif SWAP:
+        out = tl.dot(w.to(xa.dtype), tl.trans(xa), acc)
+    else:
+        out = tl.dot(xa, tl.trans(w.to(xa.dtype)), acc)
+    return out

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING
 
 import triton
 import triton.language as tl
+from kernelbay.formats.e2m1_words_triton import weight_dot
 
 from kernelbay_quant_mxfp4_rocm.triton_decode import (
     decode_e2m1,
@@ -233,15 +234,7 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
             if PAIRS:  # the activations in the decoded tile's K order (PAIR_ORDER)
                 xa = tl.reshape(tl.permute(tl.reshape(xa, (BLOCK_M, BLOCK_K // 8, 2, 4)),
                                            (0, 1, 3, 2)), (BLOCK_M, BLOCK_K))
-            if INTERPRET:  # the interpreter's bf16 dot is wrong; the values are exact in both
-                if SWAP:
-                    acc = tl.dot(w.to(tl.float32), tl.trans(xa.to(tl.float32)), acc)
-                else:
-                    acc = tl.dot(xa.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
-            elif SWAP:
-                acc = tl.dot(w.to(tl.bfloat16), tl.trans(xa), acc)
-            else:
-                acc = tl.dot(xa.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)), acc)
+            acc = weight_dot(xa, w, acc, SWAP, INTERPRET)
     if SWAP:
         acc = tl.trans(acc)
     o_ptr = out_ptr + pid_k.to(tl.int64) * stride_os + rm64[:, None] * stride_om + rn64[None, :]

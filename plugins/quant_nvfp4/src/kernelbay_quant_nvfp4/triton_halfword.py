@@ -70,6 +70,7 @@ from kernelbay.formats.e2m1_words_triton import (
     repacked_codes,
     repacked_lanes,
     repacked_lanes16,
+    weight_dot,
 )
 
 from kernelbay_quant_nvfp4.triton_kernels import (
@@ -308,15 +309,7 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
                                 (BLOCK_M, BLOCK_K))
         else:
             w = decode_halfwords(packed, sb, BLOCK_N, KH, ASM)
-        if INTERPRET:  # exact values either way; the interpreter's 16-bit dot is not exact
-            if SWAP:
-                acc = tl.dot(w.to(tl.float32), tl.trans(xa.to(tl.float32)), acc)
-            else:
-                acc = tl.dot(xa.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
-        elif SWAP:
-            acc = tl.dot(w.to(xa.dtype), tl.trans(xa), acc)
-        else:
-            acc = tl.dot(xa, tl.trans(w.to(xa.dtype)), acc)
+        acc = weight_dot(xa, w, acc, SWAP, INTERPRET)
     if SWAP:
         acc = tl.trans(acc)
     acc = acc * (tl.load(g_ptr).to(tl.float32) * 256.0)
