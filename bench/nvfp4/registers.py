@@ -71,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
                                 attrs={(names.index(n),): [["tt.divisibility", 16]]
                                        for n in div})
                 try:
-                    kernel = triton.compile(src, target=target, options={
-                        "num_warps": c.num_warps, "num_stages": c.num_stages})
+                    opts = {"num_warps": c.num_warps, "num_stages": c.num_stages}
+                    if c.maxnreg:
+                        opts["maxnreg"] = c.maxnreg
+                    kernel = triton.compile(src, target=target, options=opts)
                 except Exception as exc:  # report and go on: one config, not the table
                     failed += 1
                     print(f"{dt} {c.name} {'partial' if partial else 'direct'}: FAILED "
