@@ -149,11 +149,6 @@ for s in "$@"; do
       section nvfp4-bench 120 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
         --out /tmp/res/nvfp4-bench
       section mxfp4-bench 130 $py bench/mxfp4/run.py --ms 1,4,16,64,256 --out /tmp/res/mxfp4-bench ;;
-    smallm2)  # the NVFP4 small-M candidates with more resident programs: tests, then timings
-      section nv-tests 150 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 140 \
-        plugins/quant_nvfp4/tests/test_nvfp4_triton.py -k "pf-8 or r96"
-      section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 8 --ms 1,4,8,16 \
-        --configs pf-8x,pf-16x64x256-p3,pf-16x64x256-p4-r96 --out /tmp/res/nvfp4-bench ;;
     fp4tables)  # the two FP4 GEMMs' committed tables
       section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
         --out /tmp/res/nvfp4-bench

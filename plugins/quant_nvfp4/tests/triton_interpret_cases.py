@@ -131,7 +131,6 @@ HALFWORD = [KernelConfig("hw-split", "fused", 16, 16, 64, 3),
             KernelConfig("pr-split", "repacked", 16, 16, 64, 3),
             KernelConfig("pf", "fragment", 32, 32, 128, 1),
             KernelConfig("pf-split", "fragment", 16, 32, 64, 3),
-            KernelConfig("pf-8rows", "fragment", 8, 32, 64, 2),
             KernelConfig("hw", "fused", 32, 32, 128, 1),
             KernelConfig("hw-even", "fused", 16, 32, 64, 2)]
 

@@ -190,7 +190,7 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
                            split_k=split_k_for(config, m, packed.shape[0], k, sms),
                            num_warps=config.num_warps, num_stages=config.num_stages,
                            pairs=config.path == "pairs", repacked=config.path == "repacked",
-                           fragment=config.path == "fragment", maxnreg=config.maxnreg)
+                           fragment=config.path == "fragment")
 
 
 class Nvfp4TritonLinear(LinearMethod):

@@ -54,9 +54,6 @@ class KernelConfig:
     num_stages: int = 4
     #: Programs per SM the split-K rule aims for (``split_k_for``).
     per_sm: int = 4
-    #: Register cap per thread passed to the compiler (0: its own choice); a lower count
-    #: fits more programs per SM.
-    maxnreg: int = 0
 
 
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
@@ -184,18 +181,6 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     KernelConfig("pf-128x128x128-w8", "fragment", 128, 128, 128, 0, 8, 3, per_sm=1),
     KernelConfig("pf-128x256x64-w8", "fragment", 128, 256, 64, 0, 8, 3),
     KernelConfig("pf-256x128x64-w8", "fragment", 256, 128, 64, 0, 8, 3),
-    # More resident programs for the latency-bound small-M loop: 8-row tiles (wgmma n = 8:
-    # 69 registers and 30 KB against 128 and 42 KB for 16 rows) for M <= 8, and the 16-row
-    # tile capped at 96 registers (94 without spills: five programs per SM instead of four).
-    KernelConfig("pf-8x64x256-p3", "fragment", 8, 64, 256, 0, 4, 3, per_sm=7),
-    KernelConfig("pf-8x64x256-p3-s3", "fragment", 8, 64, 256, 3, 4, 3),
-    KernelConfig("pf-8x64x256-p4", "fragment", 8, 64, 256, 0, 4, 4, per_sm=7),
-    KernelConfig("pf-8x64x256-p3-q10", "fragment", 8, 64, 256, 0, 4, 3, per_sm=10),
-    KernelConfig("pf-8x128x256-w8", "fragment", 8, 128, 256, 0, 8, 3, per_sm=7),
-    KernelConfig("pf-16x64x256-p3-r96", "fragment", 16, 64, 256, 0, 4, 3, per_sm=7,
-                 maxnreg=96),
-    KernelConfig("pf-16x64x256-p4-r96", "fragment", 16, 64, 256, 0, 4, 4, per_sm=7,
-                 maxnreg=96),
     # Fixed splits of the fragment defaults (the split rule's choice is timed as the plain name)
     *(KernelConfig(f"pf-16x64x256-p3-s{s}", "fragment", 16, 64, 256, s, 4, 3)
       for s in (2, 3, 5, 6, 8)),
@@ -241,8 +226,7 @@ def split_k_for(config: KernelConfig, m: int, n: int, k: int, sms: int) -> int:
 
 
 def fit_block_m(config: KernelConfig, m: int) -> KernelConfig:
-    """``config`` with BLOCK_M no larger than needed for ``m`` rows (at least 16, or the
-    config's own when smaller)."""
+    """``config`` with BLOCK_M no larger than needed for ``m`` rows (at least 16)."""
     want = 16
     while want < m and want < config.block_m:
         want *= 2

@@ -336,16 +336,16 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                     global_scale: torch.Tensor, bias: torch.Tensor | None, *, block_m: int,
                     block_n: int, block_k: int, split_k: int, num_warps: int,
                     num_stages: int, pairs: bool = False, repacked: bool = False,
-                    fragment: bool = False, maxnreg: int = 0) -> torch.Tensor:
+                    fragment: bool = False) -> torch.Tensor:
     """``x [M, K] @ dequant(packed, scales, global_scale)^T (+ bias)`` -> [M, N] in x's dtype
     through ``nvfp4_matmul_hw``. ``block_k``: a power of two >= 64; ``split_k`` > 1 writes
     fp32 partials summed in split order; ``pairs``: the weight read as 32-bit words and
     decoded by ``decode_words`` (K is a multiple of 16, so rows are whole words);
     ``repacked``: ``packed`` is ``kernelbay.formats.repack_e2m1_words``' int32 words, decoded by
     ``decode_words(REPACKED=True)``; ``fragment``: the same words in the ``"fragment"`` K order
-    (int32 [N, K/32, 4], ``linear_triton.layout_tensors``), the product computed transposed
+    (int32 [N, K/32, 4], ``linear_triton.layout_weight``), the product computed transposed
     (``SWAP``: the decoded weight is the register operand of the dot, ``block_n`` >= 64 on
-    sm_90 for ``wgmma``); ``maxnreg``: a register cap per thread for the compiler (0: none)."""
+    sm_90 for ``wgmma``)."""
     if block_k < 64 or block_k & (block_k - 1):
         raise ValueError(f"nvfp4-triton: block_k={block_k} for the halfword kernel; valid: a "
                          "power of two >= 64 (whole 16-element blocks, dots of >= 16)")
@@ -366,8 +366,6 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     dest = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device) if partial else out
     grid = (-(-n // block_n), -(-m // block_m), split_k)
     opts: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages} if x.is_cuda else {}
-    if maxnreg and x.is_cuda and torch.version.hip is None:
-        opts["maxnreg"] = maxnreg
     hw_kernel()[grid](x, words, sbits, global_scale, bias if bias is not None else out, dest,
                       m, n, k, x.stride(0), words.stride(0), sbits.stride(0), dest.stride(-2),
                       m * n if partial else 0, HAS_BIAS=bias is not None and not partial,
