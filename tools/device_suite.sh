@@ -149,6 +149,11 @@ for s in "$@"; do
       section nvfp4-bench 120 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
         --out /tmp/res/nvfp4-bench
       section mxfp4-bench 130 $py bench/mxfp4/run.py --ms 1,4,16,64,256 --out /tmp/res/mxfp4-bench ;;
+    fragprof)  # Nsight Compute on the fragment defaults of both FP4 GEMMs (M = 16)
+      prof nvfp4-m16-fragment nvfp4_matmul_hw -- $py bench/nvfp4/run.py --shapes 8192x8192 \
+        --ms 16 --timer events --rep-ms 2 --out /tmp/res/prof-nv
+      prof mxfp4-m16-fragment _mxfp4_gemm_kernel -- $py bench/mxfp4/run.py \
+        --shapes 8192x8192 --ms 16 --rep 2 --out /tmp/res/prof-mx ;;
     fp4tables)  # the two FP4 GEMMs' committed tables
       section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
         --out /tmp/res/nvfp4-bench
