@@ -267,8 +267,9 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
                     PAIRS: tl.constexpr, REPACKED: tl.constexpr = False,
                     SWAP: tl.constexpr = False):
     # w_ptr: int16 halfwords [N, K/4], or int32 words [N, K/8] with PAIRS or REPACKED (the
-    # repacked layout); s_ptr: E4M3 bytes
-    # [N, K/16]; out_ptr: [M, N] or, with PARTIAL, fp32 [split, M, N] (stride_os apart).
+    # repacked layout; with SWAP in the fragment order); s_ptr: E4M3 bytes [N, K/16] (scale
+    # codes with SWAP); out_ptr: [M, N] or, with PARTIAL, fp32 [split, M, N] (stride_os
+    # apart). SWAP accumulates the transposed tile [BLOCK_N, BLOCK_M].
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -324,7 +325,8 @@ _BUILT_INTERPRETED = interpreting()
 def hw_kernel() -> Any:
     """The jitted ``nvfp4_matmul_hw`` for the current ``TRITON_INTERPRET`` setting: when it
     changed since this module was imported, ``triton_kernels`` and the core's
-    ``e2m1_words_triton`` (whose helpers the kernel calls) and then this module are re-executed, so the decorators run in the current mode."""
+    ``e2m1_words_triton`` (whose helpers the kernel calls) and then this module are
+    re-executed, so the decorators run in the current mode."""
     if interpreting() != _BUILT_INTERPRETED:
         kernels()
         importlib.reload(e2m1_words_triton)
