@@ -154,6 +154,9 @@ for s in "$@"; do
         --ms 16 --timer events --rep-ms 2 --out /tmp/res/prof-nv
       prof mxfp4-m16-fragment _mxfp4_gemm_kernel -- $py bench/mxfp4/run.py \
         --shapes 8192x8192 --ms 16 --rep 2 --out /tmp/res/prof-mx ;;
+    fp4gpu)  # every GPU test of the two FP4 plugins
+      section fp4-gpu 330 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 320 \
+        plugins/quant_nvfp4/tests plugins/quant_mxfp4_rocm/tests ;;
     fp4tables)  # the two FP4 GEMMs' committed tables
       section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
         --out /tmp/res/nvfp4-bench
