@@ -354,6 +354,13 @@ def test_weight_layout_and_config_must_agree() -> None:
         mxfp4_gemm(x, fragment, ws, config=GemmConfig(16, 16, 64, 1, 4, 3, "repacked"))
     with pytest.raises(ValueError, match=r"int32 \[N, K/32, 4\], got torch.int16"):
         mxfp4_gemm(x, wp.view(torch.int16), ws)
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import default_config, layout_weight
+
+    with pytest.raises(ValueError, match=r"weight layout 'mma'; valid: \('checkpoint', "
+                                         r"'repacked', 'fragment'\)"):
+        default_config(16, 16, 64, layout="mma")
+    with pytest.raises(ValueError, match="weight layout 'mma'"):
+        layout_weight(wp, "mma")
 
 
 def test_decode_subnormal_scale_in_the_gemm() -> None:

@@ -74,6 +74,14 @@ def test_fragment_layout_dequantizes_to_the_same_values() -> None:
                            want.view(torch.int32))
 
 
+def test_unknown_layout_is_named() -> None:
+    packed = torch.zeros(2, 16, dtype=torch.uint8)
+    scales = torch.ones(2, 2, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"weight layout 'mma'; valid: \('checkpoint', "
+                                         r"'repacked', 'fragment'\)"):
+        layout_tensors(packed, scales, "mma")
+
+
 def test_run_config_names_a_layout_mismatch() -> None:
     x = torch.zeros(1, 32, dtype=torch.bfloat16)
     packed = torch.zeros(4, 16, dtype=torch.uint8)
