@@ -58,12 +58,14 @@ class KernelConfig:
 
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
 #: Set from the H200 sweeps of the fragment-order kernels (bench/results/
-#: nvfp4-sweep-fragment-h200.md): the transposed product on fragment-order words with scale
-#: codes is the fastest at every M and shape measured. M <= 16 ``pf-16x64x256-p3`` (15-20%
-#: ahead of the repacked ``pr-16x64x256-p3``); M <= 64 the 64 x 128 x 128 tile with 8 warps
-#: aiming for two programs per SM (four splits at N = 8192, none at N = 28672: 12-35% ahead
-#: of the rule's eight and two); larger M 128 x 128 x 128 with one program per SM (no split at
-#: N = 8192: 77 us against 99 us with four, 112 us for the repacked kernel).
+#: nvfp4-sweep-fragment-vs-repacked-h200.md against the repacked kernels, then
+#: nvfp4-sweep-fragment-h200.md with fixed splits): the transposed product on fragment-order
+#: words with scale codes is the fastest at every M and shape measured. M <= 16
+#: ``pf-16x64x256-p3`` (15-19% ahead of the repacked ``pr-16x64x256-p3``); M <= 64 the 64 x 128 x 128 tile with 8 warps
+#: aiming for two programs per SM (four splits at N = 8192, none at N = 28672: 7-14% ahead
+#: of the eight and two of the four-per-SM target); larger M 128 x 128 x 128 with one program
+#: per SM (no split at N = K = 8192, M = 256: 77 us against 99 us split in four and 101 us
+#: for the repacked ``pr-128x128x64``).
 DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
     (16, KernelConfig("pf-16x64x256-p3", "fragment", 16, 64, 256, 0, 4, 3, per_sm=7)),
     (64, KernelConfig("pf-64x128x128-w8", "fragment", 64, 128, 128, 0, 8, 3, per_sm=2)),
