@@ -11,6 +11,7 @@ from kernelbay.formats import (
     repack_e2m1_words,
     unpack_e2m1_words,
     word_bit_positions,
+    words_order,
 )
 
 
@@ -53,7 +54,10 @@ def test_bad_inputs_are_named() -> None:
     with pytest.raises(ValueError, match="multiple of 32 \\(order 'fragment'\\)"):
         repack_e2m1_words(torch.zeros(2, 8, dtype=torch.uint8), "fragment")
     with pytest.raises(ValueError, match="order='mma'; valid: \\('k', 'fragment'\\)"):
-        unpack_e2m1_words(torch.zeros(2, 8, dtype=torch.int32), "mma")
+        repack_e2m1_words(torch.zeros(2, 8, dtype=torch.uint8), "mma")
+    with pytest.raises(ValueError, match=r"int32 \[N, K/32, 4\] \(order 'fragment'\), got "
+                                         r"torch.int32 \(2, 2, 3\)"):
+        unpack_e2m1_words(torch.zeros(2, 2, 3, dtype=torch.int32))
 
 
 def test_fragment_order_is_the_mma_fragment_of_each_thread() -> None:
@@ -71,11 +75,13 @@ def test_fragment_order_round_trip_and_codes(n: int, k: int) -> None:
     gen = torch.Generator().manual_seed(n + k)
     packed = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
     words = repack_e2m1_words(packed, "fragment")
-    assert torch.equal(unpack_e2m1_words(words, "fragment"), packed)
-    assert torch.equal(checkpoint_layout(words, "fragment"), packed)
-    assert not torch.equal(unpack_e2m1_words(words), packed)  # the orders differ
+    assert words.shape == (n, k // 32, 4) and words_order(words) == "fragment"
+    assert torch.equal(unpack_e2m1_words(words), packed)
+    assert torch.equal(checkpoint_layout(words), packed)
+    flat = words.reshape(n, -1)  # the same words read in the "k" order
+    assert words_order(flat) == "k" and not torch.equal(unpack_e2m1_words(flat), packed)
     codes = torch.stack((packed & 15, packed >> 4), -1).reshape(n, k).long()
-    w = words.long() & 0xFFFFFFFF
+    w = flat.long() & 0xFFFFFFFF
     for q in range(k // 8):
         for e in range(8):
             bits = word_bit_positions()[e]

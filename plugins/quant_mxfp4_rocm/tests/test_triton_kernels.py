@@ -348,7 +348,7 @@ def test_weight_layout_and_config_must_agree() -> None:
         mxfp4_gemm(x, repack_e2m1_words(wp), ws, config=GemmConfig(16, 16, 64, 1, 4, 3, "pairs"))
     with pytest.raises(ValueError, match="'repacked' cannot read a weight in the checkpoint"):
         mxfp4_gemm(x, wp, ws, config=GemmConfig(16, 16, 64, 1, 4, 3, "repacked"))
-    fragment = repack_e2m1_words(wp, "fragment").reshape(16, -1, 4)
+    fragment = repack_e2m1_words(wp, "fragment")
     with pytest.raises(ValueError, match=r"'repacked' cannot read a weight in the fragment "
                                          r"layout; paths for it: \['fragment', 'dequant'\]"):
         mxfp4_gemm(x, fragment, ws, config=GemmConfig(16, 16, 64, 1, 4, 3, "repacked"))

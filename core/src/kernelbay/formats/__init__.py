@@ -12,6 +12,7 @@ from kernelbay.formats.e2m1_words import (
     repack_e2m1_words,
     unpack_e2m1_words,
     word_bit_positions,
+    words_order,
 )
 from kernelbay.formats.e4m3 import E4M3_MAX, e4m3_bits, from_e4m3_bits, to_e4m3
 from kernelbay.formats.e8m0 import E8M0_BIAS, E8M0_NAN, decode_e8m0, encode_e8m0
@@ -73,4 +74,5 @@ __all__ = [
     "unpack_e2m1",
     "unpack_e2m1_words",
     "word_bit_positions",
+    "words_order",
 ]

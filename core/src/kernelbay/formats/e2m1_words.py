@@ -25,9 +25,10 @@ Two K orders (``ORDERS``) say which eight elements a word holds:
   memory in their natural order. Needs K to be a multiple of 32.
 
 The layout is a permutation inside each word (``"k"``) or each 16-byte group (``"fragment"``):
-same bytes, same size as the checkpoint's ``[N, K/2]`` uint8 tensor viewed as ``[N, K/8]``
-int32; rows stay rows, so tensor-parallel shards and block scales are untouched (repacking
-happens after sharding).
+same bytes, same size as the checkpoint's ``[N, K/2]`` uint8 tensor, as int32 ``[N, K/8]``
+(``"k"``) or ``[N, K/32, 4]`` (``"fragment"``: one row of four words per group, so the shape
+says the order and ``words_order`` reads it back); rows stay rows, so tensor-parallel shards
+and block scales are untouched (repacking happens after sharding).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["ORDERS", "checkpoint_layout", "fragment_k_order", "repack_e2m1_words",
-           "unpack_e2m1_words", "word_bit_positions"]
+           "unpack_e2m1_words", "word_bit_positions", "words_order"]
 
 #: The K orders of the repacked words (see the module docstring).
 ORDERS = ("k", "fragment")
@@ -67,19 +68,27 @@ def fragment_k_order() -> tuple[int, ...]:
                  for c in range(4) for e in range(8))
 
 
-def _check(fn: str, t: torch.Tensor, dtype: torch.dtype, shape: str, per_row: int,
-           order: str) -> None:
-    """``ValueError`` naming ``fn`` unless ``order`` is one of ``ORDERS`` and ``t`` is a 2-D
-    ``dtype`` tensor whose rows hold a multiple of ``per_row`` (what one group of the order
-    takes: a word, or four in the fragment order)."""
+def _check_packed(packed: torch.Tensor, order: str) -> None:
+    """``ValueError`` naming ``repack_e2m1_words`` unless ``order`` is one of ``ORDERS`` and
+    ``packed`` is uint8 [N, K/2] with K a multiple of 8 (of 32 for ``"fragment"``)."""
     if order not in ORDERS:
-        raise ValueError(f"{fn}: order={order!r}; valid: {ORDERS}")
-    group = per_row * (4 if order == "fragment" else 1)
-    if t.dtype != dtype or t.dim() != 2 or t.shape[1] % group:
-        k = 32 if order == "fragment" else 8
-        want = str(dtype).removeprefix("torch.")
-        raise ValueError(f"{fn}: expected {want} {shape} with K a multiple of {k} (order "
-                         f"{order!r}), got {t.dtype} {tuple(t.shape)}")
+        raise ValueError(f"repack_e2m1_words: order={order!r}; valid: {ORDERS}")
+    k = 32 if order == "fragment" else 8
+    if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] % (k // 2):
+        raise ValueError(f"repack_e2m1_words: expected uint8 [N, K/2] with K a multiple of {k} "
+                         f"(order {order!r}), got {packed.dtype} {tuple(packed.shape)}")
+
+
+def words_order(words: torch.Tensor) -> str:
+    """The K order of repacked words, from their shape: int32 [N, K/8] is ``"k"``, int32
+    [N, K/32, 4] ``"fragment"`` (``ValueError`` naming both otherwise)."""
+    if words.dtype == torch.int32 and words.dim() == 2:
+        return "k"
+    if words.dtype == torch.int32 and words.dim() == 3 and words.shape[-1] == 4:
+        return "fragment"
+    raise ValueError(f"unpack_e2m1_words: expected int32 [N, K/8] (order 'k') or int32 "
+                     f"[N, K/32, 4] (order 'fragment'), got {words.dtype} "
+                     f"{tuple(words.shape)}")
 
 
 def _permute_groups(packed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -92,9 +101,9 @@ def _permute_groups(packed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def repack_e2m1_words(packed: torch.Tensor, order: str = "k") -> torch.Tensor:
     """Checkpoint layout uint8 ``[N, K/2]`` (element 2i in the low nibble of byte i) ->
-    repacked int32 ``[N, K/8]`` in K ``order`` (``ORDERS``). ``K`` must be a multiple of 8,
-    or of 32 for ``"fragment"``."""
-    _check("repack_e2m1_words", packed, torch.uint8, "[N, K/2]", 4, order)
+    repacked int32 words in K ``order`` (``ORDERS``): ``[N, K/8]`` for ``"k"`` (K a multiple
+    of 8), ``[N, K/32, 4]`` for ``"fragment"`` (K a multiple of 32)."""
+    _check_packed(packed, order)
     n, half_k = packed.shape
     index = torch.tensor(fragment_k_order(), device=packed.device)
     out = torch.empty(n, half_k // 4, dtype=torch.int32, device=packed.device)
@@ -110,13 +119,14 @@ def repack_e2m1_words(packed: torch.Tensor, order: str = "k") -> torch.Tensor:
             for bit, at in zip((3, 2, 1, 0), positions, strict=True):
                 word |= ((code >> bit) & 1) << at
         out[r0:r0 + _ROWS_PER_STEP] = torch.where(word >= 2**31, word - 2**32, word)
-    return out
+    return out.reshape(n, -1, 4) if order == "fragment" else out
 
 
-def unpack_e2m1_words(words: torch.Tensor, order: str = "k") -> torch.Tensor:
-    """The inverse of ``repack_e2m1_words``: int32 ``[N, K/8]`` in K ``order`` -> uint8
-    ``[N, K/2]``."""
-    _check("unpack_e2m1_words", words, torch.int32, "[N, K/8]", 1, order)
+def unpack_e2m1_words(words: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``repack_e2m1_words``: int32 words in either order (``words_order``)
+    -> uint8 ``[N, K/2]``."""
+    order = words_order(words)
+    words = words.reshape(words.shape[0], -1)
     n, q = words.shape
     inverse = torch.argsort(torch.tensor(fragment_k_order(), device=words.device))
     out = torch.empty(n, q, 4, dtype=torch.uint8, device=words.device)
@@ -135,8 +145,8 @@ def unpack_e2m1_words(words: torch.Tensor, order: str = "k") -> torch.Tensor:
     return out.reshape(n, q * 4)
 
 
-def checkpoint_layout(weight: torch.Tensor, order: str = "k") -> torch.Tensor:
+def checkpoint_layout(weight: torch.Tensor) -> torch.Tensor:
     """A packed E2M1 weight as the checkpoint holds it (uint8 [N, K/2]), whether a method
-    stored it so or repacked (int32 words of ``repack_e2m1_words`` in K ``order``): what the
+    stored it so or repacked (int32 words of ``repack_e2m1_words`` in either order): what the
     references decode."""
-    return unpack_e2m1_words(weight, order) if weight.dtype == torch.int32 else weight
+    return unpack_e2m1_words(weight) if weight.dtype == torch.int32 else weight

@@ -381,9 +381,9 @@ def default_config(m: int, n: int, k: int, sm_count: int = 132, *,
     if layout == "fragment":
         block_k = _block_k(k, 128)
         block_m = 64 if m <= 64 else 128
-        tiles = triton.cdiv(m, block_m) * triton.cdiv(n, 128)
         # two programs per SM up to M = 64, one beyond (as the NVFP4 fragment kernels)
-        split = _split(tiles * 128, k, 128, block_k, sm_count, per_sm=2 if m <= 64 else 1)
+        split = _split(n * triton.cdiv(m, block_m), k, 128, block_k, sm_count,
+                       per_sm=2 if m <= 64 else 1)
         return GemmConfig(block_m, 128, block_k, split, 8, 3, "fragment")
     if m <= 64:
         block_k = _block_k(k, 128)
@@ -489,18 +489,19 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 
 def weight_layout(weight: torch.Tensor) -> str:
-    """Which of ``LAYOUTS`` a packed weight is in (``ValueError`` naming it when none)."""
+    """Which of ``LAYOUTS`` a packed weight is in (``ValueError`` naming them when none): uint8
+    bytes, or repacked words whose order ``kernelbay.formats.words_order`` reads."""
     import torch
+    from kernelbay.formats import words_order
 
     if weight.dtype == torch.uint8 and weight.dim() == 2:
         return "checkpoint"
-    if weight.dtype == torch.int32 and weight.dim() == 2:
-        return "repacked"
-    if weight.dtype == torch.int32 and weight.dim() == 3 and weight.shape[-1] == 4:
-        return "fragment"
-    raise ValueError(f"mxfp4_gemm: weight must be packed E2M1 uint8 [N, K/2], its repacked "
-                     f"words int32 [N, K/8] or fragment-order words int32 [N, K/32, 4], got "
-                     f"{weight.dtype} {tuple(weight.shape)}")
+    try:
+        return "fragment" if words_order(weight) == "fragment" else "repacked"
+    except ValueError:
+        raise ValueError(f"mxfp4_gemm: weight must be packed E2M1 uint8 [N, K/2], its repacked "
+                         f"words int32 [N, K/8] or fragment-order words int32 [N, K/32, 4], "
+                         f"got {weight.dtype} {tuple(weight.shape)}") from None
 
 
 def dequantize_weight(weight: torch.Tensor, weight_scale: torch.Tensor, *,
@@ -539,8 +540,7 @@ def layout_weight(weight: torch.Tensor, layout: str) -> torch.Tensor:
         return weight
     from kernelbay.formats import repack_e2m1_words
 
-    words = repack_e2m1_words(weight.contiguous(), "fragment" if layout == "fragment" else "k")
-    return words.reshape(words.shape[0], -1, 4) if layout == "fragment" else words
+    return repack_e2m1_words(weight.contiguous(), "fragment" if layout == "fragment" else "k")
 
 
 def prepare_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -564,6 +564,7 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     import torch
 
     layout = weight_layout(weight)
+    stored = weight
     weight = weight.reshape(weight.shape[0], -1)
     repacked = layout != "checkpoint"
     n, k = weight.shape[0], weight.shape[1] * (8 if repacked else 2)
@@ -609,8 +610,7 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         # once per call, not per N tile; no host sync (CUDA-graph capturable)
         x, x_scale, kind = decode_activations(x, x_scale), None, _A_BF16
     if cfg.path == "dequant":
-        w = dequantize_weight(weight.reshape(n, -1, 4) if layout == "fragment" else weight,
-                              weight_scale, scale_max=scale_max)
+        w = dequantize_weight(stored, weight_scale, scale_max=scale_max)
         if out_dtype == torch.bfloat16:  # torch's matmul: float32 sums, one rounding
             return torch.matmul(x, w.T)
         return torch.matmul(x.float(), w.float().T).to(out_dtype)

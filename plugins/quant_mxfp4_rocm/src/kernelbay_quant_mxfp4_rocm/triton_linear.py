@@ -117,10 +117,8 @@ class Mxfp4TritonLinear(Mxfp4EmulationLinear):
         from kernelbay.formats import checkpoint_layout, dequantize_mx
 
         # stored as fragment-order words where the PTX decode runs (prepare_weight)
-        weight = _tensor(layer, "weight")
-        if weight.dim() == 3:
-            weight = checkpoint_layout(weight.reshape(weight.shape[0], -1), "fragment")
-        w = dequantize_mx(checkpoint_layout(weight), _tensor(layer, "weight_scale"), "e2m1")
+        w = dequantize_mx(checkpoint_layout(_tensor(layer, "weight")),
+                          _tensor(layer, "weight_scale"), "e2m1")
         return w.to(getattr(torch, self.request.activation_dtype))
 
 

@@ -99,8 +99,7 @@ def layout_tensors(packed: torch.Tensor, scales: torch.Tensor, layout: str
       as loaded;
     * ``fragment``: the scales' signs and zeros folded into the codes and the scales stored as
       uint8 codes (``scale_codes.fold_block_scales``), the words in the ``"fragment"`` K order
-      grouped as int32 [..., N, K/32, 4] (the extra dimension tells the two word layouts
-      apart; K a multiple of 32).
+      (int32 [..., N, K/32, 4]; K a multiple of 32).
 
     Rows are independent, so stacked experts convert as one matrix."""
     if layout not in LAYOUTS:
@@ -109,16 +108,14 @@ def layout_tensors(packed: torch.Tensor, scales: torch.Tensor, layout: str
         return packed.contiguous(), scales.contiguous()
     from kernelbay.formats.e2m1_words import repack_e2m1_words
 
-    order = "k"
     if layout == "fragment":
         from kernelbay_quant_nvfp4.scale_codes import fold_block_scales
 
         packed, scales = fold_block_scales(packed, scales)
-        order = "fragment"
     lead = packed.shape[:-1]
-    words = repack_e2m1_words(packed.contiguous().reshape(-1, packed.shape[-1]), order)
-    words = words.reshape(*lead, -1, 4) if layout == "fragment" else words.reshape(*lead, -1)
-    return words, scales.contiguous()
+    words = repack_e2m1_words(packed.contiguous().reshape(-1, packed.shape[-1]),
+                              "fragment" if layout == "fragment" else "k")
+    return words.reshape(*lead, *words.shape[1:]), scales.contiguous()
 
 
 def stored_tensors(packed: torch.Tensor, scales: torch.Tensor,
@@ -130,17 +127,22 @@ def stored_tensors(packed: torch.Tensor, scales: torch.Tensor,
 
 
 def _layout_text(weight: torch.Tensor, scales: torch.Tensor) -> str:
-    """Which of ``LAYOUTS`` a stored weight and its scales are in, from dtypes and shapes."""
+    """Which of ``LAYOUTS`` a stored weight and its scales are in, from dtypes and shapes
+    (the words' order from ``kernelbay.formats.words_order``)."""
     import torch
+    from kernelbay.formats import words_order
 
     e4m3 = scales.dtype == torch.float8_e4m3fn
     if weight.dtype == torch.uint8 and weight.dim() == 2 and e4m3:
         return "checkpoint"
-    if weight.dtype == torch.int32:
-        if weight.dim() == 2 and e4m3:
-            return "repacked"
-        if weight.dim() == 3 and weight.shape[-1] == 4 and scales.dtype == torch.uint8:
-            return "fragment"
+    try:
+        order = words_order(weight)
+    except ValueError:
+        return f"none of {LAYOUTS}"
+    if order == "k" and e4m3:
+        return "repacked"
+    if order == "fragment" and scales.dtype == torch.uint8:
+        return "fragment"
     return f"none of {LAYOUTS}"
 
 
@@ -154,8 +156,7 @@ def checkpoint_tensors(weight: torch.Tensor, scales: torch.Tensor
     if _layout_text(weight, scales) == "fragment":
         from kernelbay_quant_nvfp4.scale_codes import codes_to_e4m3
 
-        return (checkpoint_layout(weight.reshape(weight.shape[0], -1), "fragment"),
-                codes_to_e4m3(scales))
+        scales = codes_to_e4m3(scales)
     return checkpoint_layout(weight), scales
 
 
