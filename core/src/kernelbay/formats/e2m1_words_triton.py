@@ -26,8 +26,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["fragment_tile", "fragment_to_k", "repacked_codes", "repacked_lanes",
-           "repacked_lanes16", "weight_dot"]
+__all__ = ["MULTIPLY_LANES_PTX", "fragment_tile", "fragment_to_k", "repacked_codes",
+           "repacked_lanes", "repacked_lanes16", "weight_dot"]
+
+#: The PTX that finishes a repacked decode (``tl.inline_asm_elementwise``, ``"=r,r,r"``): two
+#: bf16 lanes of ``repacked_lanes`` ($1) times their block's multiplier pair ($2), plus -0 so
+#: that zero products keep their sign.
+MULTIPLY_LANES_PTX = tl.constexpr("""{
+.reg .b32 nz;
+mov.b32 nz, 0x80008000;
+fma.rn.bf16x2 $0, $1, $2, nz;
+}""")
 
 
 @triton.jit

@@ -45,6 +45,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 from kernelbay.formats.e2m1_words_triton import (
+    MULTIPLY_LANES_PTX,
     fragment_tile,
     fragment_to_k,
     repacked_codes,
@@ -137,12 +138,8 @@ def decode_e2m1(halves, sbytes, R: tl.constexpr, KH: tl.constexpr, ASM: tl.const
 PAIR_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
 
 
-# The multiply-only PTX of the repacked layout: the lanes already read as e2m1 * 2^-126.
-ASM_FAST_REPACKED = tl.constexpr("""{
-.reg .b32 nz;
-mov.b32 nz, 0x80008000;
-fma.rn.bf16x2 $0, $1, $2, nz;
-}""")
+# The repacked layout's lanes already read as e2m1 * 2^-126: the single-multiply decode is the
+# core's MULTIPLY_LANES_PTX, the general one multiplies twice.
 ASM_GENERAL_REPACKED = tl.constexpr("""{
 .reg .b32 nz, x;
 mov.b32 nz, 0x80008000;
@@ -181,7 +178,7 @@ def decode_e2m1_pairs(words, sbytes, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.
         p1 = tl.reshape(tl.broadcast_to(p1[:, :, None], (R, KQ // 4, 32)), (R, BK))
         if FAST:
             if REPACKED:
-                res = tl.inline_asm_elementwise(ASM_FAST_REPACKED, "=r,r,r", [c16, p1],
+                res = tl.inline_asm_elementwise(MULTIPLY_LANES_PTX, "=r,r,r", [c16, p1],
                                                 dtype=tl.bfloat16, is_pure=True, pack=2)
             else:
                 res = tl.inline_asm_elementwise(ASM_FAST, "=r,r,r", [c16, p1],
@@ -216,7 +213,7 @@ def decode_e2m1_pairs(words, sbytes, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.
 def _scaled_register(r, p1, p2, FAST: tl.constexpr):
     """One repacked register (two lanes, uint32) times its block's multiplier pair(s)."""
     if FAST:
-        out = tl.inline_asm_elementwise(ASM_FAST_REPACKED, "=r,r,r", [r, p1],
+        out = tl.inline_asm_elementwise(MULTIPLY_LANES_PTX, "=r,r,r", [r, p1],
                                         dtype=tl.uint32, is_pure=True, pack=1)
     else:
         out = tl.inline_asm_elementwise(ASM_GENERAL_REPACKED, "=r,r,r,r", [r, p1, p2],

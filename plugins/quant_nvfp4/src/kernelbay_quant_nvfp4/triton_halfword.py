@@ -65,6 +65,7 @@ import triton
 import triton.language as tl
 from kernelbay.formats import e2m1_words_triton
 from kernelbay.formats.e2m1_words_triton import (
+    MULTIPLY_LANES_PTX,
     fragment_tile,
     fragment_to_k,
     repacked_codes,
@@ -138,16 +139,6 @@ def decode_halfwords(halves, sbits, R: tl.constexpr, KH: tl.constexpr, ASM: tl.c
     return out
 
 
-# One packed multiply per two elements of a repacked register: $1 two lanes that read as
-# e2m1 * 2^-126 (bf16 bits), $2 their multipliers S * 2^118; adding -0 keeps the sign of zero
-# products.
-_SCALE_PTX = tl.constexpr("""{
-.reg .b32 nz;
-mov.b32 nz, 0x80008000;
-fma.rn.bf16x2 $0, $1, $2, nz;
-}""")
-
-
 @triton.jit
 def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.constexpr,
                  REPACKED: tl.constexpr):
@@ -181,7 +172,7 @@ def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.conste
             lanes = tl.reshape(tl.join(regs.to(tl.uint16), (regs >> 16).to(tl.uint16)),
                                (R, BK))
         if REPACKED:
-            out = tl.inline_asm_elementwise(_SCALE_PTX, "=r,r,r", [lanes, mult],
+            out = tl.inline_asm_elementwise(MULTIPLY_LANES_PTX, "=r,r,r", [lanes, mult],
                                             dtype=tl.bfloat16, is_pure=True, pack=2)
         else:
             out = tl.inline_asm_elementwise(_DECODE_PTX, "=r,r,r", [lanes, mult],
