@@ -161,6 +161,9 @@ for s in "$@"; do
       section nvfp4-bench 150 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,16,64,256 \
         --out /tmp/res/nvfp4-bench
       section mxfp4-bench 150 $py bench/mxfp4/run.py --ms 1,4,16,64,256 --out /tmp/res/mxfp4-bench ;;
+    mlanew)  # MLA GPU tests, then the decode table with its config and split sweeps
+      section mla-tests 150 $py -m pytest -q -p no:cacheprovider -m gpu plugins/attn_flashmla/tests
+      section mla-bench 300 $py bench/mla_decode/run.py --budget-s 220 --out /tmp/res/mla-bench ;;
     mlaprof)  # the MXFP8 MLA decode kernel in detail: stall reasons and where they happen
       prof mla-mxfp8-detail mla_decode_kernel --print-details all --section SourceCounters -- \
         $py bench/mla_decode/run.py --batches 64 --contexts 8192 --heads 16 --kinds mxfp8 \

@@ -56,6 +56,9 @@ TUNE_CONFIGS: tuple[dict, ...] = (
     {"block_n": 32, "num_warps": 4, "l2_ahead": 0, "f16_dot": True},
     {"block_n": 64, "num_warps": 8, "f16_dot": True},
 )
+#: Split counts the sweep times at the default launch configuration (beside the kernel's
+#: choice), to check the split model (``triton_mla.split_cost``) against the clock.
+TUNE_SPLITS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 33)
 #: The cases the sweep covers (16 heads: the memory-bound ones).
 TUNE_BATCHES = (64,)
 TUNE_CONTEXTS = (8192, 32768)
@@ -168,8 +171,6 @@ def main() -> int:
     parser.add_argument("--eager", action="store_true",
                         help="time eager launches (host work included) instead of CUDA-graph "
                              "replays")
-    parser.add_argument("--waves", type=int, default=None,
-                        help="programs per SM the split count aims for (default: the kernel's)")
     parser.add_argument("--block-n", type=int, default=None, help="keys per tile")
     parser.add_argument("--warps", type=int, default=None, help="warps per program")
     parser.add_argument("--stages", type=int, default=2, help="pipeline stages")
@@ -197,7 +198,6 @@ def main() -> int:
     from kernelbay_attn_flashmla import triton_mla
     from kernelbay_attn_flashmla.records import RECORDS
 
-    choose_splits, launch_constants = triton_mla.choose_splits, triton_mla.launch_constants
     mla_decode = triton_mla.mla_decode
 
     batches = [int(b) for b in args.batches.split(",")]
@@ -243,13 +243,10 @@ def main() -> int:
                     meta = _metadata(batch, context, tables)
                     query = torch.randn(batch, heads, record.latent_dim, device="cuda",
                                         dtype=torch.bfloat16)
-                    block_h = launch_constants(record, heads, PAGE, 1)["BLOCK_H"]
-                    splits = choose_splits(batch, -(-heads // block_h), context, sms,
-                                           args.waves or triton_mla.SPLIT_WAVES)
-                    launch = dict(default, num_splits=splits)
                     label = f"{kind} B={batch} ctx={context} H={heads}"
-                    err, ms = _measure(mla_decode, record, cache, meta, query, scale, launch,
+                    err, ms = _measure(mla_decode, record, cache, meta, query, scale, default,
                                        args)
+                    splits = triton_mla.last_splits()
                     if not err <= ATOL:
                         failures.append(f"{label}: max relative error {err:.3g} > {ATOL}")
                     seconds = ms * 1e-3
@@ -266,12 +263,15 @@ def main() -> int:
                     if (args.no_tune or heads != 16 or batch not in TUNE_BATCHES
                             or context not in TUNE_CONTEXTS):
                         continue
-                    for tune in TUNE_CONFIGS:
-                        if kind == "bf16" and tune.get("f16_dot"):
-                            continue
-                        cfg = dict(_tune_launch(tune, triton_mla.default_l2_ahead(record)),
-                                   num_splits=splits)
-                        cfg_label = (f"{label} grouped={cfg['grouped']} "
+                    sweep = [_tune_launch(tune, triton_mla.default_l2_ahead(record))
+                             for tune in TUNE_CONFIGS
+                             if not (kind == "bf16" and tune.get("f16_dot"))]
+                    sweep += [_tune_launch(dict(default, num_splits=n),
+                                           triton_mla.default_l2_ahead(record))
+                              for n in TUNE_SPLITS if n != splits]
+                    for cfg in sweep:
+                        cfg_label = (f"{label} splits={cfg.get('num_splits')} "
+                                     f"grouped={cfg['grouped']} "
                                      f"block_n={cfg['block_n']} warps={cfg['num_warps']} "
                                      f"stages={cfg['num_stages']} "
                                      f"prefetch={cfg['reg_prefetch']} "
@@ -283,6 +283,7 @@ def main() -> int:
                         try:
                             err, t_ms = _measure(mla_decode, record, cache, meta, query, scale,
                                                  cfg, args)
+                            used = triton_mla.last_splits()
                         except Exception as exc:  # a config that does not compile or run
                             failures.append(f"{cfg_label}: {type(exc).__name__}: "
                                             f"{str(exc)[:200]}")
@@ -296,7 +297,8 @@ def main() -> int:
                                        "stages": cfg["num_stages"],
                                        "reg_prefetch": cfg["reg_prefetch"],
                                        "l2_ahead": cfg["l2_ahead"],
-                                       "f16_dot": cfg["f16_dot"], "ms": t_ms,
+                                       "f16_dot": cfg["f16_dot"], "splits": used,
+                                       "ms": t_ms,
                                        "kv_tb_s": kv_bytes / (t_ms * 1e-3) / 1e12,
                                        "max_rel_err": err})
                         print(f"  {cfg_label}: {t_ms:.3f} ms, "
@@ -312,8 +314,9 @@ def main() -> int:
 
 def _tune_launch(tune: dict, l2_ahead: int) -> dict:
     """A sweep entry with the unnamed options at the kernel's defaults."""
-    return dict(dict(chunked=None, grouped=False, reg_prefetch=True, num_stages=2,
-                     l2_ahead=l2_ahead, f16_dot=False), **tune)
+    base = dict(block_n=None, num_warps=None, chunked=None, grouped=False, reg_prefetch=True,
+                num_stages=2, l2_ahead=l2_ahead, f16_dot=False)
+    return dict(base, **{k: v for k, v in tune.items() if v is not None or k not in base})
 
 
 def _measure(mla_decode, record, cache, meta, query, scale: float, launch: dict,
@@ -331,8 +334,6 @@ def _write(args, props, sms: int, rows: list[dict], tuning: list[dict], notes: l
            failures: list[str], seconds: float) -> None:
     """results.json and results.md under ``--out``."""
     import triton
-    from kernelbay_attn_flashmla.triton_mla import SPLIT_WAVES
-
     base = {(r["batch"], r["context"], r["heads"]): r["ms"] for r in rows if r["kind"] == "bf16"}
     for r in rows:
         b = base.get((r["batch"], r["context"], r["heads"]))
@@ -352,7 +353,7 @@ def _write(args, props, sms: int, rows: list[dict], tuning: list[dict], notes: l
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": props.name, "sms": sms, "torch": torch.__version__,
             "timing": "eager do_bench" if args.eager else "CUDA graph replay",
-            "waves": args.waves or SPLIT_WAVES, "block_n": args.block_n, "warps": args.warps,
+            "block_n": args.block_n, "warps": args.warps,
             "stages": args.stages, "grouped": args.grouped, "l2_ahead": args.l2_ahead,
             "triton": triton.__version__, "page_size": PAGE, "seconds": seconds,
             "notes": notes, "failures": failures}
@@ -378,15 +379,15 @@ def _write(args, props, sms: int, rows: list[dict], tuning: list[dict], notes: l
                   "defaults; * best of its case; x best bf16 = the fastest bf16 "
                   "configuration's time / this time):", "",
                   "| kind | batch | context | heads | f16 dots | block_n | warps | stages | "
-                  "prefetch | L2 ahead | ms | KV TB/s | x bf16 | x best bf16 |",
+                  "prefetch | L2 ahead | splits | ms | KV TB/s | x bf16 | x best bf16 |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
-                  "--- | --- |"]
+                  "--- | --- | --- |"]
         for r in tuning:
             x = f"{r['speedup_vs_bf16']:.2f}" if r["speedup_vs_bf16"] else "-"
             xb = f"{r['speedup_vs_best_bf16']:.2f}" if r["speedup_vs_best_bf16"] else "-"
             lines.append(f"| {r['kind']} | {r['batch']} | {r['context']} | {r['heads']} | "
                          f"{r['f16_dot']} | {r['block_n']} | {r['warps']} | {r['stages']} | "
-                         f"{r['reg_prefetch']} | {r['l2_ahead']} | "
+                         f"{r['reg_prefetch']} | {r['l2_ahead']} | {r['splits']} | "
                          f"{r['ms']:.3f}{' *' if r['best'] else ''} | {r['kv_tb_s']:.2f} | "
                          f"{x} | {xb} |")
     lines += [""] + [f"- {n}" for n in notes] + [f"- FAILED {f}" for f in failures]

@@ -295,6 +295,46 @@ def test_decode_matches_reference_on_gpu(kind: str, heads: int, gpu_kernels: Non
         _compare(case, splits=7, atol=3e-2, scale=1 / math.sqrt(192))
 
 
+def _check_e8m0_tile_decode(device: str) -> None:
+    """Every E4M3 code under every kind of E8M0 byte (the subnormal 2^-127, small, typical,
+    the last one a single factor covers on the GPU, the first that needs the second, the
+    largest) decodes to E4M3 * 2^(byte - 127) exactly, as torch's float8 and float32 give
+    it (rounded to bfloat16 on the GPU, where the tile is bfloat16)."""
+    import importlib
+
+    import _decode_kernel
+    from kernelbay_attn_flashmla.triton_mla import _kernels
+
+    # Both modules jitted for this test's mode (TRITON_INTERPRET or not).
+    _kernels()
+    e8m0_words_kernel = importlib.reload(_decode_kernel).e8m0_words_kernel
+    group, c_pad, rows = 32, 256, 16
+    scales = torch.tensor([0, 1, 20, 118, 127, 134, 135, 150, 200, 254], dtype=torch.uint8)
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(rows, 1)
+    codes = codes[:, torch.randperm(256, generator=torch.Generator().manual_seed(3))]
+    raw = scales[torch.arange(rows * (c_pad // group)) % len(scales)].view(rows, -1)
+    out = torch.empty(rows, c_pad, dtype=torch.float32, device=device)
+    e8m0_words_kernel[(1,)](codes.to(device).view(torch.int32), raw.to(device), out, rows,
+                            c_pad, group, device == "cuda")
+    factor = torch.exp2(raw.float() - 127).repeat_interleave(group, dim=1)
+    expected = codes.view(torch.float8_e4m3fn).float() * factor
+    if device == "cuda":
+        expected = expected.to(torch.bfloat16).float()
+    finite = (codes & 0x7F) != 0x7F  # the two NaN codes: never written, decoded finite
+    got = out.cpu()[finite]
+    assert torch.equal(got, expected[finite])
+    assert torch.equal(torch.signbit(got), torch.signbit(expected[finite]))
+
+
+def test_e8m0_tile_decode_is_exact_interpreted(interpret: None) -> None:
+    _check_e8m0_tile_decode("cpu")
+
+
+@pytest.mark.gpu
+def test_e8m0_tile_decode_is_exact_on_gpu(gpu_kernels: None) -> None:
+    _check_e8m0_tile_decode("cuda")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", KINDS)
 def test_write_kernel_is_bit_exact_on_gpu(kind: str, gpu_kernels: None) -> None:

@@ -244,6 +244,83 @@ def _fetch_codes(cache_u8, cache_f32, row, ok, cols, cols_ok, ELEM_OFF: tl.const
     return code, raw
 
 
+#: Four E4M3 codes (one little-endian word, $2) times their block's power of two, as two
+#: bf16x2 registers ($0: elements 0-1, $1: elements 2-3; ``tl.inline_asm_elementwise``,
+#: ``"=r,=r,r,r,r"``); $3 and $4 are the block's multiplier pairs ``low`` and ``high``.
+#: Each byte goes to the low byte of a 16-bit lane with its sign replicated over the high
+#: byte (PRMT's sign mode); shifted left by 4, the magnitude's exponent and mantissa bits
+#: land on bfloat16's and the mask keeps them and one sign bit: the lane is
+#: ``e4m3 * 2^-120`` exactly (an E4M3 subnormal on a bfloat16 subnormal, zero on zero).
+#: Two packed multiplies by powers of two finish it: five instructions per pair where the
+#: conversion through float16 takes about eight. The codes 0x7F and 0xFF (NaN in E4M3; the
+#: cache writer never stores them) come out finite.
+E8M0_SCALED_PTX = tl.constexpr("""{
+.reg .b32 t0, t1;
+prmt.b32 t0, $2, 0, 0x9180;
+prmt.b32 t1, $2, 0, 0xB3A2;
+shl.b32 t0, t0, 4;
+shl.b32 t1, t1, 4;
+and.b32 t0, t0, 0x87F087F0;
+and.b32 t1, t1, 0x87F087F0;
+mul.rn.bf16x2 t0, t0, $3;
+mul.rn.bf16x2 t1, t1, $5;
+mul.rn.bf16x2 $0, t0, $7;
+mul.rn.bf16x2 $1, t1, $9;
+}""")
+
+
+@triton.jit
+def _fetch_words(cache_u32, cache_u8, row, ok, ELEM_OFF: tl.constexpr,
+                 SCALE_OFF: tl.constexpr, GROUP: tl.constexpr, C_PAD: tl.constexpr,
+                 COUNT: tl.constexpr):
+    """A tile's E4M3 codes as words ``[BLOCK_N, C_PAD // GROUP, GROUP // 4]`` (four codes
+    each, little-endian; ``row`` and ``ELEM_OFF`` multiples of 4) and its E8M0 bytes
+    ``[BLOCK_N, C_PAD // GROUP]``, for ``_e8m0_words``. Words keep four codes in one
+    register, where a uint8 tile takes a register per code (what a prefetched tile costs
+    while it waits for the next iteration)."""
+    NG: tl.constexpr = C_PAD // GROUP
+    group = tl.arange(0, NG)[None, :, None]
+    word = group * (GROUP // 4) + tl.arange(0, GROUP // 4)[None, None, :]
+    # Byte addresses cast to word pointers (not row // 4: the compiler then no longer knows
+    # the records' 16-byte alignment and loads word by word).
+    base = (cache_u8 + (row[:, None, None] + ELEM_OFF)).to(tl.pointer_type(tl.int32))
+    words = tl.load(base + word, mask=ok[:, None, None] & (word < COUNT // 4), other=0)
+    local = tl.arange(0, NG)
+    raw = tl.load(cache_u8 + (row[:, None] + SCALE_OFF + local[None, :]),
+                  mask=ok[:, None] & (local * GROUP < COUNT)[None, :], other=127)
+    return words, raw
+
+
+@triton.jit
+def _e8m0_words(words, raw, BLOCK_N: tl.constexpr, C_PAD: tl.constexpr,
+                GROUP: tl.constexpr, FAST_FP8: tl.constexpr):
+    """The values ``[BLOCK_N, C_PAD]`` of ``_fetch_words``' codes: each E4M3 code times
+    ``2^(raw - 127)`` of its block, exactly; bfloat16 by ``E8M0_SCALED_PTX`` on the GPU,
+    float32 by integer math under the interpreter."""
+    # The words' bytes in K order (join(join(a, c), join(b, d)) flattens as a, b, c, d):
+    # the packed operand below gets each word back as it was loaded, no byte moved.
+    b0 = (words & 255).to(tl.uint8)
+    b1 = ((words >> 8) & 255).to(tl.uint8)
+    b2 = ((words >> 16) & 255).to(tl.uint8)
+    b3 = ((words >> 24) & 255).to(tl.uint8)
+    shape: tl.constexpr = [BLOCK_N, C_PAD // GROUP, GROUP]
+    code = tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), shape)
+    e = raw.to(tl.int32)
+    if FAST_FP8:
+        # The lanes are e4m3 * 2^-120: a factor 2^(raw - 7) finishes them while it is a
+        # bfloat16 normal (raw <= 134, block maxima up to 448 * 2^7); a second one, 1
+        # below that, covers the rest of E8M0's range. Both products are exact.
+        low = (((tl.minimum(e, 134) + 120) << 7) * 0x10001)[:, :, None]
+        high = (((tl.maximum(e, 134) - 7) << 7) * 0x10001)[:, :, None]
+        values = tl.inline_asm_elementwise(
+            E8M0_SCALED_PTX, "=r,=r,r,r,r,r,r,r,r,r,r",
+            [code, tl.broadcast_to(low, shape), tl.broadcast_to(high, shape)],
+            dtype=tl.bfloat16, is_pure=True, pack=4)
+    else:
+        values = _e4m3_to_f32(code, False) * _pow2(e - 127)[:, :, None]
+    return tl.reshape(values, [BLOCK_N, C_PAD])
+
+
 @triton.jit
 def _dequant_codes(code, raw, GROUP: tl.constexpr, SCALE: tl.constexpr,
                    BLOCK_N: tl.constexpr, C_PAD: tl.constexpr, FAST_FP8: tl.constexpr,
@@ -281,7 +358,7 @@ def _dequant_codes(code, raw, GROUP: tl.constexpr, SCALE: tl.constexpr,
                                "lse_stride_t", "lse_stride_s", "num_heads", "num_splits"])
 def mla_decode_kernel(
     q_ptr, q_stride_t, q_stride_h,
-    cache_u8, cache_bf16, cache_f32,
+    cache_u8, cache_bf16, cache_f32, cache_u32,
     block_tables, bt_stride,
     tok_seq, tok_len, tok_start,
     topk_ptr, topk_stride, num_topk,
@@ -323,6 +400,18 @@ def mla_decode_kernel(
     rcols_ok = rcols < ROPE
 
     q_row = q_ptr + t * q_stride_t + heads[:, None] * q_stride_h
+    # Quantized nope in the flat layout: the next tile's codes and scales are loaded before
+    # this tile is computed on (the compiler's pipelining does not reach loads that feed
+    # dots through the dequantization), so one tile is always in flight.
+    PREFETCH: tl.constexpr = (REG_PREFETCH and (not CHUNKED) and NOPE_SCALE != 0
+                              and (NC * CH) % GROUP == 0)
+    # E8M0-scaled codes: fetched as words (decoded by E8M0_SCALED_PTX on the GPU).
+    WORDS: tl.constexpr = PREFETCH and NOPE_SCALE == 2 and not F16_DOT
+    # MXFP8 records whose nope and rope fill the padded width (448 + 64): one tile of
+    # RANK + ROPE scaled codes, one score product over both parts; the value product's
+    # rope columns are computed and not stored.
+    WHOLE: tl.constexpr = WORDS and ROPE_SCALE == 2 and RANK + ROPE == NC * CH
+    WIDTH: tl.constexpr = RANK + ROPE if WHOLE else RANK
     if CHUNKED:
         # The nope part in NC chunks of CH columns, [NC, BLOCK_H, CH]: batched dots give
         # each warp its own chunk, so no warp holds the whole [BLOCK_H, D] query or tile.
@@ -333,7 +422,7 @@ def mla_decode_kernel(
         acc3 = tl.full([NC, BLOCK_H, CH], 0.0, tl.float32)
     else:
         dcols = tl.arange(0, NC * CH)
-        dcols_ok = dcols < RANK
+        dcols_ok = dcols < WIDTH
         q_nope = tl.load(q_row + dcols[None, :], mask=heads_ok[:, None] & dcols_ok[None, :],
                          other=0.0).to(DOT)
         acc2 = tl.full([BLOCK_H, NC * CH], 0.0, tl.float32)
@@ -352,17 +441,17 @@ def mla_decode_kernel(
     qk_scale = sm_scale * 1.4426950408889634
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_H], 0.0, tl.float32)
-    # Quantized nope in the flat layout: the next tile's codes and scales are loaded before
-    # this tile is computed on (the compiler's pipelining does not reach loads that feed
-    # dots through the dequantization), so one tile is always in flight.
-    PREFETCH: tl.constexpr = (REG_PREFETCH and (not CHUNKED) and NOPE_SCALE != 0
-                              and (NC * CH) % GROUP == 0)
     if PREFETCH:
         row_n, ok_n = _tile(lo, hi, start, length, seq, t, topk_ptr, topk_stride,
                             block_tables, bt_stride, BLOCK_N, PAGE_SIZE, PAGE_BYTES, BPT,
                             SPARSE)
-        code_n, raw_n = _fetch_codes(cache_u8, cache_f32, row_n, ok_n, dcols, dcols_ok,
-                                     NOPE_OFF, SCALE_OFF, GROUP, NOPE_SCALE, NC * CH, RANK)
+        if WORDS:
+            code_n, raw_n = _fetch_words(cache_u32, cache_u8, row_n, ok_n, NOPE_OFF,
+                                         SCALE_OFF, GROUP, NC * CH, WIDTH)
+        else:
+            code_n, raw_n = _fetch_codes(cache_u8, cache_f32, row_n, ok_n, dcols, dcols_ok,
+                                         NOPE_OFF, SCALE_OFF, GROUP, NOPE_SCALE, NC * CH,
+                                         RANK)
     if L2_AHEAD > 0:
         # The first L2_AHEAD tiles; each iteration then asks for the tile L2_AHEAD ahead.
         for k in tl.static_range(L2_AHEAD):
@@ -385,9 +474,13 @@ def mla_decode_kernel(
             row_n, ok_n = _tile(n0 + BLOCK_N, hi, start, length, seq, t, topk_ptr,
                                 topk_stride, block_tables, bt_stride, BLOCK_N, PAGE_SIZE,
                                 PAGE_BYTES, BPT, SPARSE)
-            code_n, raw_n = _fetch_codes(cache_u8, cache_f32, row_n, ok_n, dcols, dcols_ok,
-                                         NOPE_OFF, SCALE_OFF, GROUP, NOPE_SCALE, NC * CH,
-                                         RANK)
+            if WORDS:
+                code_n, raw_n = _fetch_words(cache_u32, cache_u8, row_n, ok_n, NOPE_OFF,
+                                             SCALE_OFF, GROUP, NC * CH, WIDTH)
+            else:
+                code_n, raw_n = _fetch_codes(cache_u8, cache_f32, row_n, ok_n, dcols,
+                                             dcols_ok, NOPE_OFF, SCALE_OFF, GROUP, NOPE_SCALE,
+                                             NC * CH, RANK)
         else:
             row, ok = _tile(n0, hi, start, length, seq, t, topk_ptr, topk_stride,
                             block_tables, bt_stride, BLOCK_N, PAGE_SIZE, PAGE_BYTES, BPT,
@@ -403,7 +496,9 @@ def mla_decode_kernel(
                              NC, BLOCK_N, CH, RANK, FAST_FP8).to(DOT)
             s_nope = tl.reduce(tl.dot(q3, tl.permute(k3, (0, 2, 1))), 0, _add)
         else:
-            if PREFETCH:
+            if WORDS:
+                k_nope = _e8m0_words(code, raw, BLOCK_N, NC * CH, GROUP, FAST_FP8).to(DOT)
+            elif PREFETCH:
                 k_nope = _dequant_codes(code, raw, GROUP, NOPE_SCALE, BLOCK_N, NC * CH,
                                         FAST_FP8, F16_DOT).to(DOT)
             else:
@@ -411,10 +506,13 @@ def mla_decode_kernel(
                                     dcols_ok, NOPE_OFF, 0, SCALE_OFF, GROUP, NOPE_SCALE,
                                     BLOCK_N, NC * CH, RANK, FAST_FP8).to(DOT)
             s_nope = tl.dot(q_nope, tl.trans(k_nope))
-        k_rope = _load_part(cache_u8, cache_bf16, cache_f32, row, ok, rcols, rcols_ok,
-                            ROPE_OFF, RANK, SCALE_OFF, GROUP, ROPE_SCALE, BLOCK_N, R_PAD, ROPE,
-                            FAST_FP8).to(DOT)
-        s = s_nope + tl.dot(q_rope, tl.trans(k_rope))
+        if WHOLE:
+            s = s_nope
+        else:
+            k_rope = _load_part(cache_u8, cache_bf16, cache_f32, row, ok, rcols, rcols_ok,
+                                ROPE_OFF, RANK, SCALE_OFF, GROUP, ROPE_SCALE, BLOCK_N, R_PAD,
+                                ROPE, FAST_FP8).to(DOT)
+            s = s_nope + tl.dot(q_rope, tl.trans(k_rope))
         s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(s, 1, _max))
         # A tile with no allowed key keeps m = -inf; subtract 0 then so exp2 gives 0.
@@ -444,7 +542,8 @@ def mla_decode_kernel(
     else:
         out2 = acc2 / tl.where(has, l_i, 1.0)[:, None]
         tl.store(o_base + heads[:, None] * out_stride_h + dcols[None, :],
-                 out2.to(out_ptr.dtype.element_ty), mask=heads_ok[:, None] & dcols_ok[None, :])
+                 out2.to(out_ptr.dtype.element_ty),
+                 mask=heads_ok[:, None] & (dcols < RANK)[None, :])
     tl.store(lse_ptr + t * lse_stride_t + split * lse_stride_s + heads, lse, mask=heads_ok)
 
 

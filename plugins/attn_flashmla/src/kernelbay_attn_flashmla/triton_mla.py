@@ -23,7 +23,8 @@ from kernelbay_attn_flashmla import triton_kernels
 from kernelbay_attn_flashmla.records import MLARecord
 
 __all__ = ["KernelFields", "choose_splits", "default_block_n", "default_l2_ahead", "default_warps",
-           "kernel_fields", "launch_constants", "mla_decode", "mla_write"]
+           "kernel_fields", "last_splits", "launch_constants", "mla_decode", "mla_write",
+           "programs_per_sm", "resident_programs", "split_cost"]
 
 #: Record kind -> (KIND, nope scale mode, rope scale mode): 0 bf16, 1 fp32 group scales,
 #: 2 E8M0 group scales.
@@ -37,8 +38,9 @@ NOPE_CHUNK = 64
 #: Tiles ahead of the one computed on whose records each decode iteration asks L2 for (GPU),
 #: quantized records (bf16 records: none, see ``default_l2_ahead``).
 L2_AHEAD = 4
-#: Programs per SM the split count aims for (several in flight hide the gather latency).
-SPLIT_WAVES = 4
+#: Decode programs one SM holds when the compiled kernel's resources are not known (the
+#: interpreter; sm_90 builds of the wide-latent kernels take 200-255 registers).
+DEFAULT_RESIDENT = 2
 
 
 @dataclass(frozen=True)
@@ -112,14 +114,67 @@ def _sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
+def split_cost(splits: int, programs: int, slots: int, max_keys: int, block_n: int,
+               bytes_per_key: int, partial_bytes: int) -> int:
+    """Modelled time of a decode launch with ``splits`` KV splits per (token, head block), in
+    bytes one program moves: the waves of ``programs * splits`` programs over ``slots``
+    resident ones, times each program's bytes (its records, rounded to whole tiles, plus its
+    float32 partial written and read back by the combine when split). Every program of a
+    launch does the same work, so a wave that is not full costs as much as a full one."""
+    per_split = -(-max_keys // splits)
+    keys = -(-per_split // block_n) * block_n
+    waves = -(-programs * splits // slots)
+    return waves * (keys * bytes_per_key + (2 * partial_bytes if splits > 1 else 0))
+
+
 def choose_splits(num_tokens: int, head_blocks: int, max_keys: int, num_sms: int,
-                  waves: int = SPLIT_WAVES) -> int:
-    """KV splits per query token: enough programs for ``waves`` per SM when the batch alone
-    does not give them, each split keeping at least ``MIN_SPLIT_KEYS`` keys."""
+                  resident: int = DEFAULT_RESIDENT, *, block_n: int = 32,
+                  bytes_per_key: int = 1152, partial_bytes: int = 16 * 512 * 4) -> int:
+    """KV splits per query token: the count from 1 to ``MAX_SPLITS`` (each split keeping at
+    least ``MIN_SPLIT_KEYS`` keys) with the least ``split_cost`` on ``num_sms`` SMs holding
+    ``resident`` programs each; the fewest splits among equals (less to combine)."""
     programs = max(1, num_tokens * head_blocks)
-    want = -(-waves * num_sms // programs)
-    by_keys = max(1, max_keys // MIN_SPLIT_KEYS)
-    return max(1, min(want, by_keys, MAX_SPLITS))
+    slots = max(1, num_sms * resident)
+    most = max(1, min(MAX_SPLITS, max_keys // MIN_SPLIT_KEYS))
+    return min(range(1, most + 1),
+               key=lambda s: (split_cost(s, programs, slots, max_keys, block_n, bytes_per_key,
+                                         partial_bytes), s))
+
+
+#: Resident programs per SM of each compiled decode configuration, by (constexprs, warps,
+#: stages, device).
+_RESIDENT: dict[tuple[Any, ...], int] = {}
+
+
+def resident_programs(compiled: Any, num_warps: int, device: torch.device) -> int:
+    """Programs of ``compiled`` (a Triton CompiledKernel) one SM of ``device`` holds, from its
+    registers per thread and shared memory (``DEFAULT_RESIDENT`` when they are unknown)."""
+    try:
+        compiled._init_handles()  # loads the binary: sets n_regs
+        regs, shared = int(compiled.n_regs), int(compiled.metadata.shared)
+    except (AttributeError, TypeError, RuntimeError):
+        return DEFAULT_RESIDENT
+    if regs <= 0:
+        return DEFAULT_RESIDENT
+    props = torch.cuda.get_device_properties(device)
+    return programs_per_sm(regs, shared, num_warps,
+                           regs_per_sm=int(getattr(props, "regs_per_multiprocessor", 65536)),
+                           smem_per_sm=int(getattr(props, "shared_memory_per_multiprocessor",
+                                                   233472)),
+                           threads_per_sm=int(getattr(props, "max_threads_per_multi_processor",
+                                                      2048)))
+
+
+def programs_per_sm(regs: int, shared: int, num_warps: int, *, regs_per_sm: int = 65536,
+                    smem_per_sm: int = 233472, threads_per_sm: int = 2048) -> int:
+    """Blocks of ``num_warps`` warps using ``regs`` registers per thread and ``shared`` bytes
+    of shared memory that one SM holds (sm_90 defaults). Registers are allocated per warp
+    in units of 256 from each of the four schedulers' quarter of the file; each block's
+    shared memory comes with 1 KB reserved."""
+    per_warp = -(-regs * 32 // 256) * 256
+    by_regs = (regs_per_sm // 4 // per_warp) * 4 // num_warps
+    by_smem = smem_per_sm // (shared + 1024)
+    return max(1, min(by_regs, by_smem, threads_per_sm // (32 * num_warps), 32))
 
 
 # The last metadata's token tables: every layer of a step gets the same metadata object.
@@ -255,7 +310,8 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
 
     Same inputs and results as ``mla.mla_attention``: ``(out [T, H, kv_lora_rank] in
     query.dtype, lse [T, H] float32)``. ``num_splits`` None picks ``choose_splits`` from
-    the batch, the head blocks, the block table's capacity and ``num_sms`` (the device's).
+    the batch, the head blocks, the block table's capacity, ``num_sms`` (the device's) and
+    the programs an SM holds of the compiled kernel (``resident_programs``).
     ``block_n`` (keys per tile), ``num_warps``, ``num_stages``, ``chunked`` (the nope
     part as per-warp chunks of ``NOPE_CHUNK`` columns, see the kernel), ``grouped`` (see
     ``launch_constants``) and ``reg_prefetch`` (quantized flat tiles: the next tile's codes
@@ -279,15 +335,7 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                               fast_fp8=query.is_cuda and not _interpreting(),
                               interpreting=_interpreting())
     head_blocks = -(-heads // consts["BLOCK_H"])
-    if num_splits is None:
-        sms = num_sms if num_sms is not None else (
-            _sm_count(query.device.index if query.device.index is not None
-                      else torch.cuda.current_device()) if query.is_cuda else 1)
-        max_keys = (topk_indices.shape[-1] if topk_indices is not None
-                    else metadata.block_tables.shape[1] * page_size)
-        num_splits = choose_splits(num_tokens, head_blocks, max_keys, sms)
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    warps = num_warps or default_warps(record, consts["BLOCK_H"])
     out = torch.empty(num_tokens, heads, rank, dtype=query.dtype, device=query.device)
     lse = torch.empty(num_tokens, heads, dtype=torch.float32, device=query.device)
     if num_tokens == 0:
@@ -302,6 +350,41 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
         num_topk = topk.shape[1]
     else:
         topk, num_topk = seq, 0
+    kernel = _kernels().mla_decode_kernel
+
+    def args(part: Any, plse: Any, splits: int) -> tuple[Any, ...]:
+        strides = ((part.stride(0), part.stride(1), part.stride(2), plse.stride(0),
+                    plse.stride(1)) if isinstance(part, Tensor) else (0, 0, 0, 0, 0))
+        return (query, query.stride(0), query.stride(1),
+                flat, flat.view(torch.bfloat16), flat.view(torch.float32),
+                flat.view(torch.int32), block_tables, block_tables.stride(0),
+                seq, length, start,
+                topk, topk.stride(0) if topk.dim() == 2 else 0, num_topk,
+                part, *strides[:3], plse, *strides[3:],
+                heads, float(scale), splits)
+
+    if num_splits is None:
+        resident = DEFAULT_RESIDENT
+        if query.is_cuda and not _interpreting():
+            key = (tuple(consts.items()), warps, num_stages, query.device)
+            if key not in _RESIDENT:
+                # Compiled now (a split launch's variant: float32 partials), so that the
+                # split count can count the programs an SM really holds.
+                compiled = kernel.warmup(*args(torch.float32, torch.float32, 2), grid=(1,),
+                                         **consts, num_warps=warps, num_stages=num_stages)
+                _RESIDENT[key] = resident_programs(compiled, warps, query.device)
+            resident = _RESIDENT[key]
+        sms = num_sms if num_sms is not None else (
+            _sm_count(query.device.index if query.device.index is not None
+                      else torch.cuda.current_device()) if query.is_cuda else 1)
+        max_keys = (topk_indices.shape[-1] if topk_indices is not None
+                    else metadata.block_tables.shape[1] * page_size)
+        num_splits = choose_splits(num_tokens, head_blocks, max_keys, sms, resident,
+                                   block_n=consts["BLOCK_N"],
+                                   bytes_per_key=record.bytes_per_token,
+                                   partial_bytes=consts["BLOCK_H"] * rank * 4)
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     if num_splits == 1:
         part, plse = out.unsqueeze(1), lse.unsqueeze(1)
     else:
@@ -309,21 +392,11 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                            device=query.device)
         plse = torch.empty(num_tokens, num_splits, heads, dtype=torch.float32,
                            device=query.device)
-    kernels = _kernels()
-    kernels.mla_decode_kernel[(num_tokens * num_splits * head_blocks,)](
-        query, query.stride(0), query.stride(1),
-        flat, flat.view(torch.bfloat16), flat.view(torch.float32),
-        block_tables, block_tables.stride(0),
-        seq, length, start,
-        topk, topk.stride(0) if topk.dim() == 2 else 0, num_topk,
-        part, part.stride(0), part.stride(1), part.stride(2),
-        plse, plse.stride(0), plse.stride(1),
-        heads, float(scale), num_splits, **consts,
-        num_warps=num_warps or default_warps(record, consts["BLOCK_H"]),
-        num_stages=num_stages,
-    )
+    kernel[(num_tokens * num_splits * head_blocks,)](
+        *args(part, plse, num_splits), **consts, num_warps=warps, num_stages=num_stages)
+    _LAST_SPLITS["splits"] = num_splits
     if num_splits > 1:
-        kernels.mla_combine_kernel[(num_tokens, heads)](
+        _kernels().mla_combine_kernel[(num_tokens, heads)](
             part, part.stride(0), part.stride(1), part.stride(2),
             plse, plse.stride(0), plse.stride(1),
             out, out.stride(0), out.stride(1),
@@ -333,6 +406,16 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
             num_warps=4,
         )
     return out, lse
+
+
+#: The split count of the most recent ``mla_decode`` launch (what ``last_splits`` reports).
+_LAST_SPLITS: dict[str, int] = {}
+
+
+def last_splits() -> int | None:
+    """KV splits per query token of the most recent ``mla_decode`` call (for benchmarks and
+    ``explain``-style reports; None before the first)."""
+    return _LAST_SPLITS.get("splits")
 
 
 def mla_write(cache: Tensor, record: MLARecord, page_size: int, latent: Tensor,
