@@ -354,7 +354,11 @@ def test_write_kernel_is_bit_exact_on_gpu(kind: str, gpu_kernels: None) -> None:
         view = token_view(want, record, page)
         view[slots.cuda() // page, slots.cuda() % page] = encode_records(
             record, latent.cuda().bfloat16())
-        assert torch.equal(got, want)
+        bad = (got != want).nonzero()
+        assert bad.numel() == 0, (
+            f"{record.kind} {record.dims_text}: {bad.shape[0]} bytes differ; first at "
+            f"[page, byte] {bad[0].tolist()}: kernel {got[tuple(bad[0])].item()}, "
+            f"reference {want[tuple(bad[0])].item()}")
 
 
 @pytest.mark.gpu

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kernelbay.formats.division import divide
 from kernelbay.formats.e4m3 import E4M3_MAX, to_e4m3
 
 __all__ = [
@@ -36,7 +37,7 @@ FP8_BLOCK = (128, 128)
 
 
 def _scale(amax: Tensor) -> Tensor:
-    s = amax.float() / E4M3_MAX
+    s = divide(amax.float(), E4M3_MAX)
     return torch.where(amax == 0, 1.0, s)
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kernelbay.formats.division import divide
 from kernelbay.formats.e2m1 import E2M1_MAX, decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
 from kernelbay.formats.e4m3 import E4M3_MAX, to_e4m3
 
@@ -48,7 +49,7 @@ NVFP4_BLOCK = 16
 
 def nvfp4_global_scale(amax: Tensor) -> Tensor:
     """The fp32 per-tensor scale ``amax / (6 * 448)``; 1.0 where that is 0 (all-zero tensor)."""
-    g = amax.float() / (E2M1_MAX * E4M3_MAX)
+    g = divide(amax.float(), E2M1_MAX * E4M3_MAX)
     return torch.where(g == 0, 1.0, g)
 
 
@@ -85,7 +86,7 @@ def quantize_nvfp4(w: Tensor, global_scale: Tensor | None = None) -> tuple[Tenso
         raise TypeError(f"quantize_nvfp4 wants a floating tensor, got dtype {w.dtype}")
     wb = _blocks(w.float(), "quantize_nvfp4")
     g = nvfp4_global_scale(wb.abs().amax()) if global_scale is None else global_scale.float()
-    s = wb.abs().amax(dim=-1) / (E2M1_MAX * g)
+    s = wb.abs().amax(dim=-1) / (E2M1_MAX * g.to(wb.device))
     block_scales = to_e4m3(torch.where(s == 0, 1.0, s))
     scale = (block_scales.float() * g).unsqueeze(-1)
     codes = torch.where(scale == 0, 0, encode_e2m1(wb / scale)).to(torch.uint8)
