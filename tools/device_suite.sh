@@ -164,6 +164,9 @@ for s in "$@"; do
     mlanew)  # MLA GPU tests, then the decode table with its config and split sweeps
       section mla-tests 150 $py -m pytest -q -p no:cacheprovider -m gpu plugins/attn_flashmla/tests
       section mla-bench 300 $py bench/mla_decode/run.py --budget-s 220 --out /tmp/res/mla-bench ;;
+    mxgpu)  # every GPU test of the MXFP4 plugin
+      section mx-gpu 330 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 320 \
+        plugins/quant_mxfp4_rocm/tests ;;
     mlaprof)  # the MXFP8 MLA decode kernel in detail: stall reasons and where they happen
       prof mla-mxfp8-detail mla_decode_kernel --print-details all --section SourceCounters -- \
         $py bench/mla_decode/run.py --batches 64 --contexts 8192 --heads 16 --kinds mxfp8 \

@@ -372,7 +372,7 @@ def mla_decode_kernel(
     GROUP: tl.constexpr, NOPE_SCALE: tl.constexpr, ROPE_SCALE: tl.constexpr,
     SPARSE: tl.constexpr, FAST_FP8: tl.constexpr, DOT: tl.constexpr, CHUNKED: tl.constexpr,
     GROUPED: tl.constexpr, REG_PREFETCH: tl.constexpr, L2_AHEAD: tl.constexpr,
-    L2_LINES: tl.constexpr, F16_DOT: tl.constexpr,
+    L2_LINES: tl.constexpr, F16_DOT: tl.constexpr, WHOLE_OK: tl.constexpr,
 ):
     """Partial attention of query token ``t`` over KV split ``split`` for heads
     ``hb * BLOCK_H ...``, program ``(t * num_splits + split) * head_blocks + hb``: writes the normalised partial output
@@ -410,7 +410,7 @@ def mla_decode_kernel(
     # MXFP8 records whose nope and rope fill the padded width (448 + 64): one tile of
     # RANK + ROPE scaled codes, one score product over both parts; the value product's
     # rope columns are computed and not stored.
-    WHOLE: tl.constexpr = WORDS and ROPE_SCALE == 2 and RANK + ROPE == NC * CH
+    WHOLE: tl.constexpr = WHOLE_OK and WORDS and ROPE_SCALE == 2 and RANK + ROPE == NC * CH
     WIDTH: tl.constexpr = RANK + ROPE if WHOLE else RANK
     if CHUNKED:
         # The nope part in NC chunks of CH columns, [NC, BLOCK_H, CH]: batched dots give
