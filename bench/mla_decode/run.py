@@ -55,9 +55,7 @@ TUNE_CONFIGS: tuple[dict, ...] = (
     {"block_n": 32, "num_warps": 4, "f16_dot": True},
     {"block_n": 32, "num_warps": 4, "l2_ahead": 0, "f16_dot": True},
     {"block_n": 64, "num_warps": 8, "f16_dot": True},
-    {"block_n": 32, "num_warps": 4, "whole": False},
-    {"block_n": 32, "num_warps": 8, "whole": False},
-    {"block_n": 16, "num_warps": 4},
+    {"lazy_rescale": False},
 )
 #: Split counts the sweep times at the default launch configuration (beside the kernel's
 #: choice), to check the split model (``triton_mla.split_cost``) against the clock.
@@ -223,7 +221,7 @@ def main() -> int:
     if not args.no_tune and 16 in heads_list:
         jobs += [(kind, 16, _tune_launch(tune, triton_mla.default_l2_ahead(RECORDS[kind])))
                  for kind in kinds
-                 for tune in TUNE_CONFIGS if _applies(kind, tune)]
+                 for tune in TUNE_CONFIGS if not (kind == "bf16" and tune.get("f16_dot"))]
     for error in _warm(jobs, args.jobs):
         notes.append(f"precompile failed: {error}")
     print(f"compiled {len(jobs)} configurations in {time.perf_counter() - started:.0f} s",
@@ -268,7 +266,7 @@ def main() -> int:
                         continue
                     sweep = [_tune_launch(tune, triton_mla.default_l2_ahead(record))
                              for tune in TUNE_CONFIGS
-                             if _applies(kind, tune)]
+                             if not (kind == "bf16" and tune.get("f16_dot"))]
                     sweep += [_tune_launch(dict(default, num_splits=n),
                                            triton_mla.default_l2_ahead(record))
                               for n in TUNE_SPLITS if n != splits]
@@ -279,7 +277,7 @@ def main() -> int:
                                      f"stages={cfg['num_stages']} "
                                      f"prefetch={cfg['reg_prefetch']} "
                                      f"l2_ahead={cfg['l2_ahead']} f16={cfg['f16_dot']} "
-                                     f"whole={cfg['whole']}")
+                                     f"lazy={cfg['lazy_rescale']}")
                         if time.perf_counter() - started > args.budget_s:
                             notes.append(f"sweep entry skipped (over --budget-s "
                                          f"{args.budget_s:.0f}): {cfg_label}")
@@ -301,8 +299,8 @@ def main() -> int:
                                        "stages": cfg["num_stages"],
                                        "reg_prefetch": cfg["reg_prefetch"],
                                        "l2_ahead": cfg["l2_ahead"],
-                                       "f16_dot": cfg["f16_dot"], "whole": cfg["whole"],
-                                       "splits": used,
+                                       "f16_dot": cfg["f16_dot"],
+                                       "lazy_rescale": cfg["lazy_rescale"], "splits": used,
                                        "ms": t_ms,
                                        "kv_tb_s": kv_bytes / (t_ms * 1e-3) / 1e12,
                                        "max_rel_err": err})
@@ -317,17 +315,10 @@ def main() -> int:
     return 0
 
 
-def _applies(kind: str, tune: dict) -> bool:
-    """Whether a sweep entry changes ``kind``'s kernel: float16 dots only quantized records',
-    ``whole`` only MXFP8's."""
-    return not ((kind == "bf16" and tune.get("f16_dot"))
-                or (kind != "mxfp8" and "whole" in tune))
-
-
 def _tune_launch(tune: dict, l2_ahead: int) -> dict:
     """A sweep entry with the unnamed options at the kernel's defaults."""
     base = dict(block_n=None, num_warps=None, chunked=None, grouped=False, reg_prefetch=True,
-                num_stages=2, l2_ahead=l2_ahead, f16_dot=False, whole=True)
+                num_stages=2, l2_ahead=l2_ahead, f16_dot=False, lazy_rescale=True)
     return dict(base, **{k: v for k, v in tune.items() if v is not None or k not in base})
 
 
@@ -390,7 +381,7 @@ def _write(args, props, sms: int, rows: list[dict], tuning: list[dict], notes: l
         lines += ["", "Launch-configuration sweep (the table above uses the kernel's "
                   "defaults; * best of its case; x best bf16 = the fastest bf16 "
                   "configuration's time / this time):", "",
-                  "| kind | batch | context | heads | f16 dots | whole | block_n | warps | "
+                  "| kind | batch | context | heads | f16 dots | lazy rescale | block_n | warps | "
                   "stages | prefetch | L2 ahead | splits | ms | KV TB/s | x bf16 | x best bf16 |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
                   "--- | --- | --- | --- |"]
@@ -398,8 +389,8 @@ def _write(args, props, sms: int, rows: list[dict], tuning: list[dict], notes: l
             x = f"{r['speedup_vs_bf16']:.2f}" if r["speedup_vs_bf16"] else "-"
             xb = f"{r['speedup_vs_best_bf16']:.2f}" if r["speedup_vs_best_bf16"] else "-"
             lines.append(f"| {r['kind']} | {r['batch']} | {r['context']} | {r['heads']} | "
-                         f"{r['f16_dot']} | {r['whole']} | {r['block_n']} | {r['warps']} | "
-                         f"{r['stages']} | "
+                         f"{r['f16_dot']} | {r['lazy_rescale']} | {r['block_n']} | "
+                         f"{r['warps']} | {r['stages']} | "
                          f"{r['reg_prefetch']} | {r['l2_ahead']} | {r['splits']} | "
                          f"{r['ms']:.3f}{' *' if r['best'] else ''} | {r['kv_tb_s']:.2f} | "
                          f"{x} | {xb} |")

@@ -24,6 +24,9 @@ import triton.language as tl
 __all__ = ["mla_combine_kernel", "mla_decode_kernel", "mla_write_kernel"]
 
 LOG2E = 1.4426950408889634
+#: How far (log2 units) a tile's max may pass the running max before the accumulator is
+#: rescaled, with ``LAZY_RESCALE``.
+RESCALE_SLACK = tl.constexpr(8.0)
 
 
 # Reductions go through tl.reduce with these combiners, and no other triton.language.standard
@@ -372,7 +375,7 @@ def mla_decode_kernel(
     GROUP: tl.constexpr, NOPE_SCALE: tl.constexpr, ROPE_SCALE: tl.constexpr,
     SPARSE: tl.constexpr, FAST_FP8: tl.constexpr, DOT: tl.constexpr, CHUNKED: tl.constexpr,
     GROUPED: tl.constexpr, REG_PREFETCH: tl.constexpr, L2_AHEAD: tl.constexpr,
-    L2_LINES: tl.constexpr, F16_DOT: tl.constexpr, WHOLE_OK: tl.constexpr,
+    L2_LINES: tl.constexpr, F16_DOT: tl.constexpr, LAZY_RESCALE: tl.constexpr,
 ):
     """Partial attention of query token ``t`` over KV split ``split`` for heads
     ``hb * BLOCK_H ...``, program ``(t * num_splits + split) * head_blocks + hb``: writes the normalised partial output
@@ -407,11 +410,6 @@ def mla_decode_kernel(
                               and (NC * CH) % GROUP == 0)
     # E8M0-scaled codes: fetched as words (decoded by E8M0_SCALED_PTX on the GPU).
     WORDS: tl.constexpr = PREFETCH and NOPE_SCALE == 2 and not F16_DOT
-    # MXFP8 records whose nope and rope fill the padded width (448 + 64): one tile of
-    # RANK + ROPE scaled codes, one score product over both parts; the value product's
-    # rope columns are computed and not stored.
-    WHOLE: tl.constexpr = WHOLE_OK and WORDS and ROPE_SCALE == 2 and RANK + ROPE == NC * CH
-    WIDTH: tl.constexpr = RANK + ROPE if WHOLE else RANK
     if CHUNKED:
         # The nope part in NC chunks of CH columns, [NC, BLOCK_H, CH]: batched dots give
         # each warp its own chunk, so no warp holds the whole [BLOCK_H, D] query or tile.
@@ -422,7 +420,7 @@ def mla_decode_kernel(
         acc3 = tl.full([NC, BLOCK_H, CH], 0.0, tl.float32)
     else:
         dcols = tl.arange(0, NC * CH)
-        dcols_ok = dcols < WIDTH
+        dcols_ok = dcols < RANK
         q_nope = tl.load(q_row + dcols[None, :], mask=heads_ok[:, None] & dcols_ok[None, :],
                          other=0.0).to(DOT)
         acc2 = tl.full([BLOCK_H, NC * CH], 0.0, tl.float32)
@@ -447,7 +445,7 @@ def mla_decode_kernel(
                             SPARSE)
         if WORDS:
             code_n, raw_n = _fetch_words(cache_u32, cache_u8, row_n, ok_n, NOPE_OFF,
-                                         SCALE_OFF, GROUP, NC * CH, WIDTH)
+                                         SCALE_OFF, GROUP, NC * CH, RANK)
         else:
             code_n, raw_n = _fetch_codes(cache_u8, cache_f32, row_n, ok_n, dcols, dcols_ok,
                                          NOPE_OFF, SCALE_OFF, GROUP, NOPE_SCALE, NC * CH,
@@ -476,7 +474,7 @@ def mla_decode_kernel(
                                 PAGE_BYTES, BPT, SPARSE)
             if WORDS:
                 code_n, raw_n = _fetch_words(cache_u32, cache_u8, row_n, ok_n, NOPE_OFF,
-                                             SCALE_OFF, GROUP, NC * CH, WIDTH)
+                                             SCALE_OFF, GROUP, NC * CH, RANK)
             else:
                 code_n, raw_n = _fetch_codes(cache_u8, cache_f32, row_n, ok_n, dcols,
                                              dcols_ok, NOPE_OFF, SCALE_OFF, GROUP, NOPE_SCALE,
@@ -506,30 +504,44 @@ def mla_decode_kernel(
                                     dcols_ok, NOPE_OFF, 0, SCALE_OFF, GROUP, NOPE_SCALE,
                                     BLOCK_N, NC * CH, RANK, FAST_FP8).to(DOT)
             s_nope = tl.dot(q_nope, tl.trans(k_nope))
-        if WHOLE:
-            s = s_nope
-        else:
-            k_rope = _load_part(cache_u8, cache_bf16, cache_f32, row, ok, rcols, rcols_ok,
-                                ROPE_OFF, RANK, SCALE_OFF, GROUP, ROPE_SCALE, BLOCK_N, R_PAD,
-                                ROPE, FAST_FP8).to(DOT)
-            s = s_nope + tl.dot(q_rope, tl.trans(k_rope))
+        k_rope = _load_part(cache_u8, cache_bf16, cache_f32, row, ok, rcols, rcols_ok,
+                            ROPE_OFF, RANK, SCALE_OFF, GROUP, ROPE_SCALE, BLOCK_N, R_PAD, ROPE,
+                            FAST_FP8).to(DOT)
+        s = s_nope + tl.dot(q_rope, tl.trans(k_rope))
         s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.reduce(s, 1, _max))
-        # A tile with no allowed key keeps m = -inf; subtract 0 then so exp2 gives 0.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.reduce(p, 1, _add)
-        if GROUPED:
-            # Group c's values are codes * scale[c, key]: the scale goes into P's columns.
-            p3 = (p[None, :, :] * sc3).to(DOT)
-            acc3 = acc3 * alpha[None, :, None] + tl.dot(p3, k3)
-        elif CHUNKED:
-            p3 = tl.broadcast_to(p.to(DOT)[None, :, :], [NC, BLOCK_H, BLOCK_N])
-            acc3 = acc3 * alpha[None, :, None] + tl.dot(p3, k3)
+        if LAZY_RESCALE and not CHUNKED:
+            # The running max (log2 units) moves only when some head's tile max passes it
+            # by more than RESCALE_SLACK: most tiles then skip the accumulator's rescale
+            # (a multiply per accumulator element) and probabilities stay <= 2^SLACK,
+            # which bfloat16 and the float32 sums hold with their usual relative error.
+            m_tile = tl.reduce(s, 1, _max)
+            grow = tl.reduce(tl.where(m_tile > m_i, m_tile - m_i, 0.0), 0, _max)
+            if grow > RESCALE_SLACK:
+                m_new = tl.maximum(m_i, m_tile)
+                alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+                acc2 = acc2 * alpha[:, None]
+                l_i = l_i * alpha
+                m_i = m_new
+            p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
+            l_i = l_i + tl.reduce(p, 1, _add)
+            acc2 = acc2 + tl.dot(p.to(DOT), k_nope)
         else:
-            acc2 = acc2 * alpha[:, None] + tl.dot(p.to(DOT), k_nope)
-        m_i = m_new
+            m_new = tl.maximum(m_i, tl.reduce(s, 1, _max))
+            # A tile with no allowed key keeps m = -inf; subtract 0 then so exp2 gives 0.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.reduce(p, 1, _add)
+            if GROUPED:
+                # Group c's values are codes * scale[c, key]: the scale goes into P's columns.
+                p3 = (p[None, :, :] * sc3).to(DOT)
+                acc3 = acc3 * alpha[None, :, None] + tl.dot(p3, k3)
+            elif CHUNKED:
+                p3 = tl.broadcast_to(p.to(DOT)[None, :, :], [NC, BLOCK_H, BLOCK_N])
+                acc3 = acc3 * alpha[None, :, None] + tl.dot(p3, k3)
+            else:
+                acc2 = acc2 * alpha[:, None] + tl.dot(p.to(DOT), k_nope)
+            m_i = m_new
 
     has = l_i > 0.0
     lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634,
@@ -542,8 +554,7 @@ def mla_decode_kernel(
     else:
         out2 = acc2 / tl.where(has, l_i, 1.0)[:, None]
         tl.store(o_base + heads[:, None] * out_stride_h + dcols[None, :],
-                 out2.to(out_ptr.dtype.element_ty),
-                 mask=heads_ok[:, None] & (dcols < RANK)[None, :])
+                 out2.to(out_ptr.dtype.element_ty), mask=heads_ok[:, None] & dcols_ok[None, :])
     tl.store(lse_ptr + t * lse_stride_t + split * lse_stride_s + heads, lse, mask=heads_ok)
 
 
