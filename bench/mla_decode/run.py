@@ -55,7 +55,6 @@ TUNE_CONFIGS: tuple[dict, ...] = (
     {"block_n": 32, "num_warps": 4, "f16_dot": True},
     {"block_n": 32, "num_warps": 4, "l2_ahead": 0, "f16_dot": True},
     {"block_n": 64, "num_warps": 8, "f16_dot": True},
-    {"lazy_rescale": False},
 )
 #: Split counts the sweep times at the default launch configuration (beside the kernel's
 #: choice), to check the split model (``triton_mla.split_cost``) against the clock.
@@ -276,8 +275,7 @@ def main() -> int:
                                      f"block_n={cfg['block_n']} warps={cfg['num_warps']} "
                                      f"stages={cfg['num_stages']} "
                                      f"prefetch={cfg['reg_prefetch']} "
-                                     f"l2_ahead={cfg['l2_ahead']} f16={cfg['f16_dot']} "
-                                     f"lazy={cfg['lazy_rescale']}")
+                                     f"l2_ahead={cfg['l2_ahead']} f16={cfg['f16_dot']}")
                         if time.perf_counter() - started > args.budget_s:
                             notes.append(f"sweep entry skipped (over --budget-s "
                                          f"{args.budget_s:.0f}): {cfg_label}")
@@ -299,8 +297,7 @@ def main() -> int:
                                        "stages": cfg["num_stages"],
                                        "reg_prefetch": cfg["reg_prefetch"],
                                        "l2_ahead": cfg["l2_ahead"],
-                                       "f16_dot": cfg["f16_dot"],
-                                       "lazy_rescale": cfg["lazy_rescale"], "splits": used,
+                                       "f16_dot": cfg["f16_dot"], "splits": used,
                                        "ms": t_ms,
                                        "kv_tb_s": kv_bytes / (t_ms * 1e-3) / 1e12,
                                        "max_rel_err": err})
@@ -318,7 +315,7 @@ def main() -> int:
 def _tune_launch(tune: dict, l2_ahead: int) -> dict:
     """A sweep entry with the unnamed options at the kernel's defaults."""
     base = dict(block_n=None, num_warps=None, chunked=None, grouped=False, reg_prefetch=True,
-                num_stages=2, l2_ahead=l2_ahead, f16_dot=False, lazy_rescale=True)
+                num_stages=2, l2_ahead=l2_ahead, f16_dot=False)
     return dict(base, **{k: v for k, v in tune.items() if v is not None or k not in base})
 
 
@@ -381,16 +378,15 @@ def _write(args, props, sms: int, rows: list[dict], tuning: list[dict], notes: l
         lines += ["", "Launch-configuration sweep (the table above uses the kernel's "
                   "defaults; * best of its case; x best bf16 = the fastest bf16 "
                   "configuration's time / this time):", "",
-                  "| kind | batch | context | heads | f16 dots | lazy rescale | block_n | warps | "
-                  "stages | prefetch | L2 ahead | splits | ms | KV TB/s | x bf16 | x best bf16 |",
+                  "| kind | batch | context | heads | f16 dots | block_n | warps | stages | "
+                  "prefetch | L2 ahead | splits | ms | KV TB/s | x bf16 | x best bf16 |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
-                  "--- | --- | --- | --- |"]
+                  "--- | --- | --- |"]
         for r in tuning:
             x = f"{r['speedup_vs_bf16']:.2f}" if r["speedup_vs_bf16"] else "-"
             xb = f"{r['speedup_vs_best_bf16']:.2f}" if r["speedup_vs_best_bf16"] else "-"
             lines.append(f"| {r['kind']} | {r['batch']} | {r['context']} | {r['heads']} | "
-                         f"{r['f16_dot']} | {r['lazy_rescale']} | {r['block_n']} | "
-                         f"{r['warps']} | {r['stages']} | "
+                         f"{r['f16_dot']} | {r['block_n']} | {r['warps']} | {r['stages']} | "
                          f"{r['reg_prefetch']} | {r['l2_ahead']} | {r['splits']} | "
                          f"{r['ms']:.3f}{' *' if r['best'] else ''} | {r['kv_tb_s']:.2f} | "
                          f"{x} | {xb} |")

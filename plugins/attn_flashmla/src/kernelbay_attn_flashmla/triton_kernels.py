@@ -24,9 +24,6 @@ import triton.language as tl
 __all__ = ["mla_combine_kernel", "mla_decode_kernel", "mla_write_kernel"]
 
 LOG2E = 1.4426950408889634
-#: How far (log2 units) a tile's max may pass the running max before the accumulator is
-#: rescaled, with ``LAZY_RESCALE``.
-RESCALE_SLACK = tl.constexpr(8.0)
 
 
 # Reductions go through tl.reduce with these combiners, and no other triton.language.standard
@@ -375,7 +372,7 @@ def mla_decode_kernel(
     GROUP: tl.constexpr, NOPE_SCALE: tl.constexpr, ROPE_SCALE: tl.constexpr,
     SPARSE: tl.constexpr, FAST_FP8: tl.constexpr, DOT: tl.constexpr, CHUNKED: tl.constexpr,
     GROUPED: tl.constexpr, REG_PREFETCH: tl.constexpr, L2_AHEAD: tl.constexpr,
-    L2_LINES: tl.constexpr, F16_DOT: tl.constexpr, LAZY_RESCALE: tl.constexpr,
+    L2_LINES: tl.constexpr, F16_DOT: tl.constexpr,
 ):
     """Partial attention of query token ``t`` over KV split ``split`` for heads
     ``hb * BLOCK_H ...``, program ``(t * num_splits + split) * head_blocks + hb``: writes the normalised partial output
@@ -509,39 +506,22 @@ def mla_decode_kernel(
                             FAST_FP8).to(DOT)
         s = s_nope + tl.dot(q_rope, tl.trans(k_rope))
         s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
-        if LAZY_RESCALE and not CHUNKED:
-            # The running max (log2 units) moves only when some head's tile max passes it
-            # by more than RESCALE_SLACK: most tiles then skip the accumulator's rescale
-            # (a multiply per accumulator element) and probabilities stay <= 2^SLACK,
-            # which bfloat16 and the float32 sums hold with their usual relative error.
-            m_tile = tl.reduce(s, 1, _max)
-            grow = tl.reduce(tl.where(m_tile > m_i, m_tile - m_i, 0.0), 0, _max)
-            if grow > RESCALE_SLACK:
-                m_new = tl.maximum(m_i, m_tile)
-                alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-                acc2 = acc2 * alpha[:, None]
-                l_i = l_i * alpha
-                m_i = m_new
-            p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-            l_i = l_i + tl.reduce(p, 1, _add)
-            acc2 = acc2 + tl.dot(p.to(DOT), k_nope)
+        m_new = tl.maximum(m_i, tl.reduce(s, 1, _max))
+        # A tile with no allowed key keeps m = -inf; subtract 0 then so exp2 gives 0.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.reduce(p, 1, _add)
+        if GROUPED:
+            # Group c's values are codes * scale[c, key]: the scale goes into P's columns.
+            p3 = (p[None, :, :] * sc3).to(DOT)
+            acc3 = acc3 * alpha[None, :, None] + tl.dot(p3, k3)
+        elif CHUNKED:
+            p3 = tl.broadcast_to(p.to(DOT)[None, :, :], [NC, BLOCK_H, BLOCK_N])
+            acc3 = acc3 * alpha[None, :, None] + tl.dot(p3, k3)
         else:
-            m_new = tl.maximum(m_i, tl.reduce(s, 1, _max))
-            # A tile with no allowed key keeps m = -inf; subtract 0 then so exp2 gives 0.
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.reduce(p, 1, _add)
-            if GROUPED:
-                # Group c's values are codes * scale[c, key]: the scale goes into P's columns.
-                p3 = (p[None, :, :] * sc3).to(DOT)
-                acc3 = acc3 * alpha[None, :, None] + tl.dot(p3, k3)
-            elif CHUNKED:
-                p3 = tl.broadcast_to(p.to(DOT)[None, :, :], [NC, BLOCK_H, BLOCK_N])
-                acc3 = acc3 * alpha[None, :, None] + tl.dot(p3, k3)
-            else:
-                acc2 = acc2 * alpha[:, None] + tl.dot(p.to(DOT), k_nope)
-            m_i = m_new
+            acc2 = acc2 * alpha[:, None] + tl.dot(p.to(DOT), k_nope)
+        m_i = m_new
 
     has = l_i > 0.0
     lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634,

@@ -241,32 +241,27 @@ def launch_constants(record: MLARecord, heads: int, page_size: int, page_bytes: 
                      grouped: bool | None = None, reg_prefetch: bool = True,
                      l2_ahead: int | None = None, sparse: bool = False,
                      fast_fp8: bool = True, interpreting: bool = False,
-                     f16_dot: bool = False, lazy_rescale: bool = True) -> dict[str, Any]:
+                     f16_dot: bool = False) -> dict[str, Any]:
     """The decode kernel's constexprs (see ``_launch_constants``; memoized: every layer of
     every step asks for the same ones)."""
     if l2_ahead is None:
         l2_ahead = default_l2_ahead(record)
     return dict(_launch_constants(record, heads, page_size, page_bytes, block_n, chunked,
                                   grouped, reg_prefetch, l2_ahead, sparse, fast_fp8,
-                                  interpreting, f16_dot, lazy_rescale))
+                                  interpreting, f16_dot))
 
 
 @functools.lru_cache(maxsize=256)
 def _launch_constants(record: MLARecord, heads: int, page_size: int, page_bytes: int,
                       block_n: int | None, chunked: bool | None, grouped: bool | None,
                       reg_prefetch: bool, l2_ahead: int, sparse: bool, fast_fp8: bool,
-                      interpreting: bool, f16_dot: bool,
-                      lazy_rescale: bool) -> tuple[tuple[str, Any], ...]:
+                      interpreting: bool, f16_dot: bool) -> tuple[tuple[str, Any], ...]:
     """The decode kernel's constexprs for ``record`` at ``heads`` query heads (also used to
     compile launch configurations without a GPU, ``bench/mla_decode/registers.py``).
 
     ``grouped`` (quantized nope only): the nope part as one chunk per scale group, the
     codes fed to the dots unscaled and each group's scale applied to its partial scores and
     folded into the probabilities of its value product, instead of scaling every element.
-
-    ``lazy_rescale`` (flat layouts): the running max moves only when a tile's max passes
-    it by more than ``triton_kernels.RESCALE_SLACK`` (2^8 in probability), so most tiles
-    skip rescaling the accumulator; off, every tile rescales to the exact running max.
 
     ``f16_dot`` (GPU, quantized records): the dots take float16 operands, the E4M3 codes
     decoded and scaled in float16 (fewer instructions per element than bfloat16); valid
@@ -295,7 +290,7 @@ def _launch_constants(record: MLARecord, heads: int, page_size: int, page_bytes:
         SCALE_OFF=f.scale_off, GROUP=f.group, NOPE_SCALE=f.nope_scale,
         ROPE_SCALE=f.rope_scale, SPARSE=sparse, FAST_FP8=fast_fp8,
         DOT=tl.float32 if interpreting else tl.float16 if f16 else tl.bfloat16,
-        F16_DOT=f16, LAZY_RESCALE=lazy_rescale,
+        F16_DOT=f16,
         CHUNKED=bool(chunked or grouped), GROUPED=grouped,
         REG_PREFETCH=reg_prefetch,
         L2_AHEAD=0 if interpreting or not fast_fp8 else l2_ahead,
@@ -310,7 +305,7 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                num_warps: int | None = None, num_stages: int = 2,
                chunked: bool | None = None, grouped: bool | None = None,
                reg_prefetch: bool = True, l2_ahead: int | None = None,
-               f16_dot: bool = False, lazy_rescale: bool = True) -> tuple[Tensor, Tensor]:
+               f16_dot: bool = False) -> tuple[Tensor, Tensor]:
     """Absorbed MLA attention over paged records on the GPU (or the Triton interpreter).
 
     Same inputs and results as ``mla.mla_attention``: ``(out [T, H, kv_lora_rank] in
@@ -322,7 +317,7 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     ``launch_constants``) and ``reg_prefetch`` (quantized flat tiles: the next tile's codes
     loaded into registers ahead; off, the compiler's pipelining decides) and ``l2_ahead``
     (tiles ahead whose records are prefetched into L2; 0: none; None:
-    ``default_l2_ahead``), ``f16_dot`` and ``lazy_rescale`` (see ``launch_constants``) override the
+    ``default_l2_ahead``) and ``f16_dot`` (see ``launch_constants``) override the
     launch configuration (for tuning; defaults depend on the latent width). The per-token tables
     are reused while the same ``metadata`` object comes back (every layer of a step), so a
     metadata object must not be changed in place after a call.
@@ -336,7 +331,6 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     consts = launch_constants(record, heads, page_size, page_bytes, block_n=block_n,
                               chunked=chunked, grouped=grouped, reg_prefetch=reg_prefetch,
                               l2_ahead=l2_ahead, f16_dot=f16_dot,
-                              lazy_rescale=lazy_rescale,
                               sparse=topk_indices is not None,
                               fast_fp8=query.is_cuda and not _interpreting(),
                               interpreting=_interpreting())
