@@ -55,6 +55,9 @@ TUNE_CONFIGS: tuple[dict, ...] = (
     {"block_n": 32, "num_warps": 4, "f16_dot": True},
     {"block_n": 32, "num_warps": 4, "l2_ahead": 0, "f16_dot": True},
     {"block_n": 64, "num_warps": 8, "f16_dot": True},
+    {"block_n": 32, "num_warps": 4, "chunked": True},
+    {"block_n": 32, "num_warps": 8, "chunked": True},
+    {"block_n": 16, "num_warps": 4, "chunked": True},
 )
 #: Split counts the sweep times at the default launch configuration (beside the kernel's
 #: choice), to check the split model (``triton_mla.split_cost``) against the clock.
@@ -271,6 +274,7 @@ def main() -> int:
                               for n in TUNE_SPLITS if n != splits]
                     for cfg in sweep:
                         cfg_label = (f"{label} splits={cfg.get('num_splits')} "
+                                     f"chunked={cfg['chunked']} "
                                      f"grouped={cfg['grouped']} "
                                      f"block_n={cfg['block_n']} warps={cfg['num_warps']} "
                                      f"stages={cfg['num_stages']} "
@@ -297,7 +301,8 @@ def main() -> int:
                                        "stages": cfg["num_stages"],
                                        "reg_prefetch": cfg["reg_prefetch"],
                                        "l2_ahead": cfg["l2_ahead"],
-                                       "f16_dot": cfg["f16_dot"], "splits": used,
+                                       "f16_dot": cfg["f16_dot"], "chunked": cfg["chunked"],
+                                       "splits": used,
                                        "ms": t_ms,
                                        "kv_tb_s": kv_bytes / (t_ms * 1e-3) / 1e12,
                                        "max_rel_err": err})
@@ -378,15 +383,16 @@ def _write(args, props, sms: int, rows: list[dict], tuning: list[dict], notes: l
         lines += ["", "Launch-configuration sweep (the table above uses the kernel's "
                   "defaults; * best of its case; x best bf16 = the fastest bf16 "
                   "configuration's time / this time):", "",
-                  "| kind | batch | context | heads | f16 dots | block_n | warps | stages | "
-                  "prefetch | L2 ahead | splits | ms | KV TB/s | x bf16 | x best bf16 |",
+                  "| kind | batch | context | heads | f16 dots | chunked | block_n | warps | "
+                  "stages | prefetch | L2 ahead | splits | ms | KV TB/s | x bf16 | x best bf16 |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
-                  "--- | --- | --- |"]
+                  "--- | --- | --- | --- |"]
         for r in tuning:
             x = f"{r['speedup_vs_bf16']:.2f}" if r["speedup_vs_bf16"] else "-"
             xb = f"{r['speedup_vs_best_bf16']:.2f}" if r["speedup_vs_best_bf16"] else "-"
             lines.append(f"| {r['kind']} | {r['batch']} | {r['context']} | {r['heads']} | "
-                         f"{r['f16_dot']} | {r['block_n']} | {r['warps']} | {r['stages']} | "
+                         f"{r['f16_dot']} | {r['chunked']} | {r['block_n']} | {r['warps']} | "
+                         f"{r['stages']} | "
                          f"{r['reg_prefetch']} | {r['l2_ahead']} | {r['splits']} | "
                          f"{r['ms']:.3f}{' *' if r['best'] else ''} | {r['kv_tb_s']:.2f} | "
                          f"{x} | {xb} |")

@@ -40,6 +40,15 @@ def _max(a, b):
 
 
 @triton.jit
+def _at(cache_u8, offset, dtype: tl.constexpr):
+    """Pointers to ``dtype`` values at byte ``offset`` of the pages. Record fields are
+    addressed in bytes and the pointer cast, not ``offset // size`` in elements: a signed
+    64-bit division costs a sign fix-up per address, and the compiler no longer knows the
+    records' alignment (so loads would not vectorize)."""
+    return (cache_u8 + offset).to(tl.pointer_type(dtype))
+
+
+@triton.jit
 def _pow2(e):
     """2^e (float32) for an int32 e in [-127, 127], exactly (2^-127 is subnormal)."""
     bits = tl.where(e >= -126, (e + 127) << 23, 0x00400000)
@@ -74,7 +83,7 @@ def _load_part(cache_u8, cache_bf16, cache_f32, row, rows_ok, cols, cols_ok,
     """
     mask = rows_ok[:, None] & cols_ok[None, :]
     if SCALE == 0:
-        values = tl.load(cache_bf16 + ((row[:, None] + ELEM_OFF) // 2 + cols[None, :]),
+        values = tl.load(_at(cache_u8, row[:, None] + ELEM_OFF, tl.bfloat16) + cols[None, :],
                          mask=mask, other=0.0)
     else:
         code = tl.load(cache_u8 + (row[:, None] + ELEM_OFF + cols[None, :]), mask=mask,
@@ -121,7 +130,8 @@ def _load_nope3(cache_u8, cache_bf16, cache_f32, row3, ok3, col3, ELEM_OFF: tl.c
     bfloat16 or float32, the caller casts them to the dot type."""
     mask = ok3 & (col3 < RANK)
     if SCALE == 0:
-        values = tl.load(cache_bf16 + ((row3 + ELEM_OFF) // 2 + col3), mask=mask, other=0.0)
+        values = tl.load(_at(cache_u8, row3 + ELEM_OFF, tl.bfloat16) + col3, mask=mask,
+                         other=0.0)
     else:
         code = tl.load(cache_u8 + (row3 + ELEM_OFF + col3), mask=mask, other=0)
         if FAST_FP8 and SCALE == 2:
@@ -157,7 +167,8 @@ def _group_scale3(cache_u8, cache_f32, row3, group, mask, SCALE_OFF: tl.constexp
     ``group``): fp32 (SCALE 1), or E8M0 bytes (SCALE 2) as bfloat16 on the GPU and float32
     under the interpreter."""
     if SCALE == 1:
-        scale = tl.load(cache_f32 + ((row3 + SCALE_OFF) // 4 + group), mask=mask, other=0.0)
+        scale = tl.load(_at(cache_u8, row3 + SCALE_OFF, tl.float32) + group, mask=mask,
+                        other=0.0)
     else:
         byte = tl.load(cache_u8 + (row3 + SCALE_OFF + group), mask=mask, other=127)
         if FAST_FP8:
@@ -188,7 +199,8 @@ def _load_groups3(cache_u8, cache_f32, row, ok, col3, ELEM_OFF: tl.constexpr,
     g_mask = ok[None, None, :] & (group * GROUP < RANK)
     row3 = row[None, None, :]
     if SCALE == 1:
-        scale = tl.load(cache_f32 + ((row3 + SCALE_OFF) // 4 + group), mask=g_mask, other=0.0)
+        scale = tl.load(_at(cache_u8, row3 + SCALE_OFF, tl.float32) + group, mask=g_mask,
+                        other=0.0)
     else:
         byte = tl.load(cache_u8 + (row3 + SCALE_OFF + group), mask=g_mask, other=0)
         scale = tl.where(g_mask, _pow2(byte.to(tl.int32) - 127), 0.0)
@@ -236,7 +248,7 @@ def _fetch_codes(cache_u8, cache_f32, row, ok, cols, cols_ok, ELEM_OFF: tl.const
     local = tl.arange(0, NG)
     g_mask = ok[:, None] & (local * GROUP < COUNT)[None, :]
     if SCALE == 1:
-        raw = tl.load(cache_f32 + ((row[:, None] + SCALE_OFF) // 4 + local[None, :]),
+        raw = tl.load(_at(cache_u8, row[:, None] + SCALE_OFF, tl.float32) + local[None, :],
                       mask=g_mask, other=0.0)
     else:
         raw = tl.load(cache_u8 + (row[:, None] + SCALE_OFF + local[None, :]), mask=g_mask,
@@ -281,10 +293,7 @@ def _fetch_words(cache_u32, cache_u8, row, ok, ELEM_OFF: tl.constexpr,
     NG: tl.constexpr = C_PAD // GROUP
     group = tl.arange(0, NG)[None, :, None]
     word = group * (GROUP // 4) + tl.arange(0, GROUP // 4)[None, None, :]
-    # Byte addresses cast to word pointers (not row // 4: the compiler then no longer knows
-    # the records' 16-byte alignment and loads word by word).
-    base = (cache_u8 + (row[:, None, None] + ELEM_OFF)).to(tl.pointer_type(tl.int32))
-    words = tl.load(base + word, mask=ok[:, None, None] & (word < COUNT // 4), other=0)
+    words = tl.load(_at(cache_u8, row[:, None, None] + ELEM_OFF, tl.int32) + word, mask=ok[:, None, None] & (word < COUNT // 4), other=0)
     local = tl.arange(0, NG)
     raw = tl.load(cache_u8 + (row[:, None] + SCALE_OFF + local[None, :]),
                   mask=ok[:, None] & (local * GROUP < COUNT)[None, :], other=127)
