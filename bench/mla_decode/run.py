@@ -249,7 +249,7 @@ def main() -> int:
                     label = f"{kind} B={batch} ctx={context} H={heads}"
                     err, ms = _measure(mla_decode, record, cache, meta, query, scale, default,
                                        args)
-                    splits = triton_mla.last_splits()
+                    splits, resident = triton_mla.last_splits()
                     if not err <= ATOL:
                         failures.append(f"{label}: max relative error {err:.3g} > {ATOL}")
                     seconds = ms * 1e-3
@@ -259,6 +259,7 @@ def main() -> int:
                     rows.append({"kind": kind, "batch": batch, "context": context,
                                  "heads": heads, "dims": record.dims_text,
                                  "bytes_per_token": record.bytes_per_token, "splits": splits,
+                                 "resident_per_sm": resident,
                                  "ms": ms, "kv_tb_s": kv_bytes / seconds / 1e12,
                                  "tflops": flops / seconds / 1e12, "max_rel_err": err})
                     print(f"{label}: {ms:.3f} ms, {rows[-1]['kv_tb_s']:.2f} TB/s, "
@@ -287,7 +288,7 @@ def main() -> int:
                         try:
                             err, t_ms = _measure(mla_decode, record, cache, meta, query, scale,
                                                  cfg, args)
-                            used = triton_mla.last_splits()
+                            used = triton_mla.last_splits()[0]
                         except Exception as exc:  # a config that does not compile or run
                             failures.append(f"{cfg_label}: {type(exc).__name__}: "
                                             f"{str(exc)[:200]}")

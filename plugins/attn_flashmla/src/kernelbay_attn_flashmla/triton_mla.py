@@ -363,16 +363,23 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                 part, *strides[:3], plse, *strides[3:],
                 heads, float(scale), splits)
 
+    resident = None
     if num_splits is None:
         resident = DEFAULT_RESIDENT
         if query.is_cuda and not _interpreting():
             key = (tuple(consts.items()), warps, num_stages, query.device)
             if key not in _RESIDENT:
                 # Compiled now (a split launch's variant: float32 partials), so that the
-                # split count can count the programs an SM really holds.
-                compiled = kernel.warmup(*args(torch.float32, torch.float32, 2), grid=(1,),
-                                         **consts, num_warps=warps, num_stages=num_stages)
-                _RESIDENT[key] = resident_programs(compiled, warps, query.device)
+                # split count can count the programs an SM really holds. A triton without
+                # this warmup signature keeps the default count (the launch compiles).
+                try:
+                    compiled = kernel.warmup(*args(torch.float32, torch.float32, 2),
+                                             grid=(1,), **consts, num_warps=warps,
+                                             num_stages=num_stages)
+                except (AttributeError, TypeError):
+                    _RESIDENT[key] = DEFAULT_RESIDENT
+                else:
+                    _RESIDENT[key] = resident_programs(compiled, warps, query.device)
             resident = _RESIDENT[key]
         sms = num_sms if num_sms is not None else (
             _sm_count(query.device.index if query.device.index is not None
@@ -394,7 +401,7 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                            device=query.device)
     kernel[(num_tokens * num_splits * head_blocks,)](
         *args(part, plse, num_splits), **consts, num_warps=warps, num_stages=num_stages)
-    _LAST_SPLITS["splits"] = num_splits
+    _LAST_SPLITS.update(splits=num_splits, resident=resident)
     if num_splits > 1:
         _kernels().mla_combine_kernel[(num_tokens, heads)](
             part, part.stride(0), part.stride(1), part.stride(2),
@@ -408,14 +415,16 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     return out, lse
 
 
-#: The split count of the most recent ``mla_decode`` launch (what ``last_splits`` reports).
-_LAST_SPLITS: dict[str, int] = {}
+#: The most recent ``mla_decode`` launch's split count and the resident programs per SM it
+#: was chosen for (None when the caller gave the count); ``last_splits`` reports them.
+_LAST_SPLITS: dict[str, int | None] = {}
 
 
-def last_splits() -> int | None:
-    """KV splits per query token of the most recent ``mla_decode`` call (for benchmarks and
-    ``explain``-style reports; None before the first)."""
-    return _LAST_SPLITS.get("splits")
+def last_splits() -> tuple[int | None, int | None]:
+    """``(splits, resident programs per SM)`` of the most recent ``mla_decode`` call, for
+    benchmarks and reports: the KV splits per query token and the occupancy the split model
+    counted (None when the call gave ``num_splits``; both None before the first call)."""
+    return _LAST_SPLITS.get("splits"), _LAST_SPLITS.get("resident")
 
 
 def mla_write(cache: Tensor, record: MLARecord, page_size: int, latent: Tensor,
