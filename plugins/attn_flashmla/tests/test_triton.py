@@ -139,6 +139,19 @@ def test_decode_matches_reference_interpreted(kind: str, interpret: None) -> Non
         _compare(case, splits=splits, atol=2e-2)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("page", [16, 32])
+def test_tiles_within_pages_interpreted(kind: str, page: int, interpret: None) -> None:
+    # 16-key tiles on 16- and 32-key pages: each tile lies in one page and reads its
+    # block-table entry once; with a sliding window the first tile starts before the
+    # window (the keys before it masked), and splits end mid-page.
+    record = record_for_dims(kind, 64, 16)
+    case = _case(record, [5, 70, 33, 100], [1, 1, 1, 1], 2, page, seed=6, device="cpu",
+                 writer="triton")
+    for splits, window in ((1, None), (3, None), (2, 21), (5, 40)):
+        _compare(case, splits=splits, atol=2e-2, window=window, block_n=16)
+
+
 LAYOUTS = {"flat": {"chunked": False}, "chunked": {"chunked": True},
            "grouped": {"grouped": True}, "flat-no-prefetch": {"chunked": False,
                                                               "reg_prefetch": False}}

@@ -211,18 +211,50 @@ def _load_groups3(cache_u8, cache_f32, row, ok, col3, ELEM_OFF: tl.constexpr,
 def _tile(n0, hi, start, length, seq, t, topk_ptr, topk_stride, block_tables, bt_stride,
           BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
           BPT: tl.constexpr, SPARSE: tl.constexpr):
-    """Byte offsets ``[BLOCK_N]`` of the records of keys ``n0 ...`` and which are allowed."""
+    """Byte offsets ``[BLOCK_N]`` of the records of keys ``n0 ...`` and which are allowed.
+    Sparse: ``n0`` indexes the token's top-k list (``hi`` its end). Dense: ``n0`` is the
+    first key's position, a multiple of ``BLOCK_N`` (``_key_range``), keys ``start <= pos <
+    hi`` allowed; when ``BLOCK_N`` divides the page size the tile lies in one page, whose
+    block-table entry is read once and whose records follow each other, so the offsets are
+    one base plus multiples of ``BPT`` (the loads then share one address computation)."""
     offs = n0 + tl.arange(0, BLOCK_N)
     ok = offs < hi
     if SPARSE:
         pos = tl.load(topk_ptr + t * topk_stride + offs, mask=ok, other=-1)
         ok = ok & (pos >= start) & (pos < length)
     else:
-        pos = start + offs
-    pos = tl.where(ok, pos, 0)
-    page = tl.load(block_tables + seq * bt_stride + pos // PAGE_SIZE, mask=ok, other=0)
-    row = page.to(tl.int64) * PAGE_BYTES + (pos % PAGE_SIZE).to(tl.int64) * BPT
+        ok = ok & (offs >= start)
+        pos = offs
+    if (not SPARSE) and PAGE_SIZE % BLOCK_N == 0:
+        # A tile past the sequence (the L2 prefetch runs ahead) reads page 0: a valid address.
+        page = tl.load(block_tables + seq * bt_stride + n0 // PAGE_SIZE, mask=n0 < length,
+                       other=0)
+        row = (page.to(tl.int64) * PAGE_BYTES + (n0 % PAGE_SIZE) * BPT
+               + tl.arange(0, BLOCK_N) * BPT)
+    else:
+        pos = tl.where(ok, pos, 0)
+        page = tl.load(block_tables + seq * bt_stride + pos // PAGE_SIZE, mask=ok, other=0)
+        row = page.to(tl.int64) * PAGE_BYTES + (pos % PAGE_SIZE).to(tl.int64) * BPT
     return row, ok
+
+
+@triton.jit
+def _key_range(split, num_splits, start, length, num_topk, BLOCK_N: tl.constexpr,
+               SPARSE: tl.constexpr):
+    """The tiles of KV split ``split``: ``(lo, hi)`` for ``range(lo, hi, BLOCK_N)`` and
+    ``_tile``. Sparse: positions in the top-k list. Dense: key positions from ``start``
+    rounded down to a tile (the keys before ``start`` are masked), so that every tile starts
+    at a multiple of ``BLOCK_N`` and lies in one page."""
+    if SPARSE:
+        base = 0
+        limit = num_topk
+    else:
+        base = (start // BLOCK_N) * BLOCK_N
+        limit = length
+    per_split = (((limit - base + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N
+                 * BLOCK_N)
+    lo = base + split * per_split
+    return lo, tl.minimum(lo + per_split, limit)
 
 
 @triton.jit
@@ -436,11 +468,7 @@ def mla_decode_kernel(
     seq = tl.load(tok_seq + t)
     length = tl.load(tok_len + t)      # keys at positions < length are causal
     start = tl.load(tok_start + t)     # and >= start (sliding window)
-    num_keys = num_topk if SPARSE else length - start
-    per_split = (((num_keys + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N
-                 * BLOCK_N)
-    lo = split * per_split
-    hi = tl.minimum(lo + per_split, num_keys)
+    lo, hi = _key_range(split, num_splits, start, length, num_topk, BLOCK_N, SPARSE)
 
     qk_scale = sm_scale * 1.4426950408889634
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -465,7 +493,7 @@ def mla_decode_kernel(
                          BPT, L2_LINES)
     for n0 in range(lo, hi, BLOCK_N):
         if L2_AHEAD > 0:
-            # Keys past hi are masked to position 0 of the sequence: a valid address.
+            # Tiles past hi read valid addresses (_tile: position 0 or page 0).
             _prefetch_l2(cache_u8, _tile(n0 + L2_AHEAD * BLOCK_N, hi, start, length, seq, t,
                                          topk_ptr, topk_stride, block_tables, bt_stride,
                                          BLOCK_N, PAGE_SIZE, PAGE_BYTES, BPT, SPARSE)[0],
