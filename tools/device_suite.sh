@@ -172,6 +172,12 @@ for s in "$@"; do
       prof mla-bf16-split-model mla_decode_kernel --print-details all -- \
         $py bench/mla_decode/run.py --batches 64 --contexts 8192 --heads 16 --kinds bf16 \
         --eager --rep 2 --no-tune --out /tmp/res/prof-mla16 ;;
+    mlalast)  # MLA GPU tests, the decode table, the MXFP8 kernel in Nsight Compute
+      section mla-tests 150 $py -m pytest -q -p no:cacheprovider -m gpu plugins/attn_flashmla/tests
+      section mla-bench 200 $py bench/mla_decode/run.py --budget-s 120 --out /tmp/res/mla-bench
+      prof mla-mxfp8-tiles mla_decode_kernel --print-details all -- \
+        $py bench/mla_decode/run.py --batches 64 --contexts 8192 --heads 16 --kinds mxfp8 \
+        --eager --rep 2 --no-tune --out /tmp/res/prof-mla ;;
     mxgpu)  # every GPU test of the MXFP4 plugin
       section mx-gpu 330 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 320 \
         plugins/quant_mxfp4_rocm/tests ;;

@@ -211,22 +211,29 @@ def _compute_tables(metadata: AttentionMetadata, num_tokens: int,
 
 
 def default_block_n(record: MLARecord, block_h: int) -> int:
-    """Keys per tile when the caller gives none. Wide latents: 32 keys (sm_90 builds at 16
-    heads: 106-255 registers, no spills; twice the bytes in flight of 16-key tiles), 16
-    for 32-head blocks of E8M0-scaled records (32 keys spill there)."""
+    """Keys per tile when the caller gives none. Wide latents: 64 keys for bf16 records at
+    16 heads (their loads are the compiler's asynchronous copies, no registers held: 84
+    registers at 8 warps on sm_90), 32 for quantized ones (106-255 registers, no spills),
+    16 for 32-head blocks of E8M0-scaled records (32 keys spill there)."""
     if _pow2(record.kv_lora_rank) < 256:
         return 64
-    return 16 if block_h > 16 and kernel_fields(record).nope_scale == 2 else 32
+    scaled = kernel_fields(record).nope_scale
+    if block_h <= 16 and scaled == 0:
+        return 64
+    return 16 if block_h > 16 and scaled == 2 else 32
 
 
 def default_warps(record: MLARecord, block_h: int = 16) -> int:
     """Warps per decode program when the caller gives none: 8 for 32-head blocks of wide
-    latents, else 4 (H200, 16 heads, batch 64, 8k-32k keys, splits from the occupancy of
-    each build: 4 warps 1.3-1.5x faster than 8 for every record kind; bf16 records 3.1
-    TB/s against 2.3)."""
+    latents and for bf16 records' 64-key tiles, else 4 (H200, 16 heads, batch 64, 8k-32k
+    keys, splits from the occupancy of each build: bf16 records 4.0 TB/s with 64-key tiles
+    and 8 warps against 3.3 with 32 and 4; quantized records 1.3-1.5x faster with 4 warps
+    than with 8)."""
     if _pow2(record.kv_lora_rank) < 256:
         return 4
-    return 4 if block_h <= 16 else 8
+    if block_h > 16 or kernel_fields(record).nope_scale == 0:
+        return 8
+    return 4
 
 
 def default_l2_ahead(record: MLARecord) -> int:
