@@ -178,6 +178,10 @@ for s in "$@"; do
       prof mla-mxfp8-tiles mla_decode_kernel --print-details all -- \
         $py bench/mla_decode/run.py --batches 64 --contexts 8192 --heads 16 --kinds mxfp8 \
         --eager --rep 2 --no-tune --out /tmp/res/prof-mla ;;
+    refgpu)  # after a core reference change: the core's and NVFP4's GPU tests
+      section core-gpu 60 $py -m pytest -q -p no:cacheprovider -m gpu core/tests
+      section nv-gpu 300 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 290 \
+        plugins/quant_nvfp4/tests ;;
     mxgpu)  # every GPU test of the MXFP4 plugin
       section mx-gpu 330 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 320 \
         plugins/quant_mxfp4_rocm/tests ;;
