@@ -44,8 +44,7 @@ def compile_config(kind: str, heads: int, block_n: int, warps: int, stages: int,
     const = launch_constants(record, heads, 64, record.page_bytes(64), block_n=block_n,
                              fast_fp8=True, interpreting=False, **extra)
     names = list(inspect.signature(tk.mla_decode_kernel.fn).parameters)
-    ptrs = {"q_ptr": "*bf16", "cache_u8": "*u8", "cache_bf16": "*bf16", "cache_f32": "*fp32",
-            "cache_u32": "*i32",
+    ptrs = {"q_ptr": "*bf16", "cache_u8": "*u8",
             "block_tables": "*i32", "tok_seq": "*i32", "tok_len": "*i32", "tok_start": "*i32",
             "topk_ptr": "*i32", "out_ptr": "*fp32", "lse_ptr": "*fp32", "sm_scale": "fp32"}
     sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in names}

@@ -69,7 +69,7 @@ def _e4m3_to_f32(code, FAST_FP8: tl.constexpr):
 
 
 @triton.jit
-def _load_part(cache_u8, cache_bf16, cache_f32, row, rows_ok, cols, cols_ok,
+def _load_part(cache_u8, row, rows_ok, cols, cols_ok,
                ELEM_OFF: tl.constexpr, COL0: tl.constexpr, SCALE_OFF: tl.constexpr,
                GROUP: tl.constexpr, SCALE: tl.constexpr, BLOCK_N: tl.constexpr,
                C_PAD: tl.constexpr, COUNT: tl.constexpr, FAST_FP8: tl.constexpr):
@@ -100,28 +100,28 @@ def _load_part(cache_u8, cache_bf16, cache_f32, row, rows_ok, cols, cols_ok,
             NG: tl.constexpr = C_PAD // GROUP
             local = tl.arange(0, NG)
             g_mask = rows_ok[:, None] & (local * GROUP < COUNT)[None, :]
-            scale = _group_scale(cache_u8, cache_f32, row, COL0 // GROUP + local, g_mask,
+            scale = _group_scale(cache_u8, row, COL0 // GROUP + local, g_mask,
                                  SCALE_OFF, SCALE, FAST_FP8)
             values = tl.reshape(tl.reshape(values, [BLOCK_N, NG, GROUP]) * scale[:, :, None],
                                 [BLOCK_N, C_PAD])
         else:
-            scale = _group_scale(cache_u8, cache_f32, row, (COL0 + cols) // GROUP, mask,
+            scale = _group_scale(cache_u8, row, (COL0 + cols) // GROUP, mask,
                                  SCALE_OFF, SCALE, FAST_FP8)
             values = values * scale
     return values
 
 
 @triton.jit
-def _group_scale(cache_u8, cache_f32, row, group, mask, SCALE_OFF: tl.constexpr,
+def _group_scale(cache_u8, row, group, mask, SCALE_OFF: tl.constexpr,
                  SCALE: tl.constexpr, FAST_FP8: tl.constexpr):
     """Scales of groups ``group`` (broadcast against ``row[:, None]``): fp32 (SCALE 1), or
     E8M0 bytes (SCALE 2) as bfloat16 on the GPU and float32 under the interpreter."""
-    return _group_scale3(cache_u8, cache_f32, row[:, None], group[None, :], mask, SCALE_OFF,
+    return _group_scale3(cache_u8, row[:, None], group[None, :], mask, SCALE_OFF,
                          SCALE, FAST_FP8)
 
 
 @triton.jit
-def _load_nope3(cache_u8, cache_bf16, cache_f32, row3, ok3, col3, ELEM_OFF: tl.constexpr,
+def _load_nope3(cache_u8, row3, ok3, col3, ELEM_OFF: tl.constexpr,
                 SCALE_OFF: tl.constexpr, GROUP: tl.constexpr, SCALE: tl.constexpr,
                 NC: tl.constexpr, BLOCK_N: tl.constexpr, CH: tl.constexpr,
                 RANK: tl.constexpr, FAST_FP8: tl.constexpr):
@@ -145,7 +145,7 @@ def _load_nope3(cache_u8, cache_bf16, cache_f32, row3, ok3, col3, ELEM_OFF: tl.c
         if GROUP % CH == 0:
             # A chunk lies inside one group: one scale per record and chunk.
             first = chunk * CH
-            scale = _group_scale3(cache_u8, cache_f32, row3, first // GROUP,
+            scale = _group_scale3(cache_u8, row3, first // GROUP,
                                   ok3 & (first < RANK), SCALE_OFF, SCALE, FAST_FP8)
             values = values * scale
         else:
@@ -153,7 +153,7 @@ def _load_nope3(cache_u8, cache_bf16, cache_f32, row3, ok3, col3, ELEM_OFF: tl.c
             NG: tl.constexpr = CH // GROUP
             local = tl.arange(0, NG)[None, None, :]
             first = chunk * CH + local * GROUP
-            scale = _group_scale3(cache_u8, cache_f32, row3, first // GROUP,
+            scale = _group_scale3(cache_u8, row3, first // GROUP,
                                   ok3 & (first < RANK), SCALE_OFF, SCALE, FAST_FP8)
             values = tl.reshape(tl.reshape(values, [NC, BLOCK_N, NG, GROUP])
                                 * scale[:, :, :, None], [NC, BLOCK_N, CH])
@@ -161,7 +161,7 @@ def _load_nope3(cache_u8, cache_bf16, cache_f32, row3, ok3, col3, ELEM_OFF: tl.c
 
 
 @triton.jit
-def _group_scale3(cache_u8, cache_f32, row3, group, mask, SCALE_OFF: tl.constexpr,
+def _group_scale3(cache_u8, row3, group, mask, SCALE_OFF: tl.constexpr,
                   SCALE: tl.constexpr, FAST_FP8: tl.constexpr):
     """Scales of groups ``group`` of records ``row3`` (offsets that broadcast against
     ``group``): fp32 (SCALE 1), or E8M0 bytes (SCALE 2) as bfloat16 on the GPU and float32
@@ -182,7 +182,7 @@ def _group_scale3(cache_u8, cache_f32, row3, group, mask, SCALE_OFF: tl.constexp
 
 
 @triton.jit
-def _load_groups3(cache_u8, cache_f32, row, ok, col3, ELEM_OFF: tl.constexpr,
+def _load_groups3(cache_u8, row, ok, col3, ELEM_OFF: tl.constexpr,
                   SCALE_OFF: tl.constexpr, GROUP: tl.constexpr, SCALE: tl.constexpr,
                   NC: tl.constexpr, RANK: tl.constexpr, FAST_FP8: tl.constexpr):
     """The nope codes ``[NC, BLOCK_N, GROUP]`` of a KV tile decoded but not scaled (chunk
@@ -269,7 +269,7 @@ def _prefetch_l2(cache_u8, row, BPT: tl.constexpr, LINES: tl.constexpr):
 
 
 @triton.jit
-def _fetch_codes(cache_u8, cache_f32, row, ok, cols, cols_ok, ELEM_OFF: tl.constexpr,
+def _fetch_codes(cache_u8, row, ok, cols, cols_ok, ELEM_OFF: tl.constexpr,
                  SCALE_OFF: tl.constexpr, GROUP: tl.constexpr, SCALE: tl.constexpr,
                  C_PAD: tl.constexpr, COUNT: tl.constexpr):
     """The raw E4M3 codes ``[BLOCK_N, C_PAD]`` of a nope field and their raw scales (one per
@@ -314,7 +314,7 @@ mul.rn.bf16x2 $1, t1, $9;
 
 
 @triton.jit
-def _fetch_words(cache_u32, cache_u8, row, ok, ELEM_OFF: tl.constexpr,
+def _fetch_words(cache_u8, row, ok, ELEM_OFF: tl.constexpr,
                  SCALE_OFF: tl.constexpr, GROUP: tl.constexpr, C_PAD: tl.constexpr,
                  COUNT: tl.constexpr):
     """A tile's E4M3 codes as words ``[BLOCK_N, C_PAD // GROUP, GROUP // 4]`` (four codes
@@ -399,7 +399,7 @@ def _dequant_codes(code, raw, GROUP: tl.constexpr, SCALE: tl.constexpr,
                                "lse_stride_t", "lse_stride_s", "num_heads", "num_splits"])
 def mla_decode_kernel(
     q_ptr, q_stride_t, q_stride_h,
-    cache_u8, cache_bf16, cache_f32, cache_u32,
+    cache_u8,
     block_tables, bt_stride,
     tok_seq, tok_len, tok_start,
     topk_ptr, topk_stride, num_topk,
@@ -478,10 +478,10 @@ def mla_decode_kernel(
                             block_tables, bt_stride, BLOCK_N, PAGE_SIZE, PAGE_BYTES, BPT,
                             SPARSE)
         if WORDS:
-            code_n, raw_n = _fetch_words(cache_u32, cache_u8, row_n, ok_n, NOPE_OFF,
+            code_n, raw_n = _fetch_words(cache_u8, row_n, ok_n, NOPE_OFF,
                                          SCALE_OFF, GROUP, NC * CH, RANK)
         else:
-            code_n, raw_n = _fetch_codes(cache_u8, cache_f32, row_n, ok_n, dcols, dcols_ok,
+            code_n, raw_n = _fetch_codes(cache_u8, row_n, ok_n, dcols, dcols_ok,
                                          NOPE_OFF, SCALE_OFF, GROUP, NOPE_SCALE, NC * CH,
                                          RANK)
     if L2_AHEAD > 0:
@@ -507,10 +507,10 @@ def mla_decode_kernel(
                                 topk_stride, block_tables, bt_stride, BLOCK_N, PAGE_SIZE,
                                 PAGE_BYTES, BPT, SPARSE)
             if WORDS:
-                code_n, raw_n = _fetch_words(cache_u32, cache_u8, row_n, ok_n, NOPE_OFF,
+                code_n, raw_n = _fetch_words(cache_u8, row_n, ok_n, NOPE_OFF,
                                              SCALE_OFF, GROUP, NC * CH, RANK)
             else:
-                code_n, raw_n = _fetch_codes(cache_u8, cache_f32, row_n, ok_n, dcols,
+                code_n, raw_n = _fetch_codes(cache_u8, row_n, ok_n, dcols,
                                              dcols_ok, NOPE_OFF, SCALE_OFF, GROUP, NOPE_SCALE,
                                              NC * CH, RANK)
         else:
@@ -518,12 +518,12 @@ def mla_decode_kernel(
                             block_tables, bt_stride, BLOCK_N, PAGE_SIZE, PAGE_BYTES, BPT,
                             SPARSE)
         if GROUPED:
-            k3, sc3 = _load_groups3(cache_u8, cache_f32, row, ok, col3, NOPE_OFF, SCALE_OFF,
+            k3, sc3 = _load_groups3(cache_u8, row, ok, col3, NOPE_OFF, SCALE_OFF,
                                     GROUP, NOPE_SCALE, NC, RANK, FAST_FP8)
             k3 = k3.to(DOT)
             s_nope = tl.reduce(tl.dot(q3, tl.permute(k3, (0, 2, 1))) * sc3, 0, _add)
         elif CHUNKED:
-            k3 = _load_nope3(cache_u8, cache_bf16, cache_f32, row[None, :, None],
+            k3 = _load_nope3(cache_u8, row[None, :, None],
                              ok[None, :, None], col3, NOPE_OFF, SCALE_OFF, GROUP, NOPE_SCALE,
                              NC, BLOCK_N, CH, RANK, FAST_FP8).to(DOT)
             s_nope = tl.reduce(tl.dot(q3, tl.permute(k3, (0, 2, 1))), 0, _add)
@@ -534,11 +534,11 @@ def mla_decode_kernel(
                 k_nope = _dequant_codes(code, raw, GROUP, NOPE_SCALE, BLOCK_N, NC * CH,
                                         FAST_FP8, F16_DOT).to(DOT)
             else:
-                k_nope = _load_part(cache_u8, cache_bf16, cache_f32, row, ok, dcols,
+                k_nope = _load_part(cache_u8, row, ok, dcols,
                                     dcols_ok, NOPE_OFF, 0, SCALE_OFF, GROUP, NOPE_SCALE,
                                     BLOCK_N, NC * CH, RANK, FAST_FP8).to(DOT)
             s_nope = tl.dot(q_nope, tl.trans(k_nope))
-        k_rope = _load_part(cache_u8, cache_bf16, cache_f32, row, ok, rcols, rcols_ok,
+        k_rope = _load_part(cache_u8, row, ok, rcols, rcols_ok,
                             ROPE_OFF, RANK, SCALE_OFF, GROUP, ROPE_SCALE, BLOCK_N, R_PAD, ROPE,
                             FAST_FP8).to(DOT)
         s = s_nope + tl.dot(q_rope, tl.trans(k_rope))
