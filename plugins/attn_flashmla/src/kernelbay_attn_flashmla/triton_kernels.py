@@ -288,16 +288,17 @@ def _fetch_codes(cache_u8, row, ok, cols, cols_ok, ELEM_OFF: tl.constexpr,
     return code, raw
 
 
-#: Four E4M3 codes (one little-endian word, $2) times their block's power of two, as two
-#: bf16x2 registers ($0: elements 0-1, $1: elements 2-3; ``tl.inline_asm_elementwise``,
-#: ``"=r,=r,r,r,r"``); $3 and $4 are the block's multiplier pairs ``low`` and ``high``.
-#: Each byte goes to the low byte of a 16-bit lane with its sign replicated over the high
-#: byte (PRMT's sign mode); shifted left by 4, the magnitude's exponent and mantissa bits
-#: land on bfloat16's and the mask keeps them and one sign bit: the lane is
-#: ``e4m3 * 2^-120`` exactly (an E4M3 subnormal on a bfloat16 subnormal, zero on zero).
-#: Two packed multiplies by powers of two finish it: five instructions per pair where the
-#: conversion through float16 takes about eight. The codes 0x7F and 0xFF (NaN in E4M3; the
-#: cache writer never stores them) come out finite.
+#: Four E4M3 codes times their block's power of two, as two bf16x2 registers
+#: (``tl.inline_asm_elementwise`` with pack 4: $0 elements 0-1, $1 elements 2-3; $2 the four
+#: code bytes, packed as loaded; $3-$6 and $7-$10 the four elements' multiplier pairs ``low``
+#: and ``high``, of which elements 0 and 2 are read: a pair of elements never straddles a
+#: 32-aligned block). Each byte goes to the low byte of a 16-bit lane with its sign replicated
+#: over the high byte (PRMT's sign mode); shifted left by 4, the magnitude's exponent and
+#: mantissa bits land on bfloat16's and the mask keeps them and one sign bit: the lane is ``e4m3
+#: * 2^-120`` exactly (an E4M3 subnormal on a bfloat16 subnormal, zero on zero). Two packed
+#: multiplies by powers of two finish it: five instructions per pair where the conversion
+#: through float16 takes about eight. The codes 0x7F and 0xFF (NaN in E4M3; the cache writer
+#: never stores them) come out finite.
 E8M0_SCALED_PTX = tl.constexpr("""{
 .reg .b32 t0, t1;
 prmt.b32 t0, $2, 0, 0x9180;
@@ -325,7 +326,8 @@ def _fetch_words(cache_u8, row, ok, ELEM_OFF: tl.constexpr,
     NG: tl.constexpr = C_PAD // GROUP
     group = tl.arange(0, NG)[None, :, None]
     word = group * (GROUP // 4) + tl.arange(0, GROUP // 4)[None, None, :]
-    words = tl.load(_at(cache_u8, row[:, None, None] + ELEM_OFF, tl.int32) + word, mask=ok[:, None, None] & (word < COUNT // 4), other=0)
+    words = tl.load(_at(cache_u8, row[:, None, None] + ELEM_OFF, tl.int32) + word,
+                    mask=ok[:, None, None] & (word < COUNT // 4), other=0)
     local = tl.arange(0, NG)
     raw = tl.load(cache_u8 + (row[:, None] + SCALE_OFF + local[None, :]),
                   mask=ok[:, None] & (local * GROUP < COUNT)[None, :], other=127)
