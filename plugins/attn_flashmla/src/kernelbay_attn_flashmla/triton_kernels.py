@@ -368,27 +368,18 @@ def _e8m0_words(words, raw, BLOCK_N: tl.constexpr, C_PAD: tl.constexpr,
 def _dequant_codes(code, raw, GROUP: tl.constexpr, SCALE: tl.constexpr,
                    BLOCK_N: tl.constexpr, C_PAD: tl.constexpr, FAST_FP8: tl.constexpr,
                    F16: tl.constexpr):
-    """Values of codes fetched by ``_fetch_codes`` (bfloat16 or float32; float16 with
-    ``F16``: E4M3 -> float16 is one packed conversion per pair and float16 products are
-    packed multiplies, where bfloat16 needs a scalar conversion per element and float32
-    two instructions per element more)."""
+    """Values of codes fetched by ``_fetch_codes``: float32 codes times fp32 group scales
+    (SCALE 1), or with ``F16`` float16 codes times either scale kind (E4M3 -> float16 is
+    one packed conversion per pair and float16 products are packed multiplies). E8M0
+    scales without ``F16`` go through ``_fetch_words`` / ``_e8m0_words`` instead."""
     if F16:
         values = code.to(tl.float8e4nv, bitcast=True).to(tl.float16)
         # fp32 scales round to float16 (2^-11, below the bfloat16 product's 2^-9); E8M0
         # scales are exact in its range.
         scale = (raw if SCALE == 1 else _pow2(raw.to(tl.int32) - 127)).to(tl.float16)
     else:
-        if FAST_FP8 and SCALE == 2:
-            values = code.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-        else:
-            values = _e4m3_to_f32(code, FAST_FP8)
-        if SCALE == 1:
-            scale = raw
-        elif FAST_FP8:
-            scale = (tl.where(raw == 0, 0x0040, raw.to(tl.int32) << 7).to(tl.int16)
-                     .to(tl.bfloat16, bitcast=True))
-        else:
-            scale = _pow2(raw.to(tl.int32) - 127)
+        values = _e4m3_to_f32(code, FAST_FP8)
+        scale = raw
     NG: tl.constexpr = C_PAD // GROUP
     return tl.reshape(tl.reshape(values, [BLOCK_N, NG, GROUP]) * scale[:, :, None],
                       [BLOCK_N, C_PAD])

@@ -127,6 +127,8 @@ def split_cost(splits: int, programs: int, slots: int, max_keys: int, block_n: i
     return waves * (keys * bytes_per_key + (2 * partial_bytes if splits > 1 else 0))
 
 
+# Memoized: asked once per layer and step with the same few arguments.
+@functools.lru_cache(maxsize=1024)
 def choose_splits(num_tokens: int, head_blocks: int, max_keys: int, num_sms: int,
                   resident: int = DEFAULT_RESIDENT, *, block_n: int = 32,
                   bytes_per_key: int = 1152, partial_bytes: int = 16 * 512 * 4) -> int:
