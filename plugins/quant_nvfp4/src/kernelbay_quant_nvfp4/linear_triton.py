@@ -179,6 +179,11 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
                          "checkpoint (uint8 [N, K/2], E4M3), repacked (int32 [N, K/8], E4M3), "
                          "fragment (int32 [N, K/32, 4], uint8 codes)")
     m, k = x2.shape
+    if config.path == "cuda":
+        out = _run_cuda(config, x2, packed, scales, global_scale, bias)
+        if out is not None:
+            return out
+        config = CUDA_FALLBACK
     if config.path == "dequant":
         # A per-call temporary: the caching allocator hands the same block back next call,
         # so no dense copy lives between calls.
@@ -192,6 +197,47 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
                            num_warps=config.num_warps, num_stages=config.num_stages,
                            pairs=config.path == "pairs", repacked=config.path == "repacked",
                            fragment=config.path == "fragment")
+
+
+#: What a ``cuda`` config runs where the CUDA GEMV cannot (``cuda_gemv_reason``).
+CUDA_FALLBACK = KernelConfig("pf-16x64x256-p3", "fragment", 16, 64, 256, 0, 4, 3, per_sm=7)
+
+
+def cuda_gemv_reason(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor) -> str | None:
+    """Why the CUDA GEMV (``cuda_gemv``) cannot take these operands, NVRTC included
+    (``None``: it can)."""
+    from kernelbay_quant_nvfp4.cuda_gemv import gemv_unsupported
+    from kernelbay_quant_nvfp4.cuda_jit import nvrtc_available
+
+    reason = gemv_unsupported(x2, words, codes)
+    if reason is None and not nvrtc_available():
+        reason = "NVRTC (libnvrtc, part of CUDA builds of torch) was not found"
+    return reason
+
+
+def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
+              codes: torch.Tensor, global_scale: torch.Tensor,
+              bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``x2`` through the CUDA GEMV in slices of its token tiles (M <= 16 is one launch);
+    ``None`` when ``cuda_gemv_reason`` (for the first slice) says it cannot run."""
+    import torch
+
+    from kernelbay_quant_nvfp4.cuda_gemv import GemvConfig, config_for_m, nvfp4_gemv_cuda
+
+    rows = min(x2.shape[0], 16)
+    if cuda_gemv_reason(x2[:rows], words, codes) is not None:
+        return None
+    outs = []
+    for start in range(0, x2.shape[0], rows):
+        part = x2[start:start + rows]
+        m = part.shape[0]
+        if config.name == "cu-default":
+            build = config_for_m(m)
+        else:
+            build = GemvConfig(config.block_n // 16, 1 if m <= 8 else 2, config.num_warps,
+                               config.num_stages, config.per_sm)
+        outs.append(nvfp4_gemv_cuda(part, words, codes, global_scale, bias, build))
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 class Nvfp4TritonLinear(LinearMethod):

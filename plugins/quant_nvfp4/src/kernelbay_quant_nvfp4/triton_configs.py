@@ -97,7 +97,7 @@ def table_for(k: int, table: tuple[tuple[int, KernelConfig], ...] = DEFAULT_CONF
 #: (the same words in the ``"fragment"`` K order, int32 [N, K/32, 4]; K a multiple of 32).
 LAYOUTS = ("checkpoint", "repacked", "fragment")
 
-_LAYOUT_OF_PATH = {"repacked": "repacked", "fragment": "fragment"}
+_LAYOUT_OF_PATH = {"repacked": "repacked", "fragment": "fragment", "cuda": "fragment"}
 
 
 def layout_of(config: KernelConfig) -> str:
@@ -151,6 +151,14 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     _hw("hw-64x128x128", 64, 128, 128, 4, 3),
     _hw("hw-128x128x64", 128, 128, 64, 8, 3),
     KernelConfig("dequant-cublas", "dequant"),
+    # The CUDA GEMV (``cuda_gemv``, path ``cuda``): block_n = 16 x row tiles per CTA,
+    # num_warps = warps splitting K, num_stages = shared-memory stages, per_sm = the CTAs per
+    # SM its registers are capped for; token tiles follow M. ``cu-default`` is the M table's.
+    KernelConfig("cu-default", "cuda"),
+    *(KernelConfig(f"cu-t{tm}w{wk}s{st}b{mb}", "cuda", 16, 16 * tm, 128, 0, wk, st, mb)
+      for tm, wk, st, mb in ((2, 8, 4, 2), (1, 8, 4, 2), (1, 8, 6, 2), (1, 8, 8, 2),
+                             (2, 4, 4, 4), (2, 16, 4, 1), (4, 8, 4, 1), (2, 8, 6, 1),
+                             (1, 16, 8, 1), (4, 4, 4, 2))),
     # The repacked word layout (``kernelbay.formats.e2m1_words``): natural K order, no
     # activation permutation, no 16-bit repacking; the K loop of pr-16x128x128 has 4.3 SASS
     # instructions per element against 4.8 for pw-16x64x256-p3 (LOP3 128, shifts 96, no PRMT).

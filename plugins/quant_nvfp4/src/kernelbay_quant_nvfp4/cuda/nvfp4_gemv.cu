@@ -1,0 +1,290 @@
+// NVFP4 weight-only GEMV for M <= 16 (bf16 activations), sm_80+: y[M, N] = x[M, K] W^T.
+//
+// Compiled at run time by NVRTC (cuda_jit.py) with TM, NT, WK, STAGES and MIN_BLOCKS
+// defined by the host. It reads the weight exactly as the Triton fragment kernels store it
+// (linear_triton.layout_tensors "fragment"): int32 words [N, K/32, 4] whose word c of a
+// 32-element group holds elements 2c, 2c+1, 2c+8, 2c+9 and the same plus 16 (as bf16 lanes
+// after repacked_lanes), and uint8 scale codes [N, K/16] whose bf16 multiplier pair is
+// code * 0x100010 + 0x76007600 (scale_codes.py; signs and zeros are folded into the words).
+//
+// One CTA owns TM tiles of 16 weight rows and splits K between its WK warps; a warp runs
+// mma.sync m16n8k16 with the decoded weight as A (16 rows x 16 k) and the activations as
+// B (16 k x 8 tokens), NT tiles of 8 tokens. The K index inside a 128-element chunk is
+// permuted identically for A and B (a dot product does not care about the order): the lane
+// of group c = lane % 4 takes the whole 32-element group 4j + c of chunk j, so it loads
+// its weight as one 16-byte vector per row, its activations as four 16-byte vectors, and
+// needs two block scales per row and chunk. Step s = 2c' + h of the chunk feeds register
+// pair (2h, 2h + 1) of word c' as fragment registers (a0, a2) -- actual k offsets
+// 16h + 2c' + {0, 1} and 16h + 8 + 2c' + {0, 1} of the group -- and the matching pairs of
+// the activation row as (b0, b1).
+//
+// The WK partial sums of a tile are added in warp order through shared memory (the result
+// does not depend on scheduling), times weight_scale_2 * 2^8 (the decoded lanes are
+// e2m1 * S * 2^-8), plus the bias, rounded once to bf16.
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+#ifndef TM
+#define TM 2
+#endif
+#ifndef NT
+#define NT 1
+#endif
+#ifndef WK
+#define WK 8
+#endif
+#ifndef STAGES
+#define STAGES 4
+#endif
+#if STAGES % 2
+#error "STAGES must be even (two activation buffers alternate)"
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 2
+#endif
+
+// Asynchronous copies into this lane's own shared-memory slots (no other lane reads them,
+// so waiting for the lane's own copy groups is enough); src_size 0 fills zeros.
+__device__ __forceinline__ void copy16(u32 dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+               :: "r"(dst), "l"(src), "r"(ok ? 16 : 0));
+}
+
+__device__ __forceinline__ void copy4(u32 dst, const void* src, bool ok) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
+               :: "r"(dst), "l"(src), "r"(ok ? 4 : 0));
+}
+
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
+
+template <int N>
+__device__ __forceinline__ void wait_groups() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
+
+__device__ __forceinline__ uint4 lds128(u32 addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ u32 lds32(u32 addr) {
+  u32 v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ uint4 load_cached(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ u32 pick(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Two lanes times their multiplier pair, plus -0 (zero products keep their sign).
+__device__ __forceinline__ u32 scaled(u32 lanes, u32 mult) {
+  u32 out;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(lanes), "r"(mult), "r"(0x80008000u));
+  return out;
+}
+
+// Register r (0..3) of a word: elements 2r and 2r + 1 as bf16 e2m1 * 2^-126.
+__device__ __forceinline__ u32 lanes_of(u32 u, int r) {
+  const u32 keep = 0x81C081C0u;
+  if (r == 0) return u & keep;
+  if (r == 1) return (u << 3) & keep;
+  if (r == 2) return (u << 6) & keep;
+  return ((u << 1) & 0x80008000u) | ((u >> 4) & 0x00C000C0u) | ((u >> 5) & 0x01000100u);
+}
+
+__device__ __forceinline__ void mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+extern "C" __global__ void __launch_bounds__(WK * 32, MIN_BLOCKS)
+nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict__ words,
+           const unsigned char* __restrict__ codes, const float* __restrict__ global_scale,
+           const u16* __restrict__ bias, u16* __restrict__ out, long long stride_om,
+           int M, int N, int K) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int g = lane >> 2;
+  const int c = lane & 3;
+  const int groups = K >> 5;                 // 32-element groups per row
+  const int chunks = K >> 7;                 // 128-element chunks (K % 128 == 0)
+  const int j_begin = (warp * chunks) / WK;
+  const int j_end = ((warp + 1) * chunks) / WK;
+  const int tiles = (N + 15) >> 4;
+
+  // This lane's pointers at chunk j_begin (rows past N read row N - 1: valid memory, results
+  // not stored; token rows past M read row 0: they only feed output columns never stored).
+  const u32* wp[TM][2];
+  const unsigned char* cp[TM][2];
+#pragma unroll
+  for (int t = 0; t < TM; ++t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int tile = blockIdx.x * TM + t;
+      long long row = min((tile < tiles ? tile : tiles - 1) * 16 + g + 8 * h, N - 1);
+      wp[t][h] = words + row * (groups * 4) + (4 * j_begin + c) * 4;
+      // the aligned 4 bytes holding this lane's two codes (K % 64 == 0: rows 4-aligned)
+      cp[t][h] = codes + row * (groups * 2) + j_begin * 8 + (c >> 1) * 4;
+    }
+  }
+  const int code_shift = (c & 1) * 16;
+  const u16* xp[NT];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    int m = g + 8 * n;
+    xp[n] = x + (long long)(m < M ? m : 0) * stride_xm + j_begin * 128 + c * 32;
+  }
+
+  // This warp's slots: STAGES x (TM x 2 rows) of 16-byte words and 4-byte codes per lane;
+  // stage s holds chunks j_begin + s, j_begin + s + STAGES, ...
+  const u32 base = (u32)__cvta_generic_to_shared(smem);
+  const u32 wslot = base + warp * (STAGES * TM * 2 * 512) + lane * 16;
+  const u32 cslot = base + WK * (STAGES * TM * 2 * 512) + warp * (STAGES * TM * 2 * 128)
+                    + lane * 4;
+
+  // Copies of chunk j_begin + i (i relative to the pointers) into stage i % STAGES.
+  auto fetch = [&](int i) {
+    const int stage = i % STAGES;
+#pragma unroll
+    for (int t = 0; t < TM; ++t) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int slot = (stage * TM + t) * 2 + h;
+        copy16(wslot + slot * 512, wp[t][h] + i * 16, true);
+        copy4(cslot + slot * 128, cp[t][h] + i * 8, true);
+      }
+    }
+  };
+
+  auto load_x = [&](uint4 (&xv)[NT][4], int i) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) xv[n][q] = load_cached(xp[n] + i * 128 + q * 8);
+    }
+  };
+
+  float acc[TM][NT][4];
+#pragma unroll
+  for (int t = 0; t < TM; ++t)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[t][n][i] = 0.f;
+
+  const int count = j_end - j_begin;
+#pragma unroll
+  for (int d = 0; d < STAGES - 1; ++d) {
+    if (d < count) fetch(d);
+    commit();
+  }
+  uint4 xv[2][NT][4];   // chunk i's activations in xv[i % 2] (STAGES is even)
+  if (count > 0) load_x(xv[0], 0);
+
+  for (int i0 = 0; i0 < count; i0 += STAGES) {
+#pragma unroll
+    for (int d = 0; d < STAGES; ++d) {
+      if (i0 + d < count) {
+        wait_groups<STAGES - 2>();
+        uint4 w[TM][2];
+        u32 code[TM][2];
+#pragma unroll
+        for (int t = 0; t < TM; ++t) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int slot = (d * TM + t) * 2 + h;
+            w[t][h] = lds128(wslot + slot * 512);
+            code[t][h] = lds32(cslot + slot * 128) >> code_shift;
+          }
+        }
+        if (i0 + d + 1 < count) load_x(xv[(d + 1) % 2], d + 1);
+        // into the stage of the previous chunk, read in the previous step
+        if (i0 + d + STAGES - 1 < count) fetch(d + STAGES - 1);
+        commit();
+#pragma unroll
+        for (int t = 0; t < TM; ++t) {
+          u32 mult[2][2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            mult[h][0] = (code[t][h] & 0xFFu) * 0x100010u + 0x76007600u;
+            mult[h][1] = ((code[t][h] >> 8) & 0xFFu) * 0x100010u + 0x76007600u;
+          }
+#pragma unroll
+          for (int cw = 0; cw < 4; ++cw) {
+            const u32 u0 = pick(w[t][0], cw);
+            const u32 u1 = pick(w[t][1], cw);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const u32 a0 = scaled(lanes_of(u0, 2 * h), mult[0][h]);
+              const u32 a2 = scaled(lanes_of(u0, 2 * h + 1), mult[0][h]);
+              const u32 a1 = scaled(lanes_of(u1, 2 * h), mult[1][h]);
+              const u32 a3 = scaled(lanes_of(u1, 2 * h + 1), mult[1][h]);
+#pragma unroll
+              for (int n = 0; n < NT; ++n) {
+                mma(acc[t][n], a0, a1, a2, a3, pick(xv[d % 2][n][2 * h], cw),
+                    pick(xv[d % 2][n][2 * h + 1], cw));
+              }
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < TM; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        wp[t][h] += STAGES * 16;
+        cp[t][h] += STAGES * 8;
+      }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) xp[n] += STAGES * 128;
+  }
+  wait_groups<0>();
+  __syncthreads();
+
+  // Partial sums of the WK warps (reusing the pipeline's shared memory), added in warp order.
+  float* partial = reinterpret_cast<float*>(smem);
+  const int cols = NT * 8;
+  const int rows = TM * 16;
+#pragma unroll
+  for (int t = 0; t < TM; ++t) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      float* p = partial + (warp * rows + t * 16 + g) * cols + n * 8 + 2 * c;
+      p[0] = acc[t][n][0];
+      p[1] = acc[t][n][1];
+      p[8 * cols] = acc[t][n][2];
+      p[8 * cols + 1] = acc[t][n][3];
+    }
+  }
+  __syncthreads();
+  const float factor = global_scale[0] * 256.f;
+  const int row0 = blockIdx.x * rows;
+  for (int idx = threadIdx.x; idx < rows * cols; idx += WK * 32) {
+    const int r = idx % rows;   // consecutive threads: consecutive output columns
+    const int m = idx / rows;
+    const int n = row0 + r;
+    if (n < N && m < M) {
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < WK; ++w) sum += partial[(w * rows + r) * cols + m];
+      float v = sum * factor;
+      if (bias != nullptr) v += __uint_as_float(((u32)bias[n]) << 16);
+      u16 b;
+      asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(v));
+      out[(long long)m * stride_om + n] = b;
+    }
+  }
+}

@@ -1,0 +1,157 @@
+"""The NVFP4 GEMV of ``cuda/nvfp4_gemv.cu`` for M <= 16 on CUDA GPUs (sm_80+, bf16
+activations), compiled at run time by NVRTC (``cuda_jit``).
+
+It reads the weight in the Triton kernels' ``fragment`` layout (fragment-order words and
+scale codes, ``linear_triton.layout_tensors``), so a layer stores one copy of its weight and
+larger batches go to the Triton kernels. Why it is faster than the Triton split-K kernel at
+decode batch sizes (the source explains the details): the K order inside a 128-element chunk
+is permuted identically for weight and activations, so each lane decodes a whole 32-element
+group (one 16-byte load, two block scales per row and chunk instead of eight) and loads its
+activations as 16-byte vectors; the weight streams through shared memory by asynchronous
+copies ``stages - 1`` chunks ahead, so no register holds a tile in flight; the split over K
+is between the warps of one CTA and summed in warp order in shared memory (deterministic,
+no partials in global memory, no second kernel).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from importlib import resources
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from kernelbay_quant_nvfp4.cuda_jit import Kernel
+
+__all__ = ["MAX_M", "GemvConfig", "config_for_m", "gemv_kernel", "gemv_unsupported",
+           "nvfp4_gemv_cuda", "shared_bytes"]
+
+#: Largest batch the kernel serves (two 8-token MMA tiles).
+MAX_M = 16
+#: K must be whole 128-element chunks.
+K_MULTIPLE = 128
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """One build of the kernel: ``tm`` 16-row tiles per CTA, ``nt`` 8-token tiles, ``wk``
+    warps splitting K, ``stages`` shared-memory stages (even), ``min_blocks`` CTAs per SM
+    the register budget is set for (``__launch_bounds__``)."""
+
+    tm: int = 2
+    nt: int = 1
+    wk: int = 8
+    stages: int = 4
+    min_blocks: int = 2
+
+    @property
+    def name(self) -> str:
+        return f"cu-t{self.tm}n{self.nt}w{self.wk}s{self.stages}b{self.min_blocks}"
+
+
+def shared_bytes(config: GemvConfig) -> int:
+    """Dynamic shared memory of one CTA: the pipeline's slots (16-byte words and 4-byte codes
+    of two rows per tile, per lane, warp and stage) or the warps' partial sums, the larger."""
+    pipeline = config.wk * config.stages * config.tm * 2 * (512 + 128)
+    partial = config.wk * config.tm * 16 * config.nt * 8 * 4
+    return max(pipeline, partial)
+
+
+#: Builds measured on the H200 (``bench/nvfp4/run.py --configs cu-``), by token tiles.
+DEFAULT = {1: GemvConfig(2, 1, 8, 4, 2), 2: GemvConfig(1, 2, 8, 4, 2)}
+
+
+def config_for_m(m: int) -> GemvConfig:
+    """The default build for ``m`` tokens (one or two 8-token tiles)."""
+    return DEFAULT[1 if m <= 8 else 2]
+
+
+@functools.cache
+def _source() -> str:
+    return (resources.files("kernelbay_quant_nvfp4") / "cuda" / "nvfp4_gemv.cu").read_text()
+
+
+def gemv_kernel(config: GemvConfig, device: int) -> Kernel:
+    """The compiled and loaded kernel of ``config`` for CUDA ``device`` (NVRTC, cached)."""
+    import torch
+
+    from kernelbay_quant_nvfp4.cuda_jit import compile_cubin, load_kernel
+
+    major, minor = torch.cuda.get_device_capability(device)
+    if config.stages % 2 or config.stages < 2:
+        raise ValueError(f"nvfp4 CUDA GEMV: stages={config.stages}; valid: an even number >= 2")
+    options = [f"-DTM={config.tm}", f"-DNT={config.nt}", f"-DWK={config.wk}",
+               f"-DSTAGES={config.stages}", f"-DMIN_BLOCKS={config.min_blocks}"]
+    cubin = compile_cubin(_source(), "nvfp4_gemv", f"sm_{major}{minor}", options)
+    kernel = load_kernel(cubin, "nvfp4_gemv", device)
+    kernel.set_max_dynamic_shared(shared_bytes(config))
+    return kernel
+
+
+def gemv_unsupported(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor) -> str | None:
+    """Why these operands cannot run the kernel (``None`` when they can): bf16 activations
+    [M <= 16, K] on a CUDA device of compute capability >= 8.0, K a multiple of 128, 16-byte
+    aligned rows, fragment-layout words and scale codes."""
+    import torch
+
+    m, k = x2.shape
+    if not x2.is_cuda or torch.version.hip is not None:
+        return f"needs a CUDA device, activations are on {x2.device}"
+    if torch.cuda.get_device_capability(x2.device)[0] < 8:
+        return "needs compute capability >= 8.0 for bf16 mma.sync"
+    if x2.dtype != torch.bfloat16:
+        return f"needs bfloat16 activations, got {x2.dtype}"
+    if m > MAX_M:
+        return f"serves M <= {MAX_M}, got M = {m}"
+    if k % K_MULTIPLE:
+        return f"needs K a multiple of {K_MULTIPLE}, got K = {k}"
+    if x2.stride(-1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
+        return "needs 16-byte aligned activation rows"
+    if words.dtype != torch.int32 or words.dim() != 3 or tuple(words.shape[1:]) != (k // 32, 4) \
+            or not words.is_contiguous():
+        return f"needs fragment-order words int32 [N, {k // 32}, 4], got {words.dtype} " \
+               f"{tuple(words.shape)}"
+    if codes.dtype != torch.uint8 or tuple(codes.shape) != (words.shape[0], k // 16) \
+            or not codes.is_contiguous():
+        return f"needs uint8 scale codes [N, {k // 16}], got {codes.dtype} {tuple(codes.shape)}"
+    return None
+
+
+def nvfp4_gemv_cuda(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
+                    global_scale: torch.Tensor, bias: torch.Tensor | None,
+                    config: GemvConfig | None = None) -> torch.Tensor:
+    """``x2 [M, K] @ dequant(words, codes, global_scale)^T (+ bias)`` -> bf16 [M, N] for
+    M <= 16 (``gemv_unsupported`` says what else it needs; ``ValueError`` with that reason)."""
+    import torch
+
+    reason = gemv_unsupported(x2, words, codes)
+    if reason is not None:
+        raise ValueError(f"nvfp4 CUDA GEMV: {reason}")
+    m, k = x2.shape
+    n = words.shape[0]
+    out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
+    if m == 0 or n == 0:
+        return out
+    config = config or config_for_m(m)
+    if m > 8 * config.nt:
+        raise ValueError(f"nvfp4 CUDA GEMV: config {config.name} serves M <= {8 * config.nt}, "
+                         f"got M = {m}")
+    if bias is not None:
+        bias = bias.to(torch.bfloat16).contiguous()
+    scale = global_scale.reshape(-1)[:1].float().contiguous()
+    device = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    kernel = gemv_kernel(config, device)
+    tiles = -(-n // 16)
+    grid = (-(-tiles // config.tm), 1, 1)
+    args = [ctypes.c_void_p(x2.data_ptr()), ctypes.c_longlong(x2.stride(0)),
+            ctypes.c_void_p(words.data_ptr()), ctypes.c_void_p(codes.data_ptr()),
+            ctypes.c_void_p(scale.data_ptr()),
+            ctypes.c_void_p(bias.data_ptr() if bias is not None else 0),
+            ctypes.c_void_p(out.data_ptr()), ctypes.c_longlong(out.stride(0)),
+            ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k)]
+    kernel.launch(grid, (32 * config.wk, 1, 1), args,
+                  torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config))
+    return out

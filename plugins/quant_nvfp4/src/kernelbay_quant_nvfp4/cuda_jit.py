@@ -1,0 +1,232 @@
+"""CUDA C++ kernels built at run time: NVRTC compiles the source to a cubin for the device
+(cached on disk), the driver API loads and launches it on torch's current stream.
+
+Nothing here is imported by ``kernelbay`` or during discovery: a method imports it when it
+builds. Both libraries are found without a CUDA toolkit: ``libcuda`` comes with the driver,
+``libnvrtc`` with CUDA builds of torch (the ``nvidia-cuda-nvrtc`` wheel, or a toolkit's
+``lib64``). Loading goes through ``ctypes`` only, so this module neither links against torch
+nor needs ``nvcc``.
+
+The cache key is the source, the options, the architecture and the NVRTC version; a cubin is
+written to a temporary file and renamed, so concurrent processes never read half a file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import hashlib
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CudaJitError", "Kernel", "cache_dir", "compile_cubin", "find_nvrtc", "load_kernel",
+           "nvrtc_available"]
+
+
+class CudaJitError(RuntimeError):
+    """A CUDA source did not compile or a cubin did not load or launch (with the log)."""
+
+
+def cache_dir() -> str:
+    """Where cubins are kept: ``$KERNELBAY_CACHE/cuda`` or ``~/.cache/kernelbay/cuda``."""
+    root = os.environ.get("KERNELBAY_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "kernelbay")
+    return os.path.join(root, "cuda")
+
+
+def _nvrtc_candidates() -> list[str]:
+    found: list[str] = []
+    for base in sys.path:
+        pattern = os.path.join(base, "nvidia", "**", "libnvrtc.so*")
+        found += sorted(glob.glob(pattern, recursive=True))
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    found += sorted(glob.glob(os.path.join(home, "lib64", "libnvrtc.so*")))
+    # the builtins library and the alternative ABI build are not the compiler's entry points
+    return [p for p in found if "builtins" not in os.path.basename(p)
+            and ".alt." not in os.path.basename(p)] + ["libnvrtc.so"]
+
+
+@functools.cache
+def find_nvrtc() -> str | None:
+    """The path of a loadable ``libnvrtc`` (``None`` when there is none)."""
+    for path in _nvrtc_candidates():
+        try:
+            ctypes.CDLL(path)
+        except OSError:
+            continue
+        return path
+    return None
+
+
+def nvrtc_available() -> bool:
+    """Whether NVRTC can be loaded (looked up, nothing compiled)."""
+    return find_nvrtc() is not None
+
+
+@functools.cache
+def _nvrtc() -> ctypes.CDLL:
+    path = find_nvrtc()
+    if path is None:
+        raise CudaJitError("NVRTC not found: install a CUDA build of torch (it brings the "
+                           "nvidia-cuda-nvrtc wheel) or a CUDA toolkit; searched "
+                           f"{_nvrtc_candidates()}")
+    lib = ctypes.CDLL(path)
+    lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+    return lib
+
+
+def _nvrtc_check(result: int, what: str) -> None:
+    if result != 0:
+        text = _nvrtc().nvrtcGetErrorString(result).decode()
+        raise CudaJitError(f"NVRTC {what} failed: {text} ({result})")
+
+
+def nvrtc_version() -> tuple[int, int]:
+    """NVRTC's (major, minor)."""
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    _nvrtc_check(_nvrtc().nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "version")
+    return major.value, minor.value
+
+
+def compile_cubin(source: str, name: str, arch: str, options: Sequence[str] = ()) -> bytes:
+    """``source`` compiled by NVRTC for ``arch`` (``"sm_90"``): the cubin's bytes, from the
+    disk cache when the same source, options, architecture and NVRTC were built before.
+    ``CudaJitError`` with the compiler's log when it does not compile."""
+    opts = [f"--gpu-architecture={arch}", "--std=c++17", *options]
+    key = hashlib.sha256("\0".join([source, name, *opts, str(nvrtc_version())]).encode())
+    path = os.path.join(cache_dir(), f"{name}-{arch}-{key.hexdigest()[:24]}.cubin")
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        pass
+    lib = _nvrtc()
+    prog = ctypes.c_void_p()
+    _nvrtc_check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(),
+                                        f"{name}.cu".encode(), 0, None, None), "create")
+    try:
+        argv = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+        result = lib.nvrtcCompileProgram(prog, len(opts), argv)
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        if result != 0:
+            raise CudaJitError(f"NVRTC could not compile {name} for {arch} with {opts}:\n"
+                               f"{log.value.decode(errors='replace')}")
+        _nvrtc_check(lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "cubin size")
+        cubin = ctypes.create_string_buffer(size.value)
+        _nvrtc_check(lib.nvrtcGetCUBIN(prog, cubin), "cubin")
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    data = cubin.raw
+    os.makedirs(cache_dir(), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+    return data
+
+
+@functools.cache
+def _cuda() -> ctypes.CDLL:
+    lib = ctypes.CDLL("libcuda.so.1")
+    _cu_check(lib, lib.cuInit(0), "cuInit")
+    return lib
+
+
+def _cu_check(lib: ctypes.CDLL, result: int, what: str) -> None:
+    if result != 0:
+        text = ctypes.c_char_p()
+        lib.cuGetErrorString(result, ctypes.byref(text))
+        raise CudaJitError(f"CUDA driver {what} failed: "
+                           f"{(text.value or b'unknown error').decode()} ({result})")
+
+
+def _context(device: int) -> ctypes.c_void_p:
+    """Make the device's primary context (torch's) current on this thread; return it."""
+    lib = _cuda()
+    dev = ctypes.c_int()
+    _cu_check(lib, lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+    ctx = ctypes.c_void_p()
+    _cu_check(lib, lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "primary context")
+    current = ctypes.c_void_p()
+    _cu_check(lib, lib.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
+    if current.value != ctx.value:
+        _cu_check(lib, lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    return ctx
+
+
+#: CUfunction attributes read by ``Kernel.attribute``.
+ATTRIBUTES = {"registers": 4, "shared_bytes": 1, "local_bytes": 3, "max_threads": 0}
+
+
+@dataclass
+class Kernel:
+    """One loaded ``__global__`` function on one device; ``launch`` puts it on a stream."""
+
+    device: int
+    module: ctypes.c_void_p
+    function: ctypes.c_void_p
+    context: ctypes.c_void_p
+    _shared_limit: int = 48 * 1024
+
+    def attribute(self, name: str) -> int:
+        """A property of the compiled function (``ATTRIBUTES``: registers per thread, static
+        shared memory, local memory per thread, the largest block)."""
+        value = ctypes.c_int()
+        lib = _cuda()
+        _cu_check(lib, lib.cuFuncGetAttribute(ctypes.byref(value), ATTRIBUTES[name],
+                                              self.function), f"attribute {name}")
+        return value.value
+
+    def set_max_dynamic_shared(self, size: int) -> None:
+        """Allow launches with ``size`` bytes of dynamic shared memory (above 48 KB a
+        function must opt in)."""
+        if size > 48 * 1024 and size > self._shared_limit:
+            lib = _cuda()
+            _cu_check(lib, lib.cuFuncSetAttribute(self.function, 8, size),
+                      f"dynamic shared memory of {size} bytes")
+            self._shared_limit = size
+
+    def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int],
+               args: Sequence[Any], stream: int, shared_bytes: int = 0) -> None:
+        """Launch with ``args`` as ctypes values (``ctypes.c_void_p`` for pointers) on the
+        CUDA stream handle ``stream`` (``torch.cuda.current_stream().cuda_stream``)."""
+        lib = _cuda()
+        current = ctypes.c_void_p()
+        lib.cuCtxGetCurrent(ctypes.byref(current))
+        if current.value != self.context.value:
+            _cu_check(lib, lib.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        params = (ctypes.c_void_p * len(args))(
+            *[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
+        _cu_check(lib, lib.cuLaunchKernel(self.function, *grid, *block, shared_bytes,
+                                          ctypes.c_void_p(stream), params, None),
+                  "cuLaunchKernel")
+
+
+_LOADED: dict[tuple[int, bytes, str], Kernel] = {}
+_LOCK = threading.Lock()
+
+
+def load_kernel(cubin: bytes, name: str, device: int) -> Kernel:
+    """The ``extern "C"`` function ``name`` of ``cubin`` loaded on CUDA ``device`` (once per
+    process and device)."""
+    key = (device, hashlib.sha256(cubin).digest(), name)
+    with _LOCK:
+        if key not in _LOADED:
+            lib = _cuda()
+            ctx = _context(device)
+            module = ctypes.c_void_p()
+            _cu_check(lib, lib.cuModuleLoadData(ctypes.byref(module), cubin),
+                      f"loading the cubin of {name}")
+            function = ctypes.c_void_p()
+            _cu_check(lib, lib.cuModuleGetFunction(ctypes.byref(function), module,
+                                                   name.encode()), f"finding {name}")
+            _LOADED[key] = Kernel(device, module, function, ctx)
+        return _LOADED[key]

@@ -1,0 +1,111 @@
+"""The CUDA GEMV of ``nvfp4-triton`` at M <= 16 (``cuda_gemv``, built by NVRTC) against the
+reference (``kernelbay.formats.dequantize_nvfp4`` + matmul in float32), with the bound of
+``test_nvfp4_triton`` (``nvfp4_triton_helpers.check_close``); and, on any machine, what it
+refuses and why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernelbay.formats import dequantize_nvfp4
+from kernelbay_quant_nvfp4.cuda_gemv import (
+    GemvConfig,
+    config_for_m,
+    gemv_unsupported,
+    nvfp4_gemv_cuda,
+    shared_bytes,
+)
+from kernelbay_quant_nvfp4.linear_triton import layout_tensors
+from nvfp4_triton_helpers import check_close, edge_scales, every_code_and_scale, nvfp4_weights
+
+
+def _fragment(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return layout_tensors(tensors["weight"], tensors["weight_scale"], "fragment")
+
+
+def test_refusals_name_the_operand() -> None:
+    """On CPU tensors, with fp16, M > 16, K not whole chunks or the wrong layout, the reason
+    says what is expected."""
+    gen = torch.Generator().manual_seed(0)
+    tensors = nvfp4_weights(32, 256, gen)
+    words, codes = _fragment(tensors)
+    x = torch.randn(4, 256, generator=gen).bfloat16()
+    assert "CUDA device" in str(gemv_unsupported(x, words, codes))
+    with pytest.raises(ValueError, match="CUDA device"):
+        nvfp4_gemv_cuda(x, words, codes, tensors["weight_scale_2"], None)
+    if not torch.cuda.is_available():
+        return
+    words, codes, xc = words.cuda(), codes.cuda(), x.cuda()
+    assert gemv_unsupported(xc, words, codes) is None
+    assert "bfloat16" in str(gemv_unsupported(xc.half(), words, codes))
+    assert "M <= 16" in str(gemv_unsupported(torch.zeros(17, 256, dtype=torch.bfloat16,
+                                                         device="cuda"), words, codes))
+    assert "int32 [N, 8, 4]" in str(gemv_unsupported(xc, words.reshape(32, -1), codes))
+    assert "aligned" in str(gemv_unsupported(
+        torch.zeros(4, 264, dtype=torch.bfloat16, device="cuda")[:, 1:257], words, codes))
+
+
+def test_shared_memory_and_defaults() -> None:
+    """The pipeline's slots (16 + 4 bytes per lane, row, tile, warp and stage) or the partial
+    sums, whichever is larger; the defaults fit two CTAs in an sm_90 SM (227 KB)."""
+    assert shared_bytes(GemvConfig(2, 1, 8, 4, 2)) == 8 * 4 * 2 * 2 * 640
+    assert shared_bytes(GemvConfig(1, 2, 1, 2, 1)) == max(1 * 2 * 1 * 2 * 640, 16 * 16 * 4)
+    for m in (1, 8, 9, 16):
+        config = config_for_m(m)
+        assert 8 * config.nt >= m
+        assert config.min_blocks * shared_bytes(config) <= 227 * 1024
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [None, GemvConfig(1, 1, 8, 6, 2), GemvConfig(2, 2, 4, 4, 2),
+                                    GemvConfig(4, 1, 8, 4, 1), GemvConfig(1, 2, 16, 2, 1)],
+                         ids=lambda c: "default" if c is None else c.name)
+@pytest.mark.parametrize(("n", "k"), [(16, 128), (40, 384), (1000, 3200), (300, 8192)])
+def test_cuda_gemv_matches_reference(config: GemvConfig | None, n: int, k: int) -> None:
+    """Ragged N (partial row tiles), K of 1 to 64 chunks (fewer chunks than warps included),
+    every M from 1 to 16 that changes the token tiles, bias or none, edge block scales."""
+    gen = torch.Generator().manual_seed(n * 7 + k)
+    tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
+    if n > 1:
+        edge_scales(tensors)
+    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
+    words, codes = _fragment(tensors)
+    for m in (1, 2, 7, 8, 9, 16):
+        if config is not None and m > 8 * config.nt:
+            continue
+        bias = torch.randn(n, generator=gen).bfloat16().cuda() if m % 2 else None
+        x = torch.randn(m, k, generator=gen).bfloat16().cuda()
+        got = nvfp4_gemv_cuda(x, words, codes, tensors["weight_scale_2"], bias, config)
+        check_close(got, x, w, bias)
+
+
+@pytest.mark.gpu
+def test_cuda_gemv_strided_activations_and_extremes() -> None:
+    """Activation rows with a stride (a slice of a wider tensor), and activations at bf16's
+    extremes (huge values, subnormals, zeros): the sums stay within the bound."""
+    n, k = 200, 1024
+    gen = torch.Generator().manual_seed(11)
+    tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
+    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
+    words, codes = _fragment(tensors)
+    wide = torch.randn(5, k + 64, generator=gen).bfloat16().cuda()
+    x = wide[:, 32:32 + k]
+    x[1] = 0.0
+    x[2, ::7] = 1e30
+    x[3] = torch.randn(k, generator=gen).bfloat16().cuda() * 1e-38
+    got = nvfp4_gemv_cuda(x, words, codes, tensors["weight_scale_2"], None)
+    check_close(got, x, w, None)
+
+
+@pytest.mark.gpu
+def test_cuda_gemv_every_code_and_scale_exact() -> None:
+    """Every E2M1 code under every finite E4M3 block scale, one exact product per output (the
+    identity activations, 16 rows at a time): the reference rounded to bf16, bit for bit."""
+    tensors, eye = every_code_and_scale()
+    tensors = {name: t.cuda() for name, t in tensors.items()}
+    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
+    words, codes = _fragment(tensors)
+    eye = eye.cuda()
+    got = torch.cat([nvfp4_gemv_cuda(eye[i:i + 16], words, codes, tensors["weight_scale_2"],
+                                     None) for i in range(0, eye.shape[0], 16)])
+    assert torch.equal(got, w.T.to(torch.bfloat16))
