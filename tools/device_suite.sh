@@ -182,27 +182,12 @@ for s in "$@"; do
       section core-gpu 60 $py -m pytest -q -p no:cacheprovider -m gpu core/tests
       section nv-gpu 300 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 290 \
         plugins/quant_nvfp4/tests ;;
-    cugemv)  # the NVFP4 CUDA GEMV (NVRTC): registers of each build, GPU tests, M <= 16 sweep
-      section cu-regs 120 $py -c "
-import torch
-from kernelbay_quant_nvfp4.cuda_gemv import GemvConfig, gemv_kernel, shared_bytes
-from kernelbay_quant_nvfp4.triton_configs import CANDIDATES
-from kernelbay_quant_nvfp4.cuda_jit import find_nvrtc, nvrtc_version
-print(find_nvrtc(), nvrtc_version())
-for c in CANDIDATES:
-    if c.path != 'cuda' or c.name == 'cu-default':
-        continue
-    for nt in (1, 2):
-        g = GemvConfig(c.block_n // 16, nt, c.num_warps, c.num_stages, c.per_sm)
-        k = gemv_kernel(g, 0)
-        print(g.name, 'regs', k.attribute('registers'), 'local', k.attribute('local_bytes'),
-              'smem', shared_bytes(g))
-"
+    cugemv)  # the NVFP4 CUDA GEMV (NVRTC): GPU tests, M <= 16 sweep
       section cu-tests 200 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 190 \
         plugins/quant_nvfp4/tests/test_nvfp4_cuda_gemv.py plugins/quant_nvfp4/tests/test_nvfp4_triton.py \
-        -k "cuda_gemv or cu- or method"
+        -k "cuda_gemv or cu- or ct- or method"
       section nvfp4-bench 240 $py bench/nvfp4/run.py --rep-ms 8 --ms 1,4,8,16 \
-        --configs cu-,pf-16x64x256-p3 --out /tmp/res/nvfp4-bench ;;
+        --configs cu-,ct-,pf-16x64x256-p3 --out /tmp/res/nvfp4-bench ;;
     mxgpu)  # every GPU test of the MXFP4 plugin
       section mx-gpu 330 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 320 \
         plugins/quant_mxfp4_rocm/tests ;;

@@ -19,8 +19,10 @@ from kernelbay_quant_nvfp4.linear_triton import layout_tensors
 from nvfp4_triton_helpers import check_close, edge_scales, every_code_and_scale, nvfp4_weights
 
 
-def _fragment(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    return layout_tensors(tensors["weight"], tensors["weight_scale"], "fragment")
+def _stored(tensors: dict[str, torch.Tensor], tiled: bool = True
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    layout = "tiles" if tiled else "fragment"
+    return layout_tensors(tensors["weight"], tensors["weight_scale"], layout)
 
 
 def test_refusals_name_the_operand() -> None:
@@ -28,7 +30,7 @@ def test_refusals_name_the_operand() -> None:
     says what is expected."""
     gen = torch.Generator().manual_seed(0)
     tensors = nvfp4_weights(32, 256, gen)
-    words, codes = _fragment(tensors)
+    words, codes = _stored(tensors)
     x = torch.randn(4, 256, generator=gen).bfloat16()
     assert "CUDA device" in str(gemv_unsupported(x, words, codes))
     with pytest.raises(ValueError, match="CUDA device"):
@@ -40,7 +42,10 @@ def test_refusals_name_the_operand() -> None:
     assert "bfloat16" in str(gemv_unsupported(xc.half(), words, codes))
     assert "M <= 16" in str(gemv_unsupported(torch.zeros(17, 256, dtype=torch.bfloat16,
                                                          device="cuda"), words, codes))
-    assert "int32 [N, 8, 4]" in str(gemv_unsupported(xc, words.reshape(32, -1), codes))
+    assert "int32 [N/16, 2, 256]" in str(gemv_unsupported(xc, words.reshape(4, -1), codes))
+    frag_w, frag_c = (t.cuda() for t in _stored(tensors, tiled=False))
+    assert gemv_unsupported(xc, frag_w, frag_c, tiled=False) is None
+    assert "int32 [N, 8, 4]" in str(gemv_unsupported(xc, words, codes, tiled=False))
     assert "aligned" in str(gemv_unsupported(
         torch.zeros(4, 264, dtype=torch.bfloat16, device="cuda")[:, 1:257], words, codes))
 
@@ -50,6 +55,7 @@ def test_shared_memory_and_defaults() -> None:
     sums, whichever is larger; the defaults fit two CTAs in an sm_90 SM (227 KB)."""
     assert shared_bytes(GemvConfig(2, 1, 8, 4, 2)) == 8 * 4 * 2 * 2 * 640
     assert shared_bytes(GemvConfig(1, 2, 1, 2, 1)) == max(1 * 2 * 1 * 2 * 640, 16 * 16 * 4)
+    assert shared_bytes(GemvConfig(1, 1, 2, 4, 1, wn=4)) == 8 * 4 * 1 * 2 * 640
     for m in (1, 8, 9, 16):
         config = config_for_m(m)
         assert 8 * config.nt >= m
@@ -58,18 +64,23 @@ def test_shared_memory_and_defaults() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [None, GemvConfig(1, 1, 8, 6, 2), GemvConfig(2, 2, 4, 4, 2),
-                                    GemvConfig(4, 1, 8, 4, 1), GemvConfig(1, 2, 16, 2, 1)],
+                                    GemvConfig(4, 1, 8, 4, 1), GemvConfig(1, 2, 16, 2, 1),
+                                    GemvConfig(1, 2, 2, 4, 2, wn=4),
+                                    GemvConfig(2, 2, 4, 4, 2, tiled=False)],
                          ids=lambda c: "default" if c is None else c.name)
-@pytest.mark.parametrize(("n", "k"), [(16, 128), (40, 384), (1000, 3200), (300, 8192)])
+@pytest.mark.parametrize(("n", "k"), [(16, 128), (48, 384), (1008, 3200), (304, 8192)])
 def test_cuda_gemv_matches_reference(config: GemvConfig | None, n: int, k: int) -> None:
-    """Ragged N (partial row tiles), K of 1 to 64 chunks (fewer chunks than warps included),
-    every M from 1 to 16 that changes the token tiles, bias or none, edge block scales."""
+    """Row tiles that do not fill the last CTA, K of 1 to 64 chunks (fewer chunks than warps
+    included), every M from 1 to 16 that changes the token tiles, bias or none, edge block
+    scales; the fragment-layout build also with N not a multiple of 16."""
+    if config is not None and not config.tiled:
+        n -= 8
     gen = torch.Generator().manual_seed(n * 7 + k)
     tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
     if n > 1:
         edge_scales(tensors)
     w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
-    words, codes = _fragment(tensors)
+    words, codes = _stored(tensors, config is None or config.tiled)
     for m in (1, 2, 7, 8, 9, 16):
         if config is not None and m > 8 * config.nt:
             continue
@@ -83,11 +94,11 @@ def test_cuda_gemv_matches_reference(config: GemvConfig | None, n: int, k: int) 
 def test_cuda_gemv_strided_activations_and_extremes() -> None:
     """Activation rows with a stride (a slice of a wider tensor), and activations at bf16's
     extremes (huge values, subnormals, zeros): the sums stay within the bound."""
-    n, k = 200, 1024
+    n, k = 208, 1024
     gen = torch.Generator().manual_seed(11)
     tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
     w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
-    words, codes = _fragment(tensors)
+    words, codes = _stored(tensors)
     wide = torch.randn(5, k + 64, generator=gen).bfloat16().cuda()
     x = wide[:, 32:32 + k]
     x[1] = 0.0
@@ -104,7 +115,7 @@ def test_cuda_gemv_every_code_and_scale_exact() -> None:
     tensors, eye = every_code_and_scale()
     tensors = {name: t.cuda() for name, t in tensors.items()}
     w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
-    words, codes = _fragment(tensors)
+    words, codes = _stored(tensors)
     eye = eye.cuda()
     got = torch.cat([nvfp4_gemv_cuda(eye[i:i + 16], words, codes, tensors["weight_scale_2"],
                                      None) for i in range(0, eye.shape[0], 16)])

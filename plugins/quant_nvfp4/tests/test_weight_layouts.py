@@ -78,7 +78,7 @@ def test_unknown_layout_is_named() -> None:
     packed = torch.zeros(2, 16, dtype=torch.uint8)
     scales = torch.ones(2, 2, dtype=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match=r"weight layout 'mma'; valid: \('checkpoint', "
-                                         r"'repacked', 'fragment'\)"):
+                                         r"'repacked', 'fragment', 'tiles'\)"):
         layout_tensors(packed, scales, "mma")
 
 
@@ -104,3 +104,26 @@ def test_split_rule_on_the_benchmark_shapes(m: int, n: int, k: int, want: int) -
     from kernelbay_quant_nvfp4.triton_configs import config_for, split_k_for
 
     assert split_k_for(config_for(m), m, n, k, 132) == want
+
+
+def test_tiles_layout_round_trips_and_rejects_partial_tiles() -> None:
+    """The tiles layout regroups the fragment words and codes exactly (stacked experts
+    included) and dequantizes to the checkpoint's values; N not a multiple of 16 or K not of
+    128 is refused with both shapes named."""
+    from kernelbay.formats import dequantize_nvfp4, quantize_nvfp4
+    from kernelbay_quant_nvfp4.linear_triton import fragment_of_tiles, tiles_of_fragment
+
+    w = torch.randn(2, 48, 384, generator=torch.Generator().manual_seed(3))
+    packed, scales, g = quantize_nvfp4(w.reshape(96, 384))
+    packed, scales = packed.reshape(2, 48, 192), scales.reshape(2, 48, 24)
+    frag = layout_tensors(packed, scales, "fragment")
+    tiles = layout_tensors(packed, scales, "tiles")
+    assert tiles[0].shape == (2, 3, 3, 256) and tiles[1].shape == (2, 3, 3, 128)
+    back = fragment_of_tiles(*tiles)
+    assert torch.equal(back[0], frag[0]) and torch.equal(back[1], frag[1])
+    # word (row 8 h + g, group 4 j + c) sits at [tile, j, 128 h + 16 g + 4 c]
+    assert torch.equal(tiles[0][1, 2, 1, 128 + 16 * 3 + 4 * 2:][:4], frag[0][1, 2 * 16 + 8 + 3, 4 * 1 + 2])
+    p, s = checkpoint_tensors(tiles[0][0], tiles[1][0])
+    assert torch.equal(dequantize_nvfp4(p, s, g), dequantize_nvfp4(packed[0], scales[0], g))
+    with pytest.raises(ValueError, match=r"N a multiple of 16 and K of 128.*\(40, 12, 4\)"):
+        tiles_of_fragment(*layout_tensors(packed[0, :40], scales[0, :40], "fragment"))

@@ -46,17 +46,25 @@ class GemvConfig:
     wk: int = 8
     stages: int = 4
     min_blocks: int = 2
+    #: Reads the ``tiles`` weight layout (else ``fragment``).
+    tiled: bool = True
+    #: Warps side by side over rows (each ``tm`` tiles) sharing a K part, so that their
+    #: activation loads hit the same L1 lines.
+    wn: int = 1
 
     @property
     def name(self) -> str:
-        return f"cu-t{self.tm}n{self.nt}w{self.wk}s{self.stages}b{self.min_blocks}"
+        kind = "ct" if self.tiled else "cu"
+        return (f"{kind}-t{self.tm}n{self.nt}w{self.wn}x{self.wk}s{self.stages}"
+                f"b{self.min_blocks}")
 
 
 def shared_bytes(config: GemvConfig) -> int:
     """Dynamic shared memory of one CTA: the pipeline's slots (16-byte words and 4-byte codes
     of two rows per tile, per lane, warp and stage) or the warps' partial sums, the larger."""
-    pipeline = config.wk * config.stages * config.tm * 2 * (512 + 128)
-    partial = config.wk * config.tm * 16 * config.nt * 8 * 4
+    warps = config.wn * config.wk
+    pipeline = warps * config.stages * config.tm * 2 * (512 + 128)
+    partial = warps * config.tm * 16 * config.nt * 8 * 4
     return max(pipeline, partial)
 
 
@@ -84,17 +92,20 @@ def gemv_kernel(config: GemvConfig, device: int) -> Kernel:
     if config.stages % 2 or config.stages < 2:
         raise ValueError(f"nvfp4 CUDA GEMV: stages={config.stages}; valid: an even number >= 2")
     options = [f"-DTM={config.tm}", f"-DNT={config.nt}", f"-DWK={config.wk}",
-               f"-DSTAGES={config.stages}", f"-DMIN_BLOCKS={config.min_blocks}"]
+               f"-DSTAGES={config.stages}", f"-DMIN_BLOCKS={config.min_blocks}",
+               f"-DTILED={int(config.tiled)}", f"-DWN={config.wn}"]
     cubin = compile_cubin(_source(), "nvfp4_gemv", f"sm_{major}{minor}", options)
     kernel = load_kernel(cubin, "nvfp4_gemv", device)
     kernel.set_max_dynamic_shared(shared_bytes(config))
     return kernel
 
 
-def gemv_unsupported(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor) -> str | None:
+def gemv_unsupported(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
+                     tiled: bool = True) -> str | None:
     """Why these operands cannot run the kernel (``None`` when they can): bf16 activations
     [M <= 16, K] on a CUDA device of compute capability >= 8.0, K a multiple of 128, 16-byte
-    aligned rows, fragment-layout words and scale codes."""
+    aligned rows, words and scale codes in the ``tiles`` (``tiled``) or ``fragment``
+    layout."""
     import torch
 
     m, k = x2.shape
@@ -110,13 +121,15 @@ def gemv_unsupported(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor)
         return f"needs K a multiple of {K_MULTIPLE}, got K = {k}"
     if x2.stride(-1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
         return "needs 16-byte aligned activation rows"
-    if words.dtype != torch.int32 or words.dim() != 3 or tuple(words.shape[1:]) != (k // 32, 4) \
+    want_w = (k // 128, 256) if tiled else (k // 32, 4)
+    rows = "N/16" if tiled else "N"
+    if words.dtype != torch.int32 or words.dim() != 3 or tuple(words.shape[1:]) != want_w \
             or not words.is_contiguous():
-        return f"needs fragment-order words int32 [N, {k // 32}, 4], got {words.dtype} " \
+        return f"needs words int32 [{rows}, {want_w[0]}, {want_w[1]}], got {words.dtype} " \
                f"{tuple(words.shape)}"
-    if codes.dtype != torch.uint8 or tuple(codes.shape) != (words.shape[0], k // 16) \
-            or not codes.is_contiguous():
-        return f"needs uint8 scale codes [N, {k // 16}], got {codes.dtype} {tuple(codes.shape)}"
+    want_c = (words.shape[0], k // 128, 128) if tiled else (words.shape[0], k // 16)
+    if codes.dtype != torch.uint8 or tuple(codes.shape) != want_c or not codes.is_contiguous():
+        return f"needs uint8 scale codes {list(want_c)}, got {codes.dtype} {tuple(codes.shape)}"
     return None
 
 
@@ -127,15 +140,15 @@ def nvfp4_gemv_cuda(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     M <= 16 (``gemv_unsupported`` says what else it needs; ``ValueError`` with that reason)."""
     import torch
 
-    reason = gemv_unsupported(x2, words, codes)
+    config = config or config_for_m(x2.shape[0])
+    reason = gemv_unsupported(x2, words, codes, config.tiled)
     if reason is not None:
         raise ValueError(f"nvfp4 CUDA GEMV: {reason}")
     m, k = x2.shape
-    n = words.shape[0]
+    n = words.shape[0] * (16 if config.tiled else 1)
     out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     if m == 0 or n == 0:
         return out
-    config = config or config_for_m(m)
     if m > 8 * config.nt:
         raise ValueError(f"nvfp4 CUDA GEMV: config {config.name} serves M <= {8 * config.nt}, "
                          f"got M = {m}")
@@ -145,13 +158,13 @@ def nvfp4_gemv_cuda(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     device = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
     kernel = gemv_kernel(config, device)
     tiles = -(-n // 16)
-    grid = (-(-tiles // config.tm), 1, 1)
+    grid = (-(-tiles // (config.tm * config.wn)), 1, 1)
     args = [ctypes.c_void_p(x2.data_ptr()), ctypes.c_longlong(x2.stride(0)),
             ctypes.c_void_p(words.data_ptr()), ctypes.c_void_p(codes.data_ptr()),
             ctypes.c_void_p(scale.data_ptr()),
             ctypes.c_void_p(bias.data_ptr() if bias is not None else 0),
             ctypes.c_void_p(out.data_ptr()), ctypes.c_longlong(out.stride(0)),
             ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k)]
-    kernel.launch(grid, (32 * config.wk, 1, 1), args,
+    kernel.launch(grid, (32 * config.wk * config.wn, 1, 1), args,
                   torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config))
     return out

@@ -45,8 +45,9 @@ if TYPE_CHECKING:
     import torch
     from kernelbay.device import DeviceCapability
 
-__all__ = ["Nvfp4TritonLinear", "check_finite_scales", "checkpoint_tensors", "gpu_triton_checks",
-           "layout_tensors", "run_config", "stored_tensors"]
+__all__ = ["Nvfp4TritonLinear", "check_finite_scales", "checkpoint_tensors", "fragment_of_tiles",
+           "gpu_triton_checks", "layout_tensors", "run_config", "stored_tensors",
+           "tiles_of_fragment"]
 
 _ACT_DTYPES = ("bfloat16", "float16")
 
@@ -99,7 +100,10 @@ def layout_tensors(packed: torch.Tensor, scales: torch.Tensor, layout: str
       as loaded;
     * ``fragment``: the scales' signs and zeros folded into the codes and the scales stored as
       uint8 codes (``scale_codes.fold_block_scales``), the words in the ``"fragment"`` K order
-      (int32 [..., N, K/32, 4]; K a multiple of 32).
+      (int32 [..., N, K/32, 4]; K a multiple of 32);
+    * ``tiles``: the fragment words and codes regrouped so that each 16-row tile's
+      128-element chunks follow each other (``tiles_of_fragment``; N a multiple of 16, K of
+      128): a GEMV reads one contiguous stream per tile.
 
     Rows are independent, so stacked experts convert as one matrix."""
     if layout not in LAYOUTS:
@@ -108,6 +112,9 @@ def layout_tensors(packed: torch.Tensor, scales: torch.Tensor, layout: str
         return packed.contiguous(), scales.contiguous()
     from kernelbay.formats.e2m1_words import repack_e2m1_words
 
+    if layout == "tiles":
+        words, codes = layout_tensors(packed, scales, "fragment")
+        return tiles_of_fragment(words, codes)
     if layout == "fragment":
         from kernelbay_quant_nvfp4.scale_codes import fold_block_scales
 
@@ -116,6 +123,37 @@ def layout_tensors(packed: torch.Tensor, scales: torch.Tensor, layout: str
     words = repack_e2m1_words(packed.contiguous().reshape(-1, packed.shape[-1]),
                               "fragment" if layout == "fragment" else "k")
     return words.reshape(*lead, *words.shape[1:]), scales.contiguous()
+
+
+def tiles_of_fragment(words: torch.Tensor, codes: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fragment-layout words int32 [..., N, K/32, 4] and scale codes uint8 [..., N, K/16] ->
+    the ``tiles`` layout: words int32 [..., N/16, K/128, 256] (per 16-row tile and
+    128-element chunk: rows 0-7 then 8-15, each row's four groups of four words) and codes
+    uint8 [..., N/16, K/128, 128] (the same rows, eight codes each). ``ValueError`` unless N is
+    a multiple of 16 and K of 128."""
+    n, groups = words.shape[-3], words.shape[-2]
+    if n % 16 or groups % 4 or words.shape[-1] != 4 or tuple(codes.shape[-2:]) != (n, 2 * groups):
+        raise ValueError(f"nvfp4-triton: the tiles layout needs fragment words [N, K/32, 4] "
+                         f"and codes [N, K/16] with N a multiple of 16 and K of 128, got "
+                         f"{tuple(words.shape)} and {tuple(codes.shape)}")
+    lead = words.shape[:-3]
+    chunks = groups // 4
+    w = words.reshape(-1, n // 16, 16, chunks, 16).transpose(2, 3)
+    c = codes.reshape(-1, n // 16, 16, chunks, 8).transpose(2, 3)
+    return (w.reshape(*lead, n // 16, chunks, 256).contiguous(),
+            c.reshape(*lead, n // 16, chunks, 128).contiguous())
+
+
+def fragment_of_tiles(words: torch.Tensor, codes: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of ``tiles_of_fragment``."""
+    tiles, chunks = words.shape[-3], words.shape[-2]
+    lead = words.shape[:-3]
+    w = words.reshape(-1, tiles, chunks, 16, 16).transpose(2, 3)
+    c = codes.reshape(-1, tiles, chunks, 16, 8).transpose(2, 3)
+    return (w.reshape(*lead, tiles * 16, chunks * 4, 4).contiguous(),
+            c.reshape(*lead, tiles * 16, chunks * 8).contiguous())
 
 
 def stored_tensors(packed: torch.Tensor, scales: torch.Tensor,
@@ -135,6 +173,9 @@ def _layout_text(weight: torch.Tensor, scales: torch.Tensor) -> str:
     e4m3 = scales.dtype == torch.float8_e4m3fn
     if weight.dtype == torch.uint8 and weight.dim() == 2 and e4m3:
         return "checkpoint"
+    if weight.dtype == torch.int32 and weight.dim() == 3 and weight.shape[-1] == 256 \
+            and scales.dtype == torch.uint8 and scales.dim() == 3 and scales.shape[-1] == 128:
+        return "tiles"
     try:
         order = words_order(weight)
     except ValueError:
@@ -153,6 +194,8 @@ def checkpoint_tensors(weight: torch.Tensor, scales: torch.Tensor
     values (for ``fragment``: with the folded signs and zeros)."""
     from kernelbay.formats import checkpoint_layout
 
+    if _layout_text(weight, scales) == "tiles":
+        weight, scales = fragment_of_tiles(weight, scales)
     if _layout_text(weight, scales) == "fragment":
         from kernelbay_quant_nvfp4.scale_codes import codes_to_e4m3
 
@@ -177,9 +220,10 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
                          f"weight layout, got a {packed.dtype} weight {tuple(packed.shape)} "
                          f"with {scales.dtype} scales ({found}); layouts (weight, scales): "
                          "checkpoint (uint8 [N, K/2], E4M3), repacked (int32 [N, K/8], E4M3), "
-                         "fragment (int32 [N, K/32, 4], uint8 codes)")
+                         "fragment (int32 [N, K/32, 4], uint8 codes), tiles (int32 "
+                         "[N/16, K/128, 256], uint8 codes [N/16, K/128, 128])")
     m, k = x2.shape
-    if config.path == "cuda":
+    if config.path in ("cuda", "cuda-tiles"):
         out = _run_cuda(config, x2, packed, scales, global_scale, bias)
         if out is not None:
             return out
@@ -203,13 +247,14 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
 CUDA_FALLBACK = KernelConfig("pf-16x64x256-p3", "fragment", 16, 64, 256, 0, 4, 3, per_sm=7)
 
 
-def cuda_gemv_reason(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor) -> str | None:
+def cuda_gemv_reason(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
+                     tiled: bool = True) -> str | None:
     """Why the CUDA GEMV (``cuda_gemv``) cannot take these operands, NVRTC included
     (``None``: it can)."""
     from kernelbay_quant_nvfp4.cuda_gemv import gemv_unsupported
     from kernelbay_quant_nvfp4.cuda_jit import nvrtc_available
 
-    reason = gemv_unsupported(x2, words, codes)
+    reason = gemv_unsupported(x2, words, codes, tiled)
     if reason is None and not nvrtc_available():
         reason = "NVRTC (libnvrtc, part of CUDA builds of torch) was not found"
     return reason
@@ -220,22 +265,21 @@ def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
               bias: torch.Tensor | None) -> torch.Tensor | None:
     """``x2`` through the CUDA GEMV in slices of its token tiles (M <= 16 is one launch);
     ``None`` when ``cuda_gemv_reason`` (for the first slice) says it cannot run."""
+    from dataclasses import replace
+
     import torch
 
-    from kernelbay_quant_nvfp4.cuda_gemv import GemvConfig, config_for_m, nvfp4_gemv_cuda
+    from kernelbay_quant_nvfp4.cuda_gemv import config_for_m, nvfp4_gemv_cuda
 
     rows = min(x2.shape[0], 16)
-    if cuda_gemv_reason(x2[:rows], words, codes) is not None:
+    tiled = config.path == "cuda-tiles"
+    if cuda_gemv_reason(x2[:rows], words, codes, tiled) is not None:
         return None
     outs = []
     for start in range(0, x2.shape[0], rows):
         part = x2[start:start + rows]
         m = part.shape[0]
-        if config.name == "cu-default":
-            build = config_for_m(m)
-        else:
-            build = GemvConfig(config.block_n // 16, 1 if m <= 8 else 2, config.num_warps,
-                               config.num_stages, config.per_sm)
+        build = replace(config.gemv or config_for_m(m), nt=1 if m <= 8 else 2, tiled=tiled)
         outs.append(nvfp4_gemv_cuda(part, words, codes, global_scale, bias, build))
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 

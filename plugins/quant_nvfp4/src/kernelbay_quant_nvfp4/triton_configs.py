@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from kernelbay_quant_nvfp4.cuda_gemv import GemvConfig
+
 __all__ = ["CANDIDATES", "DEFAULT_CONFIGS", "K_ORDER_CONFIGS", "LAYOUTS", "KernelConfig",
            "config_for", "layout_of", "split_k_for", "table_for", "table_layout"]
 
@@ -54,6 +56,9 @@ class KernelConfig:
     num_stages: int = 4
     #: Programs per SM the split-K rule aims for (``split_k_for``).
     per_sm: int = 4
+    #: The CUDA GEMV build of a ``cuda`` / ``cuda-tiles`` config (its token tiles follow M;
+    #: ``None``: ``cuda_gemv.config_for_m``).
+    gemv: GemvConfig | None = None
 
 
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
@@ -95,9 +100,10 @@ def table_for(k: int, table: tuple[tuple[int, KernelConfig], ...] = DEFAULT_CONF
 #: The weight layouts: ``checkpoint`` (packed uint8 [N, K/2] as loaded), ``repacked``
 #: (``kernelbay.formats.repack_e2m1_words``' int32 [N, K/8], K order ``"k"``) and ``fragment``
 #: (the same words in the ``"fragment"`` K order, int32 [N, K/32, 4]; K a multiple of 32).
-LAYOUTS = ("checkpoint", "repacked", "fragment")
+LAYOUTS = ("checkpoint", "repacked", "fragment", "tiles")
 
-_LAYOUT_OF_PATH = {"repacked": "repacked", "fragment": "fragment", "cuda": "fragment"}
+_LAYOUT_OF_PATH = {"repacked": "repacked", "fragment": "fragment", "cuda": "fragment",
+                   "cuda-tiles": "tiles"}
 
 
 def layout_of(config: KernelConfig) -> str:
@@ -151,14 +157,17 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     _hw("hw-64x128x128", 64, 128, 128, 4, 3),
     _hw("hw-128x128x64", 128, 128, 64, 8, 3),
     KernelConfig("dequant-cublas", "dequant"),
-    # The CUDA GEMV (``cuda_gemv``, path ``cuda``): block_n = 16 x row tiles per CTA,
-    # num_warps = warps splitting K, num_stages = shared-memory stages, per_sm = the CTAs per
-    # SM its registers are capped for; token tiles follow M. ``cu-default`` is the M table's.
-    KernelConfig("cu-default", "cuda"),
-    *(KernelConfig(f"cu-t{tm}w{wk}s{st}b{mb}", "cuda", 16, 16 * tm, 128, 0, wk, st, mb)
-      for tm, wk, st, mb in ((2, 8, 4, 2), (1, 8, 4, 2), (1, 8, 6, 2), (1, 8, 8, 2),
-                             (2, 4, 4, 4), (2, 16, 4, 1), (4, 8, 4, 1), (2, 8, 6, 1),
-                             (1, 16, 8, 1), (4, 4, 4, 2))),
+    # The CUDA GEMV (``cuda_gemv``): ``cu-*`` on the fragment layout, ``ct-*`` on the tiles
+    # layout; ``ct-default`` is ``cuda_gemv.config_for_m``.
+    KernelConfig("ct-default", "cuda-tiles"),
+    *(KernelConfig(GemvConfig(tm, 1, wk, st, mb, tiled, wn).name.replace("n1", "", 1),
+                   "cuda-tiles" if tiled else "cuda", gemv=GemvConfig(tm, 1, wk, st, mb, tiled, wn))
+      for tm, wk, st, mb, tiled, wn in (
+          (2, 8, 4, 2, False, 1), (2, 4, 4, 4, False, 1), (4, 8, 4, 1, False, 1),
+          (2, 8, 4, 2, True, 1), (2, 4, 4, 4, True, 1), (4, 8, 4, 1, True, 1),
+          (1, 8, 6, 2, True, 1), (2, 16, 4, 1, True, 1), (4, 4, 4, 2, True, 1),
+          (1, 2, 6, 2, True, 4), (1, 4, 4, 1, True, 4), (2, 2, 4, 2, True, 4),
+          (2, 4, 4, 1, True, 2), (1, 4, 8, 1, True, 4), (2, 1, 6, 2, True, 8))),
     # The repacked word layout (``kernelbay.formats.e2m1_words``): natural K order, no
     # activation permutation, no 16-bit repacking; the K loop of pr-16x128x128 has 4.3 SASS
     # instructions per element against 4.8 for pw-16x64x256-p3 (LOP3 128, shifts 96, no PRMT).

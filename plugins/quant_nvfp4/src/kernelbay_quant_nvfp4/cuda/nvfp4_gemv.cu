@@ -34,11 +34,17 @@ typedef unsigned short u16;
 #ifndef WK
 #define WK 8
 #endif
+#ifndef WN
+#define WN 1
+#endif
 #ifndef STAGES
 #define STAGES 4
 #endif
 #if STAGES % 2
 #error "STAGES must be even (two activation buffers alternate)"
+#endif
+#ifndef TILED
+#define TILED 1
 #endif
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 2
@@ -108,7 +114,7 @@ __device__ __forceinline__ void mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u3
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-extern "C" __global__ void __launch_bounds__(WK * 32, MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(WN * WK * 32, MIN_BLOCKS)
 nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict__ words,
            const unsigned char* __restrict__ codes, const float* __restrict__ global_scale,
            const u16* __restrict__ bias, u16* __restrict__ out, long long stride_om,
@@ -116,29 +122,48 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
+  const int wn = warp % WN;                  // which TM tiles of the CTA's rows
+  const int wk = warp / WN;                  // which part of K
   const int g = lane >> 2;
   const int c = lane & 3;
   const int groups = K >> 5;                 // 32-element groups per row
   const int chunks = K >> 7;                 // 128-element chunks (K % 128 == 0)
-  const int j_begin = (warp * chunks) / WK;
-  const int j_end = ((warp + 1) * chunks) / WK;
+  const int j_begin = (wk * chunks) / WK;
+  const int j_end = ((wk + 1) * chunks) / WK;
   const int tiles = (N + 15) >> 4;
 
-  // This lane's pointers at chunk j_begin (rows past N read row N - 1: valid memory, results
-  // not stored; token rows past M read row 0: they only feed output columns never stored).
+  // This lane's pointers at chunk j_begin. TILED: the "tiles" layout (each 16-row tile's
+  // chunks one after the other, a chunk's 16 rows x 64 bytes of words and 16 x 8 bytes of
+  // codes contiguous), so a warp's copy of a chunk row half is 512 contiguous bytes and a
+  // warp streams through one contiguous region per tile; otherwise the row-major
+  // "fragment" layout. Tiles past the last read the last (valid memory, results not stored);
+  // token rows past M read row 0: they only feed output columns that are never stored.
   const u32* wp[TM][2];
   const unsigned char* cp[TM][2];
 #pragma unroll
   for (int t = 0; t < TM; ++t) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      int tile = blockIdx.x * TM + t;
-      long long row = min((tile < tiles ? tile : tiles - 1) * 16 + g + 8 * h, N - 1);
+      const int tile = min((blockIdx.x * WN + wn) * TM + t, tiles - 1);
+#if TILED
+      const long long slab = ((long long)tile * chunks + j_begin) * 2 + h;
+      wp[t][h] = words + slab * 128 + g * 16 + c * 4;
+      cp[t][h] = codes + slab * 64 + g * 8 + (c >> 1) * 4;
+#else
+      const long long row = min(tile * 16 + g + 8 * h, N - 1);
       wp[t][h] = words + row * (groups * 4) + (4 * j_begin + c) * 4;
       // the aligned 4 bytes holding this lane's two codes (K % 64 == 0: rows 4-aligned)
       cp[t][h] = codes + row * (groups * 2) + j_begin * 8 + (c >> 1) * 4;
+#endif
     }
   }
+#if TILED
+  const int word_step = 256;   // per chunk: words and code bytes
+  const int code_step = 128;
+#else
+  const int word_step = 16;
+  const int code_step = 8;
+#endif
   const int code_shift = (c & 1) * 16;
   const u16* xp[NT];
 #pragma unroll
@@ -151,7 +176,7 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
   // stage s holds chunks j_begin + s, j_begin + s + STAGES, ...
   const u32 base = (u32)__cvta_generic_to_shared(smem);
   const u32 wslot = base + warp * (STAGES * TM * 2 * 512) + lane * 16;
-  const u32 cslot = base + WK * (STAGES * TM * 2 * 512) + warp * (STAGES * TM * 2 * 128)
+  const u32 cslot = base + WN * WK * (STAGES * TM * 2 * 512) + warp * (STAGES * TM * 2 * 128)
                     + lane * 4;
 
   // Copies of chunk j_begin + i (i relative to the pointers) into stage i % STAGES.
@@ -162,8 +187,8 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int slot = (stage * TM + t) * 2 + h;
-        copy16(wslot + slot * 512, wp[t][h] + i * 16, true);
-        copy4(cslot + slot * 128, cp[t][h] + i * 8, true);
+        copy16(wslot + slot * 512, wp[t][h] + i * word_step, true);
+        copy4(cslot + slot * 128, cp[t][h] + i * code_step, true);
       }
     }
   };
@@ -245,8 +270,8 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
     for (int t = 0; t < TM; ++t)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        wp[t][h] += STAGES * 16;
-        cp[t][h] += STAGES * 8;
+        wp[t][h] += STAGES * word_step;
+        cp[t][h] += STAGES * code_step;
       }
 #pragma unroll
     for (int n = 0; n < NT; ++n) xp[n] += STAGES * 128;
@@ -254,15 +279,15 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
   wait_groups<0>();
   __syncthreads();
 
-  // Partial sums of the WK warps (reusing the pipeline's shared memory), added in warp order.
+  // Partial sums of the WK warps of each row block, added in K order.
   float* partial = reinterpret_cast<float*>(smem);
   const int cols = NT * 8;
-  const int rows = TM * 16;
+  const int rows = WN * TM * 16;
 #pragma unroll
   for (int t = 0; t < TM; ++t) {
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
-      float* p = partial + (warp * rows + t * 16 + g) * cols + n * 8 + 2 * c;
+      float* p = partial + (wk * rows + (wn * TM + t) * 16 + g) * cols + n * 8 + 2 * c;
       p[0] = acc[t][n][0];
       p[1] = acc[t][n][1];
       p[8 * cols] = acc[t][n][2];
@@ -272,7 +297,7 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
   __syncthreads();
   const float factor = global_scale[0] * 256.f;
   const int row0 = blockIdx.x * rows;
-  for (int idx = threadIdx.x; idx < rows * cols; idx += WK * 32) {
+  for (int idx = threadIdx.x; idx < rows * cols; idx += WN * WK * 32) {
     const int r = idx % rows;   // consecutive threads: consecutive output columns
     const int m = idx / rows;
     const int n = row0 + r;
