@@ -14,6 +14,7 @@ from kernelbay_quant_nvfp4.linear_triton import (
 )
 from kernelbay_quant_nvfp4.triton_configs import (
     DEFAULT_CONFIGS,
+    FRAGMENT_CONFIGS,
     K_ORDER_CONFIGS,
     KernelConfig,
     table_for,
@@ -22,26 +23,33 @@ from kernelbay_quant_nvfp4.triton_configs import (
 
 
 def test_tables_read_one_layout() -> None:
-    assert table_layout(DEFAULT_CONFIGS) == "fragment"
+    assert table_layout(DEFAULT_CONFIGS) == "tiles"
+    assert table_layout(FRAGMENT_CONFIGS) == "fragment"
     assert table_layout(K_ORDER_CONFIGS) == "repacked"
     mixed = ((16, KernelConfig("a", "repacked")), (1 << 62, KernelConfig("b", "dequant")))
     with pytest.raises(ValueError, match=r"mixes them: a \(repacked\), b \(checkpoint\)"):
         table_layout(mixed)
 
 
-def test_k_not_a_multiple_of_32_runs_the_k_order_table() -> None:
-    """The fragment order groups 32 elements: a layer with K = 16 (mod 32) stores and runs
-    the repacked K-order table; the method picks it from its request."""
+def test_tables_follow_what_the_layout_can_hold() -> None:
+    """The tiles layout holds whole 16-row tiles and 128-element chunks, the fragment order
+    32-element groups: other layers store and run the fragment or the repacked K-order
+    table; the method picks it from its request."""
     from kernelbay.requests import LinearRequest
     from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear
     from kernelbay_quant_nvfp4.schemes import nvfp4_scheme
 
-    assert table_for(4096) is DEFAULT_CONFIGS and table_for(4112) is K_ORDER_CONFIGS
+    assert table_for(64, 4096) is DEFAULT_CONFIGS
+    assert table_for(72, 4096) is FRAGMENT_CONFIGS and table_for(64, 4160) is FRAGMENT_CONFIGS
+    assert table_for(64, 4112) is K_ORDER_CONFIGS
+    assert table_for(8, 4096, FRAGMENT_CONFIGS) is FRAGMENT_CONFIGS
     mine = ((1 << 62, KernelConfig("d", "dequant")),)
-    assert table_for(4112, mine) is mine  # a checkpoint-layout table serves any K
+    assert table_for(7, 4112, mine) is mine  # a checkpoint-layout table serves any shape
     scheme = nvfp4_scheme("modelopt", w4a4=False)
     assert Nvfp4TritonLinear(LinearRequest(48, 8, scheme, "bfloat16")).table() is K_ORDER_CONFIGS
-    assert Nvfp4TritonLinear(LinearRequest(64, 8, scheme, "bfloat16")).table() is DEFAULT_CONFIGS
+    assert Nvfp4TritonLinear(LinearRequest(64, 8, scheme, "bfloat16")).table() is FRAGMENT_CONFIGS
+    assert Nvfp4TritonLinear(LinearRequest(128, 16, scheme, "bfloat16")).table() \
+        is DEFAULT_CONFIGS
 
 
 def test_stored_tensors_round_trip_stacked_experts() -> None:

@@ -32,7 +32,7 @@ def interpreting() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("n", "k"), [(40, 272), (17, 48), (33, 96)])
+@pytest.mark.parametrize(("n", "k"), [(40, 272), (17, 48), (33, 96), (32, 384)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_interpreter_matches_reference(dtype: torch.dtype, n: int, k: int,
                                        bias: bool) -> None:
@@ -64,21 +64,25 @@ def test_interpreter_matches_reference(dtype: torch.dtype, n: int, k: int,
                                     KernelConfig("fragment-split3", "fragment", 16, 16, 64, 3,
                                                  4, 1),
                                     KernelConfig("fragment", "fragment", 32, 32, 128, 1, 4, 1),
+                                    KernelConfig("tiles-split3", "tiles", 16, 16, 64, 3, 4, 1),
+                                    KernelConfig("tiles-ragged", "tiles", 32, 32, 256, 1, 4, 1),
                                     KernelConfig("dequant", "dequant")], ids=str)
 def test_interpreter_every_path(config: KernelConfig) -> None:
     """Split-K with a K not a multiple of the tile (272 = 4.25 tiles of 64), no split, the
-    word decode (elements k and k + 4 paired, activations permuted to match) and the
+    word decode (elements k and k + 4 paired, activations permuted to match), the tiles
+    layout (whole 16-row tiles and 128-element chunks: 384 = 1.5 tiles of 256) and the
     dequantize-then-F.linear path, all against the reference."""
     from kernelbay_quant_nvfp4.triton_kernels import dequantize_nvfp4_triton
 
     gen = torch.Generator().manual_seed(7)
-    k = 288 if config.path == "fragment" else 272  # fragment order: K a multiple of 32
-    tensors = nvfp4_weights(24, k, gen)
+    k = {"fragment": 288, "tiles": 384}.get(config.path, 272)  # K a multiple of 32 / 128
+    n = 32 if config.path == "tiles" else 24
+    tensors = nvfp4_weights(n, k, gen)
     edge_scales(tensors)
     w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
     assert torch.equal(dequantize_nvfp4_triton(tensors["weight"], tensors["weight_scale"],
                                                tensors["weight_scale_2"], torch.float32), w)
-    bias = torch.randn(24, generator=gen).to(torch.float16)
+    bias = torch.randn(n, generator=gen).to(torch.float16)
     for m in (1, 17):
         x = torch.randn(m, k, generator=gen).to(torch.float16)
         got = run_on(config, x, tensors, bias)

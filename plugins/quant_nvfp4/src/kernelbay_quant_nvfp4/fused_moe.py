@@ -132,7 +132,9 @@ class Nvfp4MoETriton(MoEMethod):
     name: ClassVar[str] = "nvfp4-moe-triton"
     api_version: ClassVar[str] = "1.0"
     priority: ClassVar[int] = 30
-    batch_invariant: ClassVar[bool] = True
+    # An expert's kernel (and its split of K) follows how many rows are routed to it, so a
+    # token's result can change with the batch.
+    batch_invariant: ClassVar[bool] = False
     summary: ClassVar[str] = ("NVFP4 routed experts, weight-only Triton GEMMs per expert; "
                               "CUDA cc >= 8.0 / ROCm")
 
@@ -169,9 +171,10 @@ class Nvfp4MoETriton(MoEMethod):
             check_finite_scales,
             stored_tensors,
         )
-        from kernelbay_quant_nvfp4.triton_configs import table_for
+        from kernelbay_quant_nvfp4.triton_configs import KernelConfig, table_for
 
         params = layer._parameters
+        self.tables: dict[str, tuple[tuple[int, KernelConfig], ...]] = {}
 
         def take(e: int, proj: str, tensor: str) -> torch.Tensor:
             return cast("torch.Tensor", params.pop(expert_tensor(e, proj, tensor))).data
@@ -184,9 +187,10 @@ class Nvfp4MoETriton(MoEMethod):
                 g.append(take(e, proj, "weight_scale_2").float().reshape(1))
                 check_finite_scales(self.name, bs[-1], g[-1], f"experts.{e}.{proj}.")
                 params.pop(expert_tensor(e, proj, "input_scale"), None)
-            weights, scales = stored_tensors(torch.stack(w), torch.stack(bs),
-                                             table_for(w[0].shape[-1] * 2,
-                                                       Nvfp4TritonLinear.configs))
+            # the table is kept: it says which layout the stacked weight is in
+            self.tables[proj] = table_for(w[0].shape[0], w[0].shape[-1] * 2,
+                                          Nvfp4TritonLinear.configs)
+            weights, scales = stored_tensors(torch.stack(w), torch.stack(bs), self.tables[proj])
             layer.register_buffer(f"{proj}_w", weights, persistent=False)
             layer.register_buffer(f"{proj}_bs", scales, persistent=False)
             layer.register_buffer(f"{proj}_g", torch.stack(g), persistent=False)
@@ -195,11 +199,11 @@ class Nvfp4MoETriton(MoEMethod):
                   topk_weights: torch.Tensor) -> torch.Tensor:
         import torch.nn.functional as F
 
-        from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear, run_config
-        from kernelbay_quant_nvfp4.triton_configs import config_for, table_for
+        from kernelbay_quant_nvfp4.linear_triton import run_config
+        from kernelbay_quant_nvfp4.triton_configs import config_for
 
         def gemm(proj: str, e: int, t: torch.Tensor) -> torch.Tensor:
-            config = config_for(t.shape[0], table_for(t.shape[1], Nvfp4TritonLinear.configs))
+            config = config_for(t.shape[0], self.tables[proj])
             return run_config(config, t, getattr(layer, f"{proj}_w")[e],
                               getattr(layer, f"{proj}_bs")[e], getattr(layer, f"{proj}_g")[e],
                               None)

@@ -30,6 +30,7 @@ from kernelbay_quant_nvfp4.schemes import (
     nvfp4_layer_checks,
 )
 from kernelbay_quant_nvfp4.triton_configs import (
+    CUDA_FALLBACK,
     DEFAULT_CONFIGS,
     LAYOUTS,
     KernelConfig,
@@ -227,7 +228,7 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
         out = _run_cuda(config, x2, packed, scales, global_scale, bias)
         if out is not None:
             return out
-        config = CUDA_FALLBACK
+        config = CUDA_FALLBACK[layout_of(config)]
     if config.path == "dequant":
         # A per-call temporary: the caching allocator hands the same block back next call,
         # so no dense copy lives between calls.
@@ -240,11 +241,7 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
                            split_k=split_k_for(config, m, packed.shape[0], k, sms),
                            num_warps=config.num_warps, num_stages=config.num_stages,
                            pairs=config.path == "pairs", repacked=config.path == "repacked",
-                           fragment=config.path == "fragment")
-
-
-#: What a ``cuda`` config runs where the CUDA GEMV cannot (``cuda_gemv_reason``).
-CUDA_FALLBACK = KernelConfig("pf-16x64x256-p3", "fragment", 16, 64, 256, 0, 4, 3, per_sm=7)
+                           fragment=config.path == "fragment", tiled=config.path == "tiles")
 
 
 def cuda_gemv_reason(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
@@ -316,7 +313,7 @@ class Nvfp4TritonLinear(LinearMethod):
 
     def table(self) -> tuple[tuple[int, KernelConfig], ...]:
         """The M table this layer runs (``table_for`` its input features)."""
-        return table_for(self.request.in_features, self.configs)
+        return table_for(self.request.out_features, self.request.in_features, self.configs)
 
     def tensor_specs(self) -> Mapping[str, TensorSpec]:
         r = self.request

@@ -32,7 +32,8 @@ from dataclasses import dataclass, replace
 
 from kernelbay_quant_nvfp4.cuda_gemv import GemvConfig
 
-__all__ = ["CANDIDATES", "DEFAULT_CONFIGS", "K_ORDER_CONFIGS", "LAYOUTS", "KernelConfig",
+__all__ = ["CANDIDATES", "CUDA_FALLBACK", "DEFAULT_CONFIGS", "FRAGMENT_CONFIGS",
+           "K_ORDER_CONFIGS", "LAYOUTS", "KernelConfig",
            "config_for", "layout_of", "split_k_for", "table_for", "table_layout"]
 
 
@@ -71,11 +72,29 @@ class KernelConfig:
 #: of the eight and two of the four-per-SM target); larger M 128 x 128 x 128 with one program
 #: per SM (no split at N = K = 8192, M = 256: 77 us against 99 us split in four and 101 us
 #: for the repacked ``pr-128x128x64``).
-DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
+FRAGMENT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
     (16, KernelConfig("pf-16x64x256-p3", "fragment", 16, 64, 256, 0, 4, 3, per_sm=7)),
     (64, KernelConfig("pf-64x128x128-w8", "fragment", 64, 128, 128, 0, 8, 3, per_sm=2)),
     (1 << 62, KernelConfig("pf-128x128x128-w8", "fragment", 128, 128, 128, 0, 8, 3, per_sm=1)),
 )
+
+#: The default table, on the tiles layout (N a multiple of 16, K of 128; other layers run
+#: ``FRAGMENT_CONFIGS`` or ``K_ORDER_CONFIGS``, ``table_for``): the CUDA GEMV for decode
+#: batches (``cuda_gemv``; where it cannot run, ``run_config`` takes ``TILES_FALLBACK``), the
+#: fragment kernels reading the tiles layout above.
+DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
+    (8, KernelConfig("ct-default", "cuda-tiles")),
+    (16, KernelConfig("pt-16x64x256-p3", "tiles", 16, 64, 256, 0, 4, 3, per_sm=7)),
+    (64, KernelConfig("pt-64x128x128-w8", "tiles", 64, 128, 128, 0, 8, 3, per_sm=2)),
+    (1 << 62, KernelConfig("pt-128x128x128-w8", "tiles", 128, 128, 128, 0, 8, 3, per_sm=1)),
+)
+
+#: What a CUDA GEMV config runs where the GEMV cannot (no NVRTC, fp16 activations, ROCm, a
+#: CPU under the interpreter), by the layout it reads.
+CUDA_FALLBACK = {
+    "tiles": KernelConfig("pt-16x64x256-p3", "tiles", 16, 64, 256, 0, 4, 3, per_sm=7),
+    "fragment": KernelConfig("pf-16x64x256-p3", "fragment", 16, 64, 256, 0, 4, 3, per_sm=7),
+}
 
 #: The table for K not a multiple of 32 (the fragment order groups 32 elements): the
 #: repacked K-order kernels, the defaults before the fragment order (from
@@ -88,11 +107,16 @@ K_ORDER_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
 )
 
 
-def table_for(k: int, table: tuple[tuple[int, KernelConfig], ...] = DEFAULT_CONFIGS
+def table_for(n: int, k: int, table: tuple[tuple[int, KernelConfig], ...] = DEFAULT_CONFIGS
               ) -> tuple[tuple[int, KernelConfig], ...]:
-    """The M table a layer with ``k`` input features runs: ``table``, unless it reads the
-    fragment order and ``k`` is not a multiple of 32, then ``K_ORDER_CONFIGS``."""
-    if k % 32 and table_layout(table) == "fragment":
+    """The M table a layer with ``n`` outputs and ``k`` inputs runs: ``table``, unless its
+    layout cannot hold the layer: a tiles table needs N a multiple of 16 and K of 128
+    (else ``FRAGMENT_CONFIGS``), a fragment table K a multiple of 32 (else
+    ``K_ORDER_CONFIGS``)."""
+    layout = table_layout(table)
+    if layout == "tiles" and (n % 16 or k % 128):
+        table, layout = FRAGMENT_CONFIGS, "fragment"
+    if layout == "fragment" and k % 32:
         return K_ORDER_CONFIGS
     return table
 
@@ -103,7 +127,7 @@ def table_for(k: int, table: tuple[tuple[int, KernelConfig], ...] = DEFAULT_CONF
 LAYOUTS = ("checkpoint", "repacked", "fragment", "tiles")
 
 _LAYOUT_OF_PATH = {"repacked": "repacked", "fragment": "fragment", "cuda": "fragment",
-                   "cuda-tiles": "tiles"}
+                   "cuda-tiles": "tiles", "tiles": "tiles"}
 
 
 def layout_of(config: KernelConfig) -> str:
@@ -200,6 +224,15 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     KernelConfig("pf-128x128x128-w8", "fragment", 128, 128, 128, 0, 8, 3, per_sm=1),
     KernelConfig("pf-128x256x64-w8", "fragment", 128, 256, 64, 0, 8, 3),
     KernelConfig("pf-256x128x64-w8", "fragment", 256, 128, 64, 0, 8, 3),
+    # The same kernels on the tiles layout (``pt-*``: each 16-row tile's chunks contiguous).
+    KernelConfig("pt-16x64x256-p3", "tiles", 16, 64, 256, 0, 4, 3, per_sm=7),
+    KernelConfig("pt-16x64x256-p4", "tiles", 16, 64, 256, 0, 4, 4, per_sm=7),
+    KernelConfig("pt-16x128x256", "tiles", 16, 128, 256, 0, 4, 3, per_sm=7),
+    KernelConfig("pt-64x128x128-w8", "tiles", 64, 128, 128, 0, 8, 3, per_sm=2),
+    KernelConfig("pt-64x64x256", "tiles", 64, 64, 256, 0, 4, 3),
+    KernelConfig("pt-128x128x128-w8", "tiles", 128, 128, 128, 0, 8, 3, per_sm=1),
+    KernelConfig("pt-128x256x64-w8", "tiles", 128, 256, 64, 0, 8, 3),
+    *(KernelConfig(f"pt-16x64x256-p3-s{s}", "tiles", 16, 64, 256, s, 4, 3) for s in (2, 3, 6)),
     # Fixed splits of the fragment defaults (the split rule's choice is timed as the plain name)
     *(KernelConfig(f"pf-16x64x256-p3-s{s}", "fragment", 16, 64, 256, s, 4, 3)
       for s in (2, 3, 5, 6, 8)),

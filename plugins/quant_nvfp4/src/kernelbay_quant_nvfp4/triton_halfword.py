@@ -250,13 +250,22 @@ def _load_k_tile(rows, cols, row_ok, limit, EVEN_K: tl.constexpr):
 
 
 @triton.jit
+def _load_tiled(rows, offsets, cols, row_ok, limit, EVEN_K: tl.constexpr):
+    """``_load_k_tile`` for the tiles layout: element column ``cols`` is at ``offsets``."""
+    mask = row_ok[:, None]
+    if not EVEN_K:
+        mask = mask & (cols < limit)[None, :]
+    return tl.load(rows + offsets[None, :], mask=mask, other=0)
+
+
+@triton.jit
 def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
                     stride_xm, stride_wn, stride_sn, stride_om, stride_os,
                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, TILES_PER_SPLIT, PARTIAL: tl.constexpr,
                     EVEN_K: tl.constexpr, ASM: tl.constexpr, INTERPRET: tl.constexpr,
                     PAIRS: tl.constexpr, REPACKED: tl.constexpr = False,
-                    SWAP: tl.constexpr = False):
+                    SWAP: tl.constexpr = False, TILED: tl.constexpr = False):
     # w_ptr: int16 halfwords [N, K/4], or int32 words [N, K/8] with PAIRS or REPACKED (the
     # repacked layout; with SWAP in the fragment order); s_ptr: E4M3 bytes [N, K/16] (scale
     # codes with SWAP); out_ptr: [M, N] or, with PARTIAL, fp32 [split, M, N] (stride_os
@@ -276,8 +285,16 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
     m_ok = rm < M
     n_ok = rn < N
     # Row bases outside the loop (64-bit: N * K / 4 may pass 2^31 for large layers).
-    w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
-    s_rows = s_ptr + rn.to(tl.int64)[:, None] * stride_sn
+    if TILED:
+        # The tiles layout (SWAP only): row n's words of chunk j (128 elements) at
+        # ((n // 16 * K / 128 + j) * 2 + n // 8 % 2) * 128 + n % 8 * 16, its codes at half that
+        # offset; word q of the row is in chunk q // 16, at q % 16 (code b: b // 8, b % 8).
+        tile = (rn // 16).to(tl.int64) * (K // 128) * 2 + (rn // 8) % 2
+        w_rows = w_ptr + (tile * 128 + (rn % 8) * 16)[:, None]
+        s_rows = s_ptr + (tile * 64 + (rn % 8) * 8)[:, None]
+    else:
+        w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+        s_rows = s_ptr + rn.to(tl.int64)[:, None] * stride_sn
     x_rows = x_ptr + rm.to(tl.int64)[:, None] * stride_xm
     if SWAP:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -286,11 +303,17 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
     first = pid_k * TILES_PER_SPLIT
     # the last split may be shorter: its loop stops at the last K tile (no masks needed)
     for t in range(first, tl.minimum(first + TILES_PER_SPLIT, tl.cdiv(K, BLOCK_K))):
-        if PAIRS or REPACKED:
-            packed = _load_k_tile(w_rows, t * KQ + rq, n_ok, K // 8, EVEN_K)
+        if TILED:
+            q = t * KQ + rq
+            b = t * G + rg
+            packed = _load_tiled(w_rows, (q // 16) * 256 + q % 16, q, n_ok, K // 8, EVEN_K)
+            sb = _load_tiled(s_rows, (b // 8) * 128 + b % 8, b, n_ok, K // 16, EVEN_K)
         else:
-            packed = _load_k_tile(w_rows, t * KH + rw, n_ok, K // 4, EVEN_K)
-        sb = _load_k_tile(s_rows, t * G + rg, n_ok, K // 16, EVEN_K)
+            if PAIRS or REPACKED:
+                packed = _load_k_tile(w_rows, t * KQ + rq, n_ok, K // 8, EVEN_K)
+            else:
+                packed = _load_k_tile(w_rows, t * KH + rw, n_ok, K // 4, EVEN_K)
+            sb = _load_k_tile(s_rows, t * G + rg, n_ok, K // 16, EVEN_K)
         xa = _load_k_tile(x_rows, t * BLOCK_K + rk, m_ok, K, EVEN_K)
         if SWAP:
             w = decode_fragment(packed, sb, BLOCK_N, KQ, ASM)
@@ -329,7 +352,7 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                     global_scale: torch.Tensor, bias: torch.Tensor | None, *, block_m: int,
                     block_n: int, block_k: int, split_k: int, num_warps: int,
                     num_stages: int, pairs: bool = False, repacked: bool = False,
-                    fragment: bool = False) -> torch.Tensor:
+                    fragment: bool = False, tiled: bool = False) -> torch.Tensor:
     """``x [M, K] @ dequant(packed, scales, global_scale)^T (+ bias)`` -> [M, N] in x's dtype
     through ``nvfp4_matmul_hw``. ``block_k``: a power of two >= 64; ``split_k`` > 1 writes
     fp32 partials summed in split order; ``pairs``: the weight read as 32-bit words and
@@ -338,13 +361,17 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     ``decode_words(REPACKED=True)``; ``fragment``: the same words in the ``"fragment"`` K order
     (int32 [N, K/32, 4], ``linear_triton.layout_weight``), the product computed transposed
     (``SWAP``: the decoded weight is the register operand of the dot, ``block_n`` >= 64 on
-    sm_90 for ``wgmma``)."""
+    sm_90 for ``wgmma``); ``tiled``: the same words and codes in the ``tiles`` layout
+    (``linear_triton.tiles_of_fragment``: [N/16, K/128, 256] and [N/16, K/128, 128])."""
     if block_k < 64 or block_k & (block_k - 1):
         raise ValueError(f"nvfp4-triton: block_k={block_k} for the halfword kernel; valid: a "
                          "power of two >= 64 (whole 16-element blocks, dots of >= 16)")
     m, k = x.shape
-    n = packed.shape[0]
-    if fragment:
+    n = packed.shape[0] * (16 if tiled else 1)
+    if tiled:
+        fragment = True
+        words = packed
+    elif fragment:
         words = packed.reshape(packed.shape[0], -1)
     else:
         words = packed if repacked else packed.view(torch.int32 if pairs else torch.int16)
@@ -365,5 +392,5 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                       BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                       TILES_PER_SPLIT=per_split, PARTIAL=partial, EVEN_K=even, ASM=asm,
                       INTERPRET=interp, PAIRS=pairs, REPACKED=repacked or fragment,
-                      SWAP=fragment, **opts)
+                      SWAP=fragment, TILED=tiled, **opts)
     return sum_partials(dest, bias, out) if partial else out
