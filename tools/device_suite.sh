@@ -188,7 +188,7 @@ for s in "$@"; do
         plugins/quant_nvfp4/tests/test_nvfp4_fused_moe.py \
         -k "cuda_gemv or cu- or ct- or pt- or method or every_code or moe"
       section nvfp4-bench 300 $py bench/nvfp4/run.py --rep-ms 8 --ms 1,4,8,16,64,256 \
-        --configs ct-,pt-,pf-16x64x256-p3,pf-64x128x128-w8,pf-128x128x128-w8 \
+        --configs pt-,pf-16x64x256-p3,pf-64x128x128-w8,pf-128x128x128-w8,ct-t2w1x4s4b4,ct-t2w1x8s4b2,ct-t2w4x2s4b2,ct-default \
         --out /tmp/res/nvfp4-bench ;;
     mxgpu)  # every GPU test of the MXFP4 plugin
       section mx-gpu 330 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 320 \

@@ -47,20 +47,21 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for dt in args.dtypes.split(","):
         for c in CANDIDATES:
-            if c.path == "dequant":
+            if c.path in ("dequant", "cuda", "cuda-tiles"):  # the CUDA GEMV: cuda_gemv
                 continue
             for partial in (True, False):
                 fn = th.nvfp4_matmul_hw
                 names = list(inspect.signature(fn.fn).parameters)
-                w_type = "*i32" if c.path in ("pairs", "repacked", "fragment") else "*i16"
+                w_type = "*i32" if c.path in ("pairs", "repacked", "fragment", "tiles") else "*i16"
                 types = {"x_ptr": f"*{dt}", "w_ptr": w_type, "s_ptr": "*u8", "g_ptr": "*fp32",
                          "b_ptr": f"*{dt}", "out_ptr": "*fp32" if partial else f"*{dt}"}
                 const: dict[str, Any] = {"HAS_BIAS": not partial, "BLOCK_M": c.block_m,
                                          "BLOCK_N": c.block_n, "BLOCK_K": c.block_k,
                                          "PARTIAL": partial, "ASM": True, "EVEN_K": True,
                                          "INTERPRET": False, "PAIRS": c.path == "pairs",
-                                         "REPACKED": c.path in ("repacked", "fragment"),
-                                         "SWAP": c.path == "fragment"}
+                                         "REPACKED": c.path in ("repacked", "fragment", "tiles"),
+                                         "SWAP": c.path in ("fragment", "tiles"),
+                                         "TILED": c.path == "tiles"}
                 sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in names}
                 # Pointers, strides and K divisible by 16, as the launcher specializes them
                 # for real shapes (without it, loads are not vectorized nor pipelined).

@@ -84,7 +84,7 @@ def ragged_k(config: KernelConfig) -> int:
     groups of 32 for the fragment-order words (which need K a multiple of 32), or 3200 = 25
     chunks of 128 for the CUDA GEMV (which needs whole chunks; 25 do not split evenly over
     its warps)."""
-    if config.path in ("cuda", "cuda-tiles"):
+    if config.path in ("cuda", "cuda-tiles", "tiles"):
         return 3200
     return 3104 if config.path == "fragment" else 3088
 
@@ -96,7 +96,7 @@ def test_cuda_every_config_matches_reference(config: KernelConfig) -> None:
     assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 
     # the tiles layout groups whole 16-row tiles (63 here: an odd count)
-    n, k = 1008 if config.path == "cuda-tiles" else 1000, ragged_k(config)
+    n, k = 1008 if config.path in ("cuda-tiles", "tiles") else 1000, ragged_k(config)
     gen = torch.Generator().manual_seed(n ^ k)
     tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
     edge_scales(tensors)
@@ -130,7 +130,7 @@ def test_cuda_halfword_fp16_matches_reference(config: KernelConfig) -> None:
     """The halfword kernels with fp16 activations (decoded bf16 tile converted to fp16,
     exact), ragged N and K, edge block scales."""
 
-    n, k = 1008 if config.path == "cuda-tiles" else 1000, ragged_k(config)
+    n, k = 1008 if config.path in ("cuda-tiles", "tiles") else 1000, ragged_k(config)
     gen = torch.Generator().manual_seed(n + k)
     tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
     edge_scales(tensors)

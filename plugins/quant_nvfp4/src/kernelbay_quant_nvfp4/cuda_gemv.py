@@ -68,13 +68,17 @@ def shared_bytes(config: GemvConfig) -> int:
     return max(pipeline, partial)
 
 
-#: Builds measured on the H200 (``bench/nvfp4/run.py --configs cu-``), by token tiles.
-DEFAULT = {1: GemvConfig(2, 1, 8, 4, 2), 2: GemvConfig(1, 2, 8, 4, 2)}
-
-
-def config_for_m(m: int) -> GemvConfig:
-    """The default build for ``m`` tokens (one or two 8-token tiles)."""
-    return DEFAULT[1 if m <= 8 else 2]
+def config_for_m(m: int, n: int = 0, sms: int = 132) -> GemvConfig:
+    """The default build for ``m`` tokens (one or two 8-token tiles) and ``n`` output rows on
+    a GPU of ``sms`` multiprocessors. Two 16-row tiles per CTA; K split over eight warps
+    while the CTAs fit in one wave of two per SM (N <= 8448 on an H200), else over four warps
+    with four CTAs per SM (more, shorter CTAs: the last wave's idle tail is smaller). From
+    the H200 sweep (``bench/results/nvfp4-sweep-cuda-h200.md``)."""
+    nt = 1 if m <= 8 else 2
+    ctas = -(-n // 32)
+    if ctas <= 2 * sms * 1.1:
+        return GemvConfig(2, nt, 8, 4, 2)
+    return GemvConfig(2, nt, 4, 4, 4)
 
 
 @functools.cache
@@ -140,7 +144,7 @@ def nvfp4_gemv_cuda(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     M <= 16 (``gemv_unsupported`` says what else it needs; ``ValueError`` with that reason)."""
     import torch
 
-    config = config or config_for_m(x2.shape[0])
+    config = config or config_for_m(x2.shape[0], words.shape[0] * 16)
     reason = gemv_unsupported(x2, words, codes, config.tiled)
     if reason is not None:
         raise ValueError(f"nvfp4 CUDA GEMV: {reason}")

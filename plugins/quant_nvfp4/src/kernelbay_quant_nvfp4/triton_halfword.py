@@ -250,12 +250,23 @@ def _load_k_tile(rows, cols, row_ok, limit, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _load_tiled(rows, offsets, cols, row_ok, limit, EVEN_K: tl.constexpr):
-    """``_load_k_tile`` for the tiles layout: element column ``cols`` is at ``offsets``."""
-    mask = row_ok[:, None]
+def _load_tiled(rows, first, WIDTH: tl.constexpr, PER_CHUNK: tl.constexpr,
+                CHUNK: tl.constexpr, row_ok, limit, EVEN_K: tl.constexpr):
+    """``_load_k_tile`` for the tiles layout: columns ``first .. first + WIDTH`` of rows
+    ``rows``, where a row holds ``PER_CHUNK`` consecutive columns per chunk and chunks are
+    ``CHUNK`` apart. Loaded as [rows, pieces, columns of a piece] so that the innermost
+    dimension is visibly contiguous (16-byte vectors), then flattened."""
+    PIECE: tl.constexpr = PER_CHUNK if WIDTH > PER_CHUNK else WIDTH
+    PIECES: tl.constexpr = WIDTH // PIECE
+    start = first + tl.arange(0, PIECES) * PIECE      # each piece lies in one chunk
+    base = (start // PER_CHUNK) * CHUNK + start % PER_CHUNK
+    inner = tl.arange(0, PIECE)
+    offsets = base[None, :, None] + inner[None, None, :]
+    mask = row_ok[:, None, None]
     if not EVEN_K:
-        mask = mask & (cols < limit)[None, :]
-    return tl.load(rows + offsets[None, :], mask=mask, other=0)
+        mask = mask & ((start[:, None] + inner[None, :]) < limit)[None, :, :]
+    tile = tl.load(rows[:, :, None] + offsets, mask=mask, other=0)
+    return tl.reshape(tile, (tile.shape[0], WIDTH))
 
 
 @triton.jit
@@ -304,10 +315,8 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
     # the last split may be shorter: its loop stops at the last K tile (no masks needed)
     for t in range(first, tl.minimum(first + TILES_PER_SPLIT, tl.cdiv(K, BLOCK_K))):
         if TILED:
-            q = t * KQ + rq
-            b = t * G + rg
-            packed = _load_tiled(w_rows, (q // 16) * 256 + q % 16, q, n_ok, K // 8, EVEN_K)
-            sb = _load_tiled(s_rows, (b // 8) * 128 + b % 8, b, n_ok, K // 16, EVEN_K)
+            packed = _load_tiled(w_rows, t * KQ, KQ, 16, 256, n_ok, K // 8, EVEN_K)
+            sb = _load_tiled(s_rows, t * G, G, 8, 128, n_ok, K // 16, EVEN_K)
         else:
             if PAIRS or REPACKED:
                 packed = _load_k_tile(w_rows, t * KQ + rq, n_ok, K // 8, EVEN_K)
