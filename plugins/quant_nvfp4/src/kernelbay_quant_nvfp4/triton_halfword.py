@@ -313,17 +313,7 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = pid_k * TILES_PER_SPLIT
     # the last split may be shorter: its loop stops at the last K tile (no masks needed)
-    last = tl.minimum(first + TILES_PER_SPLIT, tl.cdiv(K, BLOCK_K))
-    count = last - first
-    # Tiles layout: each program starts its K walk at its own place (wrapping around), so
-    # programs running side by side read addresses that differ in the bits above a chunk;
-    # in lockstep they would all sit on one offset modulo the tile stride, a power of two,
-    # and queue on few memory channels.
-    rot = (pid_n * 5) % tl.maximum(count, 1) if TILED else 0
-    for i in range(0, count):
-        t = first + i + rot
-        if TILED:
-            t = tl.where(t >= last, t - count, t)
+    for t in range(first, tl.minimum(first + TILES_PER_SPLIT, tl.cdiv(K, BLOCK_K))):
         if TILED:
             packed = _load_tiled(w_rows, t * KQ, KQ, 16, 256, n_ok, K // 8, EVEN_K)
             sb = _load_tiled(s_rows, t * G, G, 8, 128, n_ok, K // 16, EVEN_K)

@@ -179,33 +179,25 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
   const u32 cslot = base + WN * WK * (STAGES * TM * 2 * 512) + warp * (STAGES * TM * 2 * 128)
                     + lane * 4;
 
-  // Each CTA walks its warps' K parts from its own starting chunk (wrapping around): CTAs
-  // side by side then read addresses that differ in the bits above a chunk instead of all
-  // sitting on one offset modulo the tile stride (a power of two: few memory channels).
-  const int count = j_end - j_begin;
-  const int rot = count > 0 ? (blockIdx.x * 5) % count : 0;
-  auto chunk_of = [&](int i) { return i + rot >= count ? i + rot - count : i + rot; };
-
-  // Copies of the lane's i-th chunk into ``stage`` (i % STAGES, known at compile time).
-  auto fetch = [&](int i, int stage) {
-    const int jj = chunk_of(i);
+  // Copies of chunk j_begin + i (i relative to the pointers) into stage i % STAGES.
+  auto fetch = [&](int i) {
+    const int stage = i % STAGES;
 #pragma unroll
     for (int t = 0; t < TM; ++t) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int slot = (stage * TM + t) * 2 + h;
-        copy16(wslot + slot * 512, wp[t][h] + jj * word_step, true);
-        copy4(cslot + slot * 128, cp[t][h] + jj * code_step, true);
+        copy16(wslot + slot * 512, wp[t][h] + i * word_step, true);
+        copy4(cslot + slot * 128, cp[t][h] + i * code_step, true);
       }
     }
   };
 
   auto load_x = [&](uint4 (&xv)[NT][4], int i) {
-    const int jj = chunk_of(i);
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) xv[n][q] = load_cached(xp[n] + jj * 128 + q * 8);
+      for (int q = 0; q < 4; ++q) xv[n][q] = load_cached(xp[n] + i * 128 + q * 8);
     }
   };
 
@@ -217,9 +209,10 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[t][n][i] = 0.f;
 
+  const int count = j_end - j_begin;
 #pragma unroll
   for (int d = 0; d < STAGES - 1; ++d) {
-    if (d < count) fetch(d, d);
+    if (d < count) fetch(d);
     commit();
   }
   uint4 xv[2][NT][4];   // chunk i's activations in xv[i % 2] (STAGES is even)
@@ -241,9 +234,9 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
             code[t][h] = lds32(cslot + slot * 128) >> code_shift;
           }
         }
-        if (i0 + d + 1 < count) load_x(xv[(d + 1) % 2], i0 + d + 1);
+        if (i0 + d + 1 < count) load_x(xv[(d + 1) % 2], d + 1);
         // into the stage of the previous chunk, read in the previous step
-        if (i0 + d + STAGES - 1 < count) fetch(i0 + d + STAGES - 1, (d + STAGES - 1) % STAGES);
+        if (i0 + d + STAGES - 1 < count) fetch(d + STAGES - 1);
         commit();
 #pragma unroll
         for (int t = 0; t < TM; ++t) {
@@ -273,6 +266,15 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
         }
       }
     }
+#pragma unroll
+    for (int t = 0; t < TM; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        wp[t][h] += STAGES * word_step;
+        cp[t][h] += STAGES * code_step;
+      }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) xp[n] += STAGES * 128;
   }
   wait_groups<0>();
   __syncthreads();
