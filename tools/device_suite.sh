@@ -182,12 +182,14 @@ for s in "$@"; do
       section core-gpu 60 $py -m pytest -q -p no:cacheprovider -m gpu core/tests
       section nv-gpu 300 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 290 \
         plugins/quant_nvfp4/tests ;;
-    cugemv)  # the NVFP4 CUDA GEMV (NVRTC) on both layouts: GPU tests, then the M <= 16 sweep
-      section cu-tests 200 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 190 \
+    cugemv)  # the NVFP4 CUDA GEMV (NVRTC) and the tiles layout: GPU tests, then the sweep
+      section cu-tests 260 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 250 \
         plugins/quant_nvfp4/tests/test_nvfp4_cuda_gemv.py plugins/quant_nvfp4/tests/test_nvfp4_triton.py \
-        -k "cuda_gemv or cu- or ct-default"
-      section nvfp4-bench 240 $py bench/nvfp4/run.py --rep-ms 8 --ms 1,4,8,16 \
-        --configs cu-,ct-t2w1x4s4b4,ct-t2w1x8s4b2,pf-16x64x256-p3 --out /tmp/res/nvfp4-bench ;;
+        plugins/quant_nvfp4/tests/test_nvfp4_fused_moe.py \
+        -k "cuda_gemv or cu- or ct- or pt- or method or every_code or moe"
+      section nvfp4-bench 300 $py bench/nvfp4/run.py --rep-ms 8 --ms 1,4,8,16,64,256 \
+        --configs pt-,pf-16x64x256-p3,pf-64x128x128-w8,pf-128x128x128-w8,ct-t2w1x4s4b4,ct-t2w1x8s4b2,ct-t2w4x2s4b2,ct-default \
+        --out /tmp/res/nvfp4-bench ;;
     mxgpu)  # every GPU test of the MXFP4 plugin
       section mx-gpu 330 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 320 \
         plugins/quant_mxfp4_rocm/tests ;;

@@ -69,8 +69,7 @@ def test_shared_memory_and_defaults() -> None:
 @pytest.mark.parametrize("config", [None, GemvConfig(1, 1, 8, 6, 2), GemvConfig(2, 2, 4, 4, 2),
                                     GemvConfig(4, 1, 8, 4, 1), GemvConfig(1, 2, 16, 2, 1),
                                     GemvConfig(1, 2, 2, 4, 2, wn=4),
-                                    GemvConfig(2, 2, 4, 4, 2, tiled=False),
-                                    GemvConfig(2, 1, 8, 8, 2, tiled=False)],
+                                    GemvConfig(2, 2, 4, 4, 2, tiled=False)],
                          ids=lambda c: "default" if c is None else c.name)
 @pytest.mark.parametrize(("n", "k"), [(16, 128), (48, 384), (1008, 3200), (304, 8192)])
 def test_cuda_gemv_matches_reference(config: GemvConfig | None, n: int, k: int) -> None:
@@ -79,7 +78,6 @@ def test_cuda_gemv_matches_reference(config: GemvConfig | None, n: int, k: int) 
     scales; the fragment-layout build also with N not a multiple of 16."""
     if config is not None and not config.tiled:
         n -= 8
-        k = 512 * -(-k // 512)  # runs of four chunks
     gen = torch.Generator().manual_seed(n * 7 + k)
     tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
     if n > 1:

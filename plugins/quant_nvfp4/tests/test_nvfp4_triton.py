@@ -82,11 +82,9 @@ def test_nan_scale_rejected_naming_the_tensor() -> None:
 def ragged_k(config: KernelConfig) -> int:
     """A K that is whole NVFP4 blocks but not whole K tiles: 3088 = 193 blocks, or 3104 = 97
     groups of 32 for the fragment-order words (which need K a multiple of 32), or 3200 = 25
-    chunks of 128 for the tiles layout (25 do not split evenly over the GEMV's warps), or
-    3584 = 7 runs of 512 for the CUDA GEMV on the fragment layout."""
-    if config.path == "cuda":
-        return 3584  # runs of four chunks: 7, fewer than the GEMV's warps
-    if config.path in ("cuda-tiles", "tiles"):
+    chunks of 128 for the CUDA GEMV (which needs whole chunks; 25 do not split evenly over
+    its warps)."""
+    if config.path in ("cuda", "cuda-tiles", "tiles"):
         return 3200
     return 3104 if config.path == "fragment" else 3088
 

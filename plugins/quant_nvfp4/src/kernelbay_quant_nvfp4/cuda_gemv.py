@@ -93,10 +93,8 @@ def gemv_kernel(config: GemvConfig, device: int) -> Kernel:
     from kernelbay_quant_nvfp4.cuda_jit import compile_cubin, load_kernel
 
     major, minor = torch.cuda.get_device_capability(device)
-    step = 2 if config.tiled else 4
-    if config.stages % step or config.stages < step:
-        raise ValueError(f"nvfp4 CUDA GEMV: stages={config.stages}; valid: a multiple of {step} "
-                         f"(the {'tiles' if config.tiled else 'fragment'} layout)")
+    if config.stages % 2 or config.stages < 2:
+        raise ValueError(f"nvfp4 CUDA GEMV: stages={config.stages}; valid: an even number >= 2")
     options = [f"-DTM={config.tm}", f"-DNT={config.nt}", f"-DWK={config.wk}",
                f"-DSTAGES={config.stages}", f"-DMIN_BLOCKS={config.min_blocks}",
                f"-DTILED={int(config.tiled)}", f"-DWN={config.wn}"]
@@ -123,9 +121,8 @@ def gemv_unsupported(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
         return f"needs bfloat16 activations, got {x2.dtype}"
     if m > MAX_M:
         return f"serves M <= {MAX_M}, got M = {m}"
-    multiple = K_MULTIPLE if tiled else 4 * K_MULTIPLE  # fragment: runs of four chunks
-    if k % multiple:
-        return f"needs K a multiple of {multiple}, got K = {k}"
+    if k % K_MULTIPLE:
+        return f"needs K a multiple of {K_MULTIPLE}, got K = {k}"
     if x2.stride(-1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
         return "needs 16-byte aligned activation rows"
     want_w = (k // 128, 256) if tiled else (k // 32, 4)

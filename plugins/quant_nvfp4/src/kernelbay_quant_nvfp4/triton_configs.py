@@ -188,7 +188,6 @@ CANDIDATES: tuple[KernelConfig, ...] = (
                    "cuda-tiles" if tiled else "cuda", gemv=GemvConfig(tm, 1, wk, st, mb, tiled, wn))
       for tm, wk, st, mb, tiled, wn in (
           (2, 8, 4, 2, False, 1), (2, 4, 4, 4, False, 1), (4, 8, 4, 1, False, 1),
-          (2, 8, 8, 1, False, 1), (1, 8, 8, 2, False, 1), (2, 4, 8, 2, False, 1),
           (2, 8, 4, 2, True, 1), (2, 4, 4, 4, True, 1), (4, 8, 4, 1, True, 1),
           (1, 8, 6, 2, True, 1), (2, 16, 4, 1, True, 1), (4, 4, 4, 2, True, 1),
           (1, 2, 6, 2, True, 4), (1, 4, 4, 1, True, 4), (2, 2, 4, 2, True, 4),

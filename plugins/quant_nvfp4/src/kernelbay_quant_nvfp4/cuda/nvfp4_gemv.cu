@@ -128,14 +128,8 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
   const int c = lane & 3;
   const int groups = K >> 5;                 // 32-element groups per row
   const int chunks = K >> 7;                 // 128-element chunks (K % 128 == 0)
-#if TILED
   const int j_begin = (wk * chunks) / WK;
   const int j_end = ((wk + 1) * chunks) / WK;
-#else
-  // whole runs of four chunks per warp (K % 512 == 0)
-  const int j_begin = 4 * ((wk * (chunks >> 2)) / WK);
-  const int j_end = 4 * (((wk + 1) * (chunks >> 2)) / WK);
-#endif
   const int tiles = (N + 15) >> 4;
 
   // This lane's pointers at chunk j_begin. TILED: the "tiles" layout (each 16-row tile's
@@ -157,39 +151,25 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
       cp[t][h] = codes + slab * 64 + g * 8 + (c >> 1) * 4;
 #else
       const long long row = min(tile * 16 + g + 8 * h, N - 1);
-      wp[t][h] = words + row * (groups * 4) + j_begin * 16 + c * 16;
-      cp[t][h] = codes + row * (groups * 2) + j_begin * 8 + c * 8;
+      wp[t][h] = words + row * (groups * 4) + (4 * j_begin + c) * 4;
+      // the aligned 4 bytes holding this lane's two codes (K % 64 == 0: rows 4-aligned)
+      cp[t][h] = codes + row * (groups * 2) + j_begin * 8 + (c >> 1) * 4;
 #endif
     }
   }
-  // Offsets of the lane's i-th chunk from its pointers (words, code bytes, activations) and
-  // the shift of its two codes in the aligned 4 bytes copied. TILED: consecutive chunks.
-  // Fragment layout: chunk i of a run of four takes group 16 (i / 4) + 4 c + i % 4, so a
-  // lane reads 64 contiguous bytes of a row over four chunks and the four lanes of a row
-  // 256 (DRAM pages see long runs, not 64-byte pieces of many rows).
 #if TILED
-#define WORD_OFF(i) ((i) * 256)
-#define CODE_OFF(i) ((i) * 128)
-#define X_OFF(i) ((i) * 128)
-#define CODE_SHIFT(i) ((c & 1) * 16)
+  const int word_step = 256;   // per chunk: words and code bytes
+  const int code_step = 128;
 #else
-#define WORD_OFF(i) (((i) >> 2) * 64 + ((i) & 3) * 4)
-#define CODE_OFF(i) (((i) >> 2) * 32 + (((i) & 3) >> 1) * 4)
-#define X_OFF(i) (((i) >> 2) * 512 + ((i) & 3) * 32)
-#define CODE_SHIFT(i) (((i) & 1) * 16)
-#if STAGES % 4
-#error "the fragment layout's runs of four chunks need STAGES a multiple of 4"
+  const int word_step = 16;
+  const int code_step = 8;
 #endif
-#endif
+  const int code_shift = (c & 1) * 16;
   const u16* xp[NT];
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
     int m = g + 8 * n;
-#if TILED
     xp[n] = x + (long long)(m < M ? m : 0) * stride_xm + j_begin * 128 + c * 32;
-#else
-    xp[n] = x + (long long)(m < M ? m : 0) * stride_xm + j_begin * 128 + c * 128;
-#endif
   }
 
   // This warp's slots: STAGES x (TM x 2 rows) of 16-byte words and 4-byte codes per lane;
@@ -207,8 +187,8 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int slot = (stage * TM + t) * 2 + h;
-        copy16(wslot + slot * 512, wp[t][h] + WORD_OFF(i), true);
-        copy4(cslot + slot * 128, cp[t][h] + CODE_OFF(i), true);
+        copy16(wslot + slot * 512, wp[t][h] + i * word_step, true);
+        copy4(cslot + slot * 128, cp[t][h] + i * code_step, true);
       }
     }
   };
@@ -217,7 +197,7 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) xv[n][q] = load_cached(xp[n] + X_OFF(i) + q * 8);
+      for (int q = 0; q < 4; ++q) xv[n][q] = load_cached(xp[n] + i * 128 + q * 8);
     }
   };
 
@@ -251,7 +231,7 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
           for (int h = 0; h < 2; ++h) {
             const int slot = (d * TM + t) * 2 + h;
             w[t][h] = lds128(wslot + slot * 512);
-            code[t][h] = lds32(cslot + slot * 128) >> CODE_SHIFT(d);
+            code[t][h] = lds32(cslot + slot * 128) >> code_shift;
           }
         }
         if (i0 + d + 1 < count) load_x(xv[(d + 1) % 2], d + 1);
@@ -290,11 +270,11 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
     for (int t = 0; t < TM; ++t)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        wp[t][h] += WORD_OFF(STAGES);
-        cp[t][h] += CODE_OFF(STAGES);
+        wp[t][h] += STAGES * word_step;
+        cp[t][h] += STAGES * code_step;
       }
 #pragma unroll
-    for (int n = 0; n < NT; ++n) xp[n] += X_OFF(STAGES);
+    for (int n = 0; n < NT; ++n) xp[n] += STAGES * 128;
   }
   wait_groups<0>();
   __syncthreads();
