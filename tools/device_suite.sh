@@ -182,13 +182,13 @@ for s in "$@"; do
       section core-gpu 60 $py -m pytest -q -p no:cacheprovider -m gpu core/tests
       section nv-gpu 300 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 290 \
         plugins/quant_nvfp4/tests ;;
-    cugemv)  # the NVFP4 CUDA GEMV (NVRTC) and the tiles layout: GPU tests, then the sweep
-      section cu-tests 260 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 250 \
+    cugemv)  # the NVFP4 CUDA GEMV and the tiles layout: GPU tests, then the sweep over M
+      section cu-tests 220 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 210 \
         plugins/quant_nvfp4/tests/test_nvfp4_cuda_gemv.py plugins/quant_nvfp4/tests/test_nvfp4_triton.py \
         plugins/quant_nvfp4/tests/test_nvfp4_fused_moe.py \
-        -k "cuda_gemv or cu- or ct- or pt- or method or every_code or moe"
-      section nvfp4-bench 300 $py bench/nvfp4/run.py --rep-ms 8 --ms 1,4,8,16,64,256 \
-        --configs pt-,pf-16x64x256-p3,pf-64x128x128-w8,pf-128x128x128-w8,ct-t2w1x4s4b4,ct-t2w1x8s4b2,ct-t2w4x2s4b2,ct-default \
+        -k "cuda_gemv or ct-default or pt-16x64x256-p3 or pt-64x128x128-w8 or pt-128x128x128-w8 or method or every_code or moe"
+      section nvfp4-bench 240 $py bench/nvfp4/run.py --rep-ms 8 --ms 1,4,8,16,64,256 \
+        --configs pt-16x64x256-p3,pt-64x128x128-w8,pt-128x128x128-w8,pt-64x64x256,pf-16x64x256-p3,pf-64x128x128-w8,pf-128x128x128-w8,ct-t2w1x4s4b4,ct-t2w1x8s4b2,ct-t4w1x8s4b1,ct-t4w1x4s4b2 \
         --out /tmp/res/nvfp4-bench ;;
     mxgpu)  # every GPU test of the MXFP4 plugin
       section mx-gpu 330 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 320 \

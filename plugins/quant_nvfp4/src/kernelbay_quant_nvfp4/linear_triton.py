@@ -204,6 +204,11 @@ def checkpoint_tensors(weight: torch.Tensor, scales: torch.Tensor
     return checkpoint_layout(weight), scales
 
 
+def _rows(weight: torch.Tensor, config: KernelConfig) -> int:
+    """N of a stored weight (the tiles layout's first dimension counts 16-row tiles)."""
+    return weight.shape[0] * (16 if layout_of(config) == "tiles" else 1)
+
+
 def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
                scales: torch.Tensor, global_scale: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
@@ -238,7 +243,7 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
     sms = _sm_count(x2.device.index or 0) if x2.is_cuda else 4
     return nvfp4_linear_hw(x2, packed, scales, global_scale, bias, block_m=config.block_m,
                            block_n=config.block_n, block_k=config.block_k,
-                           split_k=split_k_for(config, m, packed.shape[0], k, sms),
+                           split_k=split_k_for(config, m, _rows(packed, config), k, sms),
                            num_warps=config.num_warps, num_stages=config.num_stages,
                            pairs=config.path == "pairs", repacked=config.path == "repacked",
                            fragment=config.path == "fragment", tiled=config.path == "tiles")
