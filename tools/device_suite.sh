@@ -190,6 +190,10 @@ for s in "$@"; do
       section nvfp4-bench 240 $py bench/nvfp4/run.py --rep-ms 8 --ms 1,4,8,16,64,256 \
         --configs pt-16x64x256-p3,pt-64x128x128-w8,pt-128x128x128-w8,pt-64x64x256,pf-16x64x256-p3,pf-64x128x128-w8,pf-128x128x128-w8,ct-t2w1x4s4b4,ct-t2w1x8s4b2,ct-t4w1x8s4b1,ct-t4w1x4s4b2 \
         --out /tmp/res/nvfp4-bench ;;
+    tilesbig)  # the fragment kernels on both layouts at M >= 16
+      section nvfp4-bench 200 $py bench/nvfp4/run.py --rep-ms 8 --ms 16,64,256 \
+        --configs pt-16x64x256-p3,pt-64x128x128-w8,pt-128x128x128-w8,pf-16x64x256-p3,pf-64x128x128-w8,pf-128x128x128-w8 \
+        --out /tmp/res/nvfp4-bench ;;
     tilesprof)  # the M = 64 fragment kernel on both layouts in Nsight Compute
       prof pt-m64 nvfp4_matmul_hw -- $py bench/nvfp4/one_config.py pt-64x128x128-w8 8192 8192 64
       prof pf-m64 nvfp4_matmul_hw -- $py bench/nvfp4/one_config.py pf-64x128x128-w8 8192 8192 64 ;;

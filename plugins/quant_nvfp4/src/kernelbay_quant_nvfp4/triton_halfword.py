@@ -254,19 +254,17 @@ def _load_tiled(rows, first, WIDTH: tl.constexpr, PER_CHUNK: tl.constexpr,
                 CHUNK: tl.constexpr, row_ok, limit, EVEN_K: tl.constexpr):
     """``_load_k_tile`` for the tiles layout: columns ``first .. first + WIDTH`` of rows
     ``rows``, where a row holds ``PER_CHUNK`` consecutive columns per chunk and chunks are
-    ``CHUNK`` apart. Loaded as [rows, pieces, columns of a piece] so that the innermost
-    dimension is visibly contiguous (16-byte vectors), then flattened."""
-    PIECE: tl.constexpr = PER_CHUNK if WIDTH > PER_CHUNK else WIDTH
-    PIECES: tl.constexpr = WIDTH // PIECE
-    start = first + tl.arange(0, PIECES) * PIECE      # each piece lies in one chunk
-    base = (start // PER_CHUNK) * CHUNK + start % PER_CHUNK
-    inner = tl.arange(0, PIECE)
-    offsets = base[None, :, None] + inner[None, None, :]
-    mask = row_ok[:, None, None]
+    ``CHUNK`` apart. A 2-D tile like the fragment layout's (so the compiler stages it in
+    shared memory the same way), with the runs of consecutive, aligned columns declared so
+    that the copies are 16-byte vectors."""
+    RUN: tl.constexpr = PER_CHUNK if WIDTH > PER_CHUNK else WIDTH
+    cols = first + tl.arange(0, WIDTH)
+    offsets = (cols // PER_CHUNK) * CHUNK + cols % PER_CHUNK
+    offsets = tl.max_contiguous(tl.multiple_of(offsets, RUN), RUN)
+    mask = row_ok[:, None]
     if not EVEN_K:
-        mask = mask & ((start[:, None] + inner[None, :]) < limit)[None, :, :]
-    tile = tl.load(rows[:, :, None] + offsets, mask=mask, other=0)
-    return tl.reshape(tile, (tile.shape[0], WIDTH))
+        mask = mask & (cols < limit)[None, :]
+    return tl.load(rows + offsets[None, :], mask=mask, other=0)
 
 
 @triton.jit
