@@ -190,6 +190,11 @@ for s in "$@"; do
       section nvfp4-bench 240 $py bench/nvfp4/run.py --rep-ms 8 --ms 1,4,8,16,64,256 \
         --configs pt-16x64x256-p3,pt-64x128x128-w8,pt-128x128x128-w8,pt-64x64x256,pf-16x64x256-p3,pf-64x128x128-w8,pf-128x128x128-w8,ct-t2w1x4s4b4,ct-t2w1x8s4b2,ct-t4w1x8s4b1,ct-t4w1x4s4b2 \
         --out /tmp/res/nvfp4-bench ;;
+    nvfinal)  # every NVFP4 GPU test, then the committed table
+      section nv-gpu 250 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 240 -k "not hw- and not pw- and not pr-" \
+        plugins/quant_nvfp4/tests
+      section nvfp4-bench 120 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,8,16,64,256 \
+        --out /tmp/res/nvfp4-bench ;;
     tilesbig)  # the fragment kernels on both layouts at M >= 16
       section nvfp4-bench 200 $py bench/nvfp4/run.py --rep-ms 8 --ms 16,64,256 \
         --configs pt-16x64x256-p3,pt-64x128x128-w8,pt-128x128x128-w8,pf-16x64x256-p3,pf-64x128x128-w8,pf-128x128x128-w8 \

@@ -58,11 +58,13 @@ def test_shared_memory_and_defaults() -> None:
     assert shared_bytes(GemvConfig(1, 1, 2, 4, 1, wn=4)) == 8 * 4 * 1 * 2 * 640
     for m in (1, 8, 9, 16):
         for n in (4096, 8192, 28672):
-            config = config_for_m(m, n, 132)
+            config = config_for_m(m, n, 8192, 132)
             assert 8 * config.nt >= m
             assert config.min_blocks * shared_bytes(config) <= 227 * 1024
-    # one wave of two CTAs per SM while they fit, else shorter CTAs, four per SM
-    assert config_for_m(1, 8192, 132).wk == 8 and config_for_m(1, 28672, 132).wk == 4
+    # eight warps over a long K while the CTAs fit in one wave of two per SM, else four
+    assert config_for_m(1, 8192, 28672, 132).wk == 8
+    assert config_for_m(1, 8192, 8192, 132).wk == 4
+    assert config_for_m(1, 28672, 28672, 132).wk == 4
 
 
 @pytest.mark.gpu

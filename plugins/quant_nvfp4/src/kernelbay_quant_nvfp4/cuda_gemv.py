@@ -68,15 +68,17 @@ def shared_bytes(config: GemvConfig) -> int:
     return max(pipeline, partial)
 
 
-def config_for_m(m: int, n: int = 0, sms: int = 132) -> GemvConfig:
-    """The default build for ``m`` tokens (one or two 8-token tiles) and ``n`` output rows on
-    a GPU of ``sms`` multiprocessors. Two 16-row tiles per CTA; K split over eight warps
-    while the CTAs fit in one wave of two per SM (N <= 8448 on an H200), else over four warps
-    with four CTAs per SM (more, shorter CTAs: the last wave's idle tail is smaller). From
-    the H200 sweep (``bench/results/nvfp4-sweep-cuda-h200.md``)."""
+def config_for_m(m: int, n: int = 0, k: int = 0, sms: int = 132) -> GemvConfig:
+    """The default build for ``m`` tokens (one or two 8-token tiles), ``n`` output rows and
+    ``k`` inputs on a GPU of ``sms`` multiprocessors: two 16-row tiles per CTA; K split over
+    eight warps when the CTAs fit in one wave of two per SM and each warp still gets at
+    least 16 chunks (K >= 16384), else over four warps with four CTAs per SM (more, shorter
+    CTAs; a warp's part of K twice as long). From the H200 sweep
+    (``bench/results/nvfp4-sweep-cuda-h200.md``: 8192 x 8192 13.9 against 14.8 us, 28672 x
+    8192 39.4 against 41.9, 8192 x 28672 36.8 against 38.1 for the eight-warp build)."""
     nt = 1 if m <= 8 else 2
     ctas = -(-n // 32)
-    if ctas <= 2 * sms * 1.1:
+    if ctas <= 2 * sms * 1.1 and k >= 16384:
         return GemvConfig(2, nt, 8, 4, 2)
     return GemvConfig(2, nt, 4, 4, 4)
 
@@ -144,7 +146,7 @@ def nvfp4_gemv_cuda(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     M <= 16 (``gemv_unsupported`` says what else it needs; ``ValueError`` with that reason)."""
     import torch
 
-    config = config or config_for_m(x2.shape[0], words.shape[0] * 16)
+    config = config or config_for_m(x2.shape[0], words.shape[0] * 16, x2.shape[1])
     reason = gemv_unsupported(x2, words, codes, config.tiled)
     if reason is not None:
         raise ValueError(f"nvfp4 CUDA GEMV: {reason}")

@@ -282,7 +282,7 @@ def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
         part = x2[start:start + rows]
         m = part.shape[0]
         n = words.shape[0] * (16 if tiled else 1)
-        build = config.gemv or config_for_m(m, n, _sm_count(x2.device.index or 0))
+        build = config.gemv or config_for_m(m, n, x2.shape[1], _sm_count(x2.device.index or 0))
         build = replace(build, nt=1 if m <= 8 else 2, tiled=tiled)
         outs.append(nvfp4_gemv_cuda(part, words, codes, global_scale, bias, build))
     return outs[0] if len(outs) == 1 else torch.cat(outs)
