@@ -5,6 +5,9 @@ refuses and why."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import pytest
 import torch
 from kernelbay.formats import dequantize_nvfp4
@@ -15,6 +18,7 @@ from kernelbay_quant_nvfp4.cuda_gemv import (
     nvfp4_gemv_cuda,
     shared_bytes,
 )
+from kernelbay_quant_nvfp4.cuda_jit import CudaJitError, compile_cubin, nvrtc_available
 from kernelbay_quant_nvfp4.linear_triton import layout_tensors
 from nvfp4_triton_helpers import check_close, edge_scales, every_code_and_scale, nvfp4_weights
 
@@ -125,3 +129,63 @@ def test_cuda_gemv_every_code_and_scale_exact() -> None:
     got = torch.cat([nvfp4_gemv_cuda(eye[i:i + 16], words, codes, tensors["weight_scale_2"],
                                      None) for i in range(0, eye.shape[0], 16)])
     assert torch.equal(got, w.T.to(torch.bfloat16))
+
+
+def _cuobjdump() -> str | None:
+    import glob
+    import os
+
+    import triton
+
+    found = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
+                                   "bin", "cuobjdump"))
+    return found[0] if found else None
+
+
+@pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_build_compiles_and_defaults_do_not_spill(arch: str, tmp_path: Any,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA source compiles (NVRTC, no GPU needed) for every build the sweep and the
+    defaults use, on both layouts; the default builds keep everything in registers (no local
+    memory in ``cuobjdump``'s resource usage, when triton's copy of it is installed)."""
+    import subprocess
+
+    from kernelbay_quant_nvfp4.cuda_gemv import _source, build_options
+    from kernelbay_quant_nvfp4.triton_configs import CANDIDATES
+
+    monkeypatch.setenv("KERNELBAY_CACHE", str(tmp_path))
+    builds = {config_for_m(m, n, k, 132) for m in (1, 16) for n in (8192, 28672)
+              for k in (8192, 28672)}
+    sweep = {replace(c.gemv, nt=nt) for c in CANDIDATES if c.gemv is not None for nt in (1, 2)}
+    tool = _cuobjdump()
+    for build in sorted(builds | sweep, key=lambda b: b.name):
+        cubin = compile_cubin(_source(), "nvfp4_gemv", arch, build_options(build))
+        assert cubin[:4] == b"\x7fELF", build.name
+        if build in builds and tool is not None:
+            path = tmp_path / "k.cubin"
+            path.write_bytes(cubin)
+            usage = subprocess.run([tool, "-res-usage", str(path)], capture_output=True,
+                                   text=True, check=True).stdout
+            assert "STACK:0 " in usage and "LOCAL:0 " in usage, (build.name, usage)
+
+
+@pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
+def test_cubins_are_cached_and_compile_errors_carry_the_log(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second compile of the same source and options reads the cache (the file is there
+    and its bytes come back); a source that does not compile raises ``CudaJitError`` with
+    NVRTC's log, naming the program and the options, and leaves no file behind."""
+    import os
+
+    monkeypatch.setenv("KERNELBAY_CACHE", str(tmp_path))
+    src = 'extern "C" __global__ void k(float* p) { p[threadIdx.x] = 1.f; }'
+    first = compile_cubin(src, "probe", "sm_90")
+    cached = os.listdir(tmp_path / "cuda")
+    assert len(cached) == 1 and cached[0].startswith("probe-sm_90-")
+    (tmp_path / "cuda" / cached[0]).write_bytes(b"\x7fELF-marker")
+    assert compile_cubin(src, "probe", "sm_90") == b"\x7fELF-marker"
+    assert first[:4] == b"\x7fELF"
+    with pytest.raises(CudaJitError, match=r"could not compile broken for sm_90(.|\n)*undefined"):
+        compile_cubin('extern "C" __global__ void k() { undefined_name(); }', "broken", "sm_90")
+    assert len(os.listdir(tmp_path / "cuda")) == 1

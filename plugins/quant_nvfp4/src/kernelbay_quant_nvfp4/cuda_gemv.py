@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
     from kernelbay_quant_nvfp4.cuda_jit import Kernel
 
-__all__ = ["MAX_M", "GemvConfig", "config_for_m", "gemv_kernel", "gemv_unsupported",
+__all__ = ["MAX_M", "GemvConfig", "build_options", "config_for_m", "gemv_kernel",
+           "gemv_unsupported",
            "nvfp4_gemv_cuda", "shared_bytes"]
 
 #: Largest batch the kernel serves (two 8-token MMA tiles).
@@ -88,6 +89,13 @@ def _source() -> str:
     return (resources.files("kernelbay_quant_nvfp4") / "cuda" / "nvfp4_gemv.cu").read_text()
 
 
+def build_options(config: GemvConfig) -> list[str]:
+    """The NVRTC options (macros) of a build."""
+    return [f"-DTM={config.tm}", f"-DNT={config.nt}", f"-DWK={config.wk}",
+            f"-DSTAGES={config.stages}", f"-DMIN_BLOCKS={config.min_blocks}",
+            f"-DTILED={int(config.tiled)}", f"-DWN={config.wn}"]
+
+
 def gemv_kernel(config: GemvConfig, device: int) -> Kernel:
     """The compiled and loaded kernel of ``config`` for CUDA ``device`` (NVRTC, cached)."""
     import torch
@@ -97,10 +105,7 @@ def gemv_kernel(config: GemvConfig, device: int) -> Kernel:
     major, minor = torch.cuda.get_device_capability(device)
     if config.stages % 2 or config.stages < 2:
         raise ValueError(f"nvfp4 CUDA GEMV: stages={config.stages}; valid: an even number >= 2")
-    options = [f"-DTM={config.tm}", f"-DNT={config.nt}", f"-DWK={config.wk}",
-               f"-DSTAGES={config.stages}", f"-DMIN_BLOCKS={config.min_blocks}",
-               f"-DTILED={int(config.tiled)}", f"-DWN={config.wn}"]
-    cubin = compile_cubin(_source(), "nvfp4_gemv", f"sm_{major}{minor}", options)
+    cubin = compile_cubin(_source(), "nvfp4_gemv", f"sm_{major}{minor}", build_options(config))
     kernel = load_kernel(cubin, "nvfp4_gemv", device)
     kernel.set_max_dynamic_shared(shared_bytes(config))
     return kernel

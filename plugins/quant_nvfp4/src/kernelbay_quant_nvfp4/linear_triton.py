@@ -288,6 +288,33 @@ def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
+def kernel_plan(request: LinearRequest, device: DeviceCapability,
+                table: tuple[tuple[int, KernelConfig], ...] = DEFAULT_CONFIGS) -> str:
+    """Which kernel serves which batch size for this layer on ``device`` (a note for
+    ``explain --verbose``): the M table ``table_for`` gives the layer, and whether the CUDA
+    GEMV of its decode batches can be built here (CUDA cc >= 8.0, bf16 activations, NVRTC
+    found on this machine)."""
+    from kernelbay_quant_nvfp4.cuda_jit import find_nvrtc
+
+    rows = table_for(request.out_features, request.in_features, table)
+    parts = []
+    for largest, config in rows:
+        text = config.name
+        if config.path in ("cuda", "cuda-tiles"):
+            why = ("" if device.platform == "cuda" and device.cc_at_least(8, 0) else
+                   f"not on {device.platform} {device.arch}")
+            if not why and request.activation_dtype != "bfloat16":
+                why = f"{request.activation_dtype} activations"
+            if not why and find_nvrtc() is None:
+                why = "no NVRTC on this machine"
+            fallback = CUDA_FALLBACK[layout_of(config)].name
+            text = (f"CUDA GEMV ({config.name}, NVRTC)" if not why
+                    else f"{fallback} (the CUDA GEMV: {why})")
+        bound = "larger M" if largest >= 1 << 62 else f"M <= {largest}"
+        parts.append(f"{bound}: {text}")
+    return f"kernels by batch ({table_layout(rows)} layout): " + ", ".join(parts)
+
+
 class Nvfp4TritonLinear(LinearMethod):
     """Weight-only NVFP4 on GPUs through Triton: packed E2M1 and E4M3 block scales decoded in
     registers, bf16/fp16 tensor-core dots; split-K for decode batches."""
@@ -313,10 +340,13 @@ class Nvfp4TritonLinear(LinearMethod):
                           f"request has {request.activation_dtype!r}"),
             k_in_blocks(request),
         )
-        if verdict.accepted and s.activation is not None:
-            return Verdict.accept("weight-only: the checkpoint's input_scale is not used "
-                                  "(activations stay in their dtype)")
-        return verdict
+        if not verdict.accepted:
+            return verdict
+        notes = [kernel_plan(request, device, cls.configs)]
+        if s.activation is not None:
+            notes.append("weight-only: the checkpoint's input_scale is not used (activations "
+                         "stay in their dtype)")
+        return Verdict.accept(*notes)
 
     def table(self) -> tuple[tuple[int, KernelConfig], ...]:
         """The M table this layer runs (``table_for`` its input features)."""
