@@ -189,3 +189,26 @@ def test_cubins_are_cached_and_compile_errors_carry_the_log(
     with pytest.raises(CudaJitError, match=r"could not compile broken for sm_90(.|\n)*undefined"):
         compile_cubin('extern "C" __global__ void k() { undefined_name(); }', "broken", "sm_90")
     assert len(os.listdir(tmp_path / "cuda")) == 1
+
+
+def test_a_build_failure_falls_back_to_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the GEMV does not build or load (an architecture NVRTC does not know, a driver
+    older than the cubin), the call warns once, returns nothing for the caller to fall back
+    on, and the device is marked so that later calls skip the GEMV with that reason."""
+    from kernelbay_quant_nvfp4 import cuda_gemv, linear_triton
+    from kernelbay_quant_nvfp4.triton_configs import DEFAULT_CONFIGS
+
+    def failing(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise CudaJitError("NVRTC could not compile nvfp4_gemv for sm_99: unknown arch")
+
+    monkeypatch.setattr(cuda_gemv, "_BROKEN", {})
+    monkeypatch.setattr(linear_triton, "cuda_gemv_reason", lambda *a: None)
+    monkeypatch.setattr(cuda_gemv, "nvfp4_gemv_cuda", failing)
+    tensors = nvfp4_weights(32, 256, torch.Generator().manual_seed(5))
+    words, codes = _stored(tensors)
+    x = torch.randn(2, 256).bfloat16()
+    with pytest.warns(RuntimeWarning, match="CUDA GEMV is off on cuda:0.*sm_99"):
+        got = linear_triton._run_cuda(DEFAULT_CONFIGS[0][1], x, words, codes,
+                                      tensors["weight_scale_2"], None)
+    assert got is None
+    assert "unknown arch" in str(cuda_gemv.broken_reason(0))

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
     from kernelbay_quant_nvfp4.cuda_jit import Kernel
 
-__all__ = ["MAX_M", "GemvConfig", "build_options", "config_for_m", "gemv_kernel",
-           "gemv_unsupported",
+__all__ = ["MAX_M", "GemvConfig", "broken_reason", "build_options", "config_for_m",
+           "gemv_kernel", "gemv_unsupported", "mark_broken",
            "nvfp4_gemv_cuda", "shared_bytes"]
 
 #: Largest batch the kernel serves (two 8-token MMA tiles).
@@ -111,6 +111,21 @@ def gemv_kernel(config: GemvConfig, device: int) -> Kernel:
     return kernel
 
 
+#: Devices where building or loading the kernel failed, with the error (``mark_broken``).
+_BROKEN: dict[int, str] = {}
+
+
+def mark_broken(device: int, reason: str) -> None:
+    """Stop using the kernel on CUDA ``device`` for the rest of the process (its build or
+    load failed: an architecture NVRTC does not know, a driver older than the cubin)."""
+    _BROKEN[device] = reason
+
+
+def broken_reason(device: int) -> str | None:
+    """Why the kernel is off on ``device`` (``mark_broken``), or ``None``."""
+    return _BROKEN.get(device)
+
+
 def gemv_unsupported(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
                      tiled: bool = True) -> str | None:
     """Why these operands cannot run the kernel (``None`` when they can): bf16 activations
@@ -124,6 +139,9 @@ def gemv_unsupported(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
         return f"needs a CUDA device, activations are on {x2.device}"
     if torch.cuda.get_device_capability(x2.device)[0] < 8:
         return "needs compute capability >= 8.0 for bf16 mma.sync"
+    broken = broken_reason(x2.device.index or 0)
+    if broken is not None:
+        return f"did not build or load on this device: {broken}"
     if x2.dtype != torch.bfloat16:
         return f"needs bfloat16 activations, got {x2.dtype}"
     if m > MAX_M:

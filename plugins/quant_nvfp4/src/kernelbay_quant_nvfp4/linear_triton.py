@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar, cast
 
@@ -271,20 +272,31 @@ def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
 
     import torch
 
-    from kernelbay_quant_nvfp4.cuda_gemv import config_for_m, nvfp4_gemv_cuda
+    from kernelbay_quant_nvfp4.cuda_gemv import config_for_m, mark_broken, nvfp4_gemv_cuda
+    from kernelbay_quant_nvfp4.cuda_jit import CudaJitError
 
     rows = min(x2.shape[0], 16)
     tiled = config.path == "cuda-tiles"
     if cuda_gemv_reason(x2[:rows], words, codes, tiled) is not None:
         return None
     outs = []
-    for start in range(0, x2.shape[0], rows):
-        part = x2[start:start + rows]
-        m = part.shape[0]
-        n = words.shape[0] * (16 if tiled else 1)
-        build = config.gemv or config_for_m(m, n, x2.shape[1], _sm_count(x2.device.index or 0))
-        build = replace(build, nt=1 if m <= 8 else 2, tiled=tiled)
-        outs.append(nvfp4_gemv_cuda(part, words, codes, global_scale, bias, build))
+    try:
+        for start in range(0, x2.shape[0], rows):
+            part = x2[start:start + rows]
+            m = part.shape[0]
+            n = words.shape[0] * (16 if tiled else 1)
+            sms = _sm_count(x2.device.index or 0) if x2.is_cuda else 132
+            build = config.gemv or config_for_m(m, n, x2.shape[1], sms)
+            build = replace(build, nt=1 if m <= 8 else 2, tiled=tiled)
+            outs.append(nvfp4_gemv_cuda(part, words, codes, global_scale, bias, build))
+    except CudaJitError as exc:
+        # A build or load failure turns the GEMV off on this device for good (one warning),
+        # and this call runs the Triton kernel on the same stored weight.
+        device = x2.device.index or 0
+        mark_broken(device, str(exc).splitlines()[0])
+        warnings.warn(f"nvfp4-triton: the CUDA GEMV is off on cuda:{device} ({exc}); the Triton "
+                      "kernel serves its batch sizes", RuntimeWarning, stacklevel=2)
+        return None
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 

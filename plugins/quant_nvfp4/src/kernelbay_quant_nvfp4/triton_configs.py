@@ -4,15 +4,25 @@ Reasoning for the H200 defaults (132 SMs, 4.8 TB/s, 50 MB L2); ``bench/nvfp4/run
 --configs all`` (or name prefixes) times entries of ``CANDIDATES`` per shape so one GPU run
 can retune:
 
-* The default path (``fragment``, ``pf-*``) is the kernel of ``triton_halfword`` computing
+* Decode batches (M <= 8, bf16, CUDA) run the CUDA GEMV of ``cuda_gemv`` on the ``tiles``
+  layout (``ct-*``; built by NVRTC; ``CUDA_FALLBACK`` where it cannot run): 2.3-3.1x bf16 on
+  the H200 against 1.8-2.4x for the Triton kernel below (``bench/results/
+  nvfp4-sweep-cuda-h200.md``). The tiles layout (each 16-row tile's 128-element chunks
+  contiguous) is what made it fast: on the row-major fragment layout the same kernel streamed
+  2.2-2.6 TB/s, on tiles 3.2-3.6.
+* Every other row of the default table is the kernel of ``triton_halfword`` computing
   the product transposed on fragment-order words with scale codes (``linear_triton.
-  layout_tensors``): the decoded weight is the register operand of the sm_90 wgmma, so no
+  layout_tensors``), reading them in the tiles layout (``pt-*``; as fast as on the fragment
+  layout, ``pf-*``, at M = 16 and 3-17% faster at M = 64 and 256:
+  ``bench/results/nvfp4-sweep-tiles-h200.md``): the decoded weight is the register operand
+  of the sm_90 wgmma, so no
   activation fragments are assembled in registers and no decoded tile passes through shared
   memory; a block scale costs one byte extract and one multiply-add per thread. sm_90 SASS of
   the K loop (triton 3.9, pointers/strides specialized): 3.6 instructions per element for
   ``pf-16x64x256-p3`` against 4.6 for the repacked K-order ``pr-16x64x256-p3`` and 4.6-6.2 for
   the checkpoint-layout decodes (halfwords, ``hw-*``; words, ``pw-*``), which stay in the
-  sweep. The fragment order needs K a multiple of 32; other layers run ``K_ORDER_CONFIGS``.
+  sweep. The tiles layout needs N a multiple of 16 and K of 128 (else ``FRAGMENT_CONFIGS``),
+  the fragment order K a multiple of 32 (else ``K_ORDER_CONFIGS``).
 * Earlier fused kernels (per-element fp32 / fp16 decodes, int32 words of 8 nibbles decoded
   in PTX, activations prepared once per call with the operands swapped, split sums in the
   kernel) were measured in the first three H200 sweeps, lost, and were removed.
@@ -43,9 +53,11 @@ class KernelConfig:
     kernel on the word layout of ``kernelbay.formats.e2m1_words``,
     ``triton_halfword.decode_words``), ``fused`` (the
     halfword kernel on the checkpoint layout: decode in registers), ``pairs`` (the same
-    kernel reading 32-bit words, ``triton_halfword.decode_words``) or ``dequant`` (Triton
-    dequantize into a temporary, then ``F.linear``). ``split_k`` 0 means "choose by
-    ``split_k_for``"."""
+    kernel reading 32-bit words, ``triton_halfword.decode_words``), ``fragment`` / ``tiles``
+    (the transposed product on fragment-order words with scale codes, in the fragment or the
+    tiles layout), ``cuda`` / ``cuda-tiles`` (the CUDA GEMV of ``cuda_gemv`` on either layout,
+    build ``gemv``) or ``dequant`` (Triton dequantize into a temporary, then ``F.linear``).
+    ``split_k`` 0 means "choose by ``split_k_for``"."""
 
     name: str
     path: str = "fused"
