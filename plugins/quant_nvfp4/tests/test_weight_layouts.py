@@ -135,3 +135,33 @@ def test_tiles_layout_round_trips_and_rejects_partial_tiles() -> None:
     assert torch.equal(dequantize_nvfp4(p, s, g), dequantize_nvfp4(packed[0], scales[0], g))
     with pytest.raises(ValueError, match=r"N a multiple of 16 and K of 128.*\(40, 12, 4\)"):
         tiles_of_fragment(*layout_tensors(packed[0, :40], scales[0, :40], "fragment"))
+
+
+def test_explain_note_names_the_kernel_per_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``nvfp4-triton``'s accept note lists the kernels by batch size for the layer's table,
+    with the CUDA GEMV only where it can be built and the reason it cannot otherwise."""
+    from kernelbay.device import parse_device
+    from kernelbay.requests import LinearRequest
+    from kernelbay_quant_nvfp4 import cuda_jit
+    from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear
+    from kernelbay_quant_nvfp4.schemes import nvfp4_scheme
+
+    scheme = nvfp4_scheme("modelopt", w4a4=False)
+    hopper = parse_device("sm_90")
+
+    def note(n: int, k: int, dtype: str = "bfloat16", device: str = "sm_90") -> str:
+        verdict = Nvfp4TritonLinear.can_implement(LinearRequest(k, n, scheme, dtype),
+                                                  parse_device(device) if device else hopper)
+        assert verdict.accepted
+        return verdict.notes[0]
+
+    monkeypatch.setattr(cuda_jit, "find_nvrtc", lambda: "/lib/libnvrtc.so")
+    assert note(4096, 4096) == ("kernels by batch (tiles layout): M <= 8: CUDA GEMV "
+                                "(ct-default, NVRTC), M <= 16: pt-16x64x256-p3, M <= 64: "
+                                "pt-64x128x128-w8, larger M: pt-128x128x128-w8")
+    assert "M <= 8: pt-16x64x256-p3 (the CUDA GEMV: float16 activations)" in \
+        note(4096, 4096, "float16")
+    assert "(the CUDA GEMV: not on rocm gfx942)" in note(4096, 4096, device="gfx942")
+    assert note(4104, 4096).startswith("kernels by batch (fragment layout): M <= 16: pf-")
+    monkeypatch.setattr(cuda_jit, "find_nvrtc", lambda: None)
+    assert "(the CUDA GEMV: no NVRTC on this machine)" in note(4096, 4096)

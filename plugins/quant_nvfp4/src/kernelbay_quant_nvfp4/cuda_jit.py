@@ -13,6 +13,7 @@ written to a temporary file and renamed, so concurrent processes never read half
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import glob
@@ -20,7 +21,7 @@ import hashlib
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,18 +149,33 @@ def _cu_check(lib: ctypes.CDLL, result: int, what: str) -> None:
                            f"{(text.value or b'unknown error').decode()} ({result})")
 
 
-def _context(device: int) -> ctypes.c_void_p:
-    """Make the device's primary context (torch's) current on this thread; return it."""
+def _primary_context(device: int) -> ctypes.c_void_p:
+    """The device's primary context (the one torch's runtime calls use)."""
     lib = _cuda()
     dev = ctypes.c_int()
     _cu_check(lib, lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
     ctx = ctypes.c_void_p()
     _cu_check(lib, lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "primary context")
+    return ctx
+
+
+@contextlib.contextmanager
+def _current(ctx: ctypes.c_void_p) -> Iterator[None]:
+    """``ctx`` current on this thread for the block; the thread's own context is restored
+    after (pushed and popped only when it differs, so torch never finds another device's
+    context left current)."""
+    lib = _cuda()
     current = ctypes.c_void_p()
     _cu_check(lib, lib.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
-    if current.value != ctx.value:
-        _cu_check(lib, lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-    return ctx
+    if current.value == ctx.value:
+        yield
+        return
+    _cu_check(lib, lib.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
+    try:
+        yield
+    finally:
+        popped = ctypes.c_void_p()
+        lib.cuCtxPopCurrent(ctypes.byref(popped))
 
 
 #: CUfunction attributes read by ``Kernel.attribute``.
@@ -190,8 +206,9 @@ class Kernel:
         function must opt in)."""
         if size > 48 * 1024 and size > self._shared_limit:
             lib = _cuda()
-            _cu_check(lib, lib.cuFuncSetAttribute(self.function, 8, size),
-                      f"dynamic shared memory of {size} bytes")
+            with _current(self.context):
+                _cu_check(lib, lib.cuFuncSetAttribute(self.function, 8, size),
+                          f"dynamic shared memory of {size} bytes")
             self._shared_limit = size
 
     def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int],
@@ -199,15 +216,12 @@ class Kernel:
         """Launch with ``args`` as ctypes values (``ctypes.c_void_p`` for pointers) on the
         CUDA stream handle ``stream`` (``torch.cuda.current_stream().cuda_stream``)."""
         lib = _cuda()
-        current = ctypes.c_void_p()
-        lib.cuCtxGetCurrent(ctypes.byref(current))
-        if current.value != self.context.value:
-            _cu_check(lib, lib.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
         params = (ctypes.c_void_p * len(args))(
             *[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
-        _cu_check(lib, lib.cuLaunchKernel(self.function, *grid, *block, shared_bytes,
-                                          ctypes.c_void_p(stream), params, None),
-                  "cuLaunchKernel")
+        with _current(self.context):
+            _cu_check(lib, lib.cuLaunchKernel(self.function, *grid, *block, shared_bytes,
+                                              ctypes.c_void_p(stream), params, None),
+                      "cuLaunchKernel")
 
 
 _LOADED: dict[tuple[int, bytes, str], Kernel] = {}
@@ -221,12 +235,13 @@ def load_kernel(cubin: bytes, name: str, device: int) -> Kernel:
     with _LOCK:
         if key not in _LOADED:
             lib = _cuda()
-            ctx = _context(device)
+            ctx = _primary_context(device)
             module = ctypes.c_void_p()
-            _cu_check(lib, lib.cuModuleLoadData(ctypes.byref(module), cubin),
-                      f"loading the cubin of {name}")
             function = ctypes.c_void_p()
-            _cu_check(lib, lib.cuModuleGetFunction(ctypes.byref(function), module,
-                                                   name.encode()), f"finding {name}")
+            with _current(ctx):
+                _cu_check(lib, lib.cuModuleLoadData(ctypes.byref(module), cubin),
+                          f"loading the cubin of {name}")
+                _cu_check(lib, lib.cuModuleGetFunction(ctypes.byref(function), module,
+                                                       name.encode()), f"finding {name}")
             _LOADED[key] = Kernel(device, module, function, ctx)
         return _LOADED[key]
