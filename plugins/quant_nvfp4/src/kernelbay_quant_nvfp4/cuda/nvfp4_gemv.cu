@@ -1,24 +1,28 @@
 // NVFP4 weight-only GEMV for M <= 16 (bf16 activations), sm_80+: y[M, N] = x[M, K] W^T.
 //
-// Compiled at run time by NVRTC (cuda_jit.py) with TM, NT, WK, STAGES and MIN_BLOCKS
-// defined by the host. It reads the weight exactly as the Triton fragment kernels store it
-// (linear_triton.layout_tensors "fragment"): int32 words [N, K/32, 4] whose word c of a
-// 32-element group holds elements 2c, 2c+1, 2c+8, 2c+9 and the same plus 16 (as bf16 lanes
-// after repacked_lanes), and uint8 scale codes [N, K/16] whose bf16 multiplier pair is
-// code * 0x100010 + 0x76007600 (scale_codes.py; signs and zeros are folded into the words).
+// Compiled at run time by NVRTC (cuda_jit.py, cuda_gemv.build_options) with TM, NT, WN, WK,
+// STAGES, MIN_BLOCKS and TILED defined by the host. It reads the weight as the Triton
+// kernels store it: the fragment-order words of linear_triton.layout_tensors (word c of a
+// 32-element group holds elements 2c, 2c+1, 2c+8, 2c+9 and the same plus 16, as bf16 lanes
+// after repacked_lanes) and the uint8 scale codes whose bf16 multiplier pair is
+// code * 0x100010 + 0x76007600 (scale_codes.py; signs and zeros are folded into the words),
+// either in the "tiles" layout (TILED, the default: [N/16, K/128, 256] words and
+// [N/16, K/128, 128] codes, each 16-row tile's 128-element chunks contiguous) or in the
+// row-major "fragment" layout ([N, K/32, 4] and [N, K/16]).
 //
-// One CTA owns TM tiles of 16 weight rows and splits K between its WK warps; a warp runs
-// mma.sync m16n8k16 with the decoded weight as A (16 rows x 16 k) and the activations as
-// B (16 k x 8 tokens), NT tiles of 8 tokens. The K index inside a 128-element chunk is
-// permuted identically for A and B (a dot product does not care about the order): the lane
-// of group c = lane % 4 takes the whole 32-element group 4j + c of chunk j, so it loads
-// its weight as one 16-byte vector per row, its activations as four 16-byte vectors, and
-// needs two block scales per row and chunk. Step s = 2c' + h of the chunk feeds register
-// pair (2h, 2h + 1) of word c' as fragment registers (a0, a2) -- actual k offsets
-// 16h + 2c' + {0, 1} and 16h + 8 + 2c' + {0, 1} of the group -- and the matching pairs of
-// the activation row as (b0, b1).
+// One CTA owns WN x TM tiles of 16 weight rows and splits K between WK warps per row block;
+// a warp runs mma.sync m16n8k16 with the decoded weight as A (16 rows x 16 k) and the
+// activations as B (16 k x 8 tokens), NT tiles of 8 tokens. The K index inside a
+// 128-element chunk is permuted identically for A and B (a dot product does not care about
+// the order): the lane of group c = lane % 4 takes the whole 32-element group 4j + c of
+// chunk j, so it loads its weight as one 16-byte vector per row, its activations as four
+// 16-byte vectors, and needs two block scales per row and chunk. Step s = 2c' + h of the
+// chunk feeds register pair (2h, 2h + 1) of word c' as fragment registers (a0, a2) --
+// actual k offsets 16h + 2c' + {0, 1} and 16h + 8 + 2c' + {0, 1} of the group -- and the
+// matching pairs of the activation row as (b0, b1). The weight and its codes go through
+// shared memory by cp.async, STAGES - 1 chunks ahead, each lane into its own slots.
 //
-// The WK partial sums of a tile are added in warp order through shared memory (the result
+// The WK partial sums of a row block are added in K order through shared memory (the result
 // does not depend on scheduling), times weight_scale_2 * 2^8 (the decoded lanes are
 // e2m1 * S * 2^-8), plus the bias, rounded once to bf16.
 
