@@ -212,3 +212,17 @@ def test_a_build_failure_falls_back_to_triton(monkeypatch: pytest.MonkeyPatch) -
                                       tensors["weight_scale_2"], None)
     assert got is None
     assert "unknown arch" in str(cuda_gemv.broken_reason(0))
+
+
+@pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
+def test_an_unwritable_cache_warns_and_still_compiles(tmp_path: Any,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache folder that cannot be created costs a compile per process and a warning naming
+    the folder, never the kernel."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("KERNELBAY_CACHE", str(blocker))
+    src = 'extern "C" __global__ void k(float* p) { p[threadIdx.x] = 2.f; }'
+    with pytest.warns(RuntimeWarning, match="could not cache probe's cubin in .*file"):
+        cubin = compile_cubin(src, "probe", "sm_90")
+    assert cubin[:4] == b"\x7fELF"

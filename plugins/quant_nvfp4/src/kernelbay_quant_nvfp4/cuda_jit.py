@@ -21,6 +21,7 @@ import hashlib
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -126,11 +127,17 @@ def compile_cubin(source: str, name: str, arch: str, options: Sequence[str] = ()
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
     data = cubin.raw
-    os.makedirs(cache_dir(), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        os.makedirs(cache_dir(), exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:  # a read-only or full cache costs a compile per process, no more
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        warnings.warn(f"kernelbay: could not cache {name}'s cubin in {cache_dir()} ({exc}); "
+                      "set KERNELBAY_CACHE to a writable folder", RuntimeWarning, stacklevel=2)
     return data
 
 
