@@ -96,8 +96,10 @@ def build_options(config: GemvConfig) -> list[str]:
             f"-DTILED={int(config.tiled)}", f"-DWN={config.wn}"]
 
 
+@functools.cache
 def gemv_kernel(config: GemvConfig, device: int) -> Kernel:
-    """The compiled and loaded kernel of ``config`` for CUDA ``device`` (NVRTC, cached)."""
+    """The compiled and loaded kernel of ``config`` for CUDA ``device`` (NVRTC, cached on
+    disk; memoized per process, so a launch does not touch the disk cache again)."""
     import torch
 
     from kernelbay_quant_nvfp4.cuda_jit import compile_cubin, load_kernel
