@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from kernelbay.formats import checkpoint_layout, dequantize_nvfp4
@@ -165,3 +169,23 @@ def test_explain_note_names_the_kernel_per_batch(monkeypatch: pytest.MonkeyPatch
     assert note(4104, 4096).startswith("kernels by batch (fragment layout): M <= 16: pf-")
     monkeypatch.setattr(cuda_jit, "find_nvrtc", lambda: None)
     assert "(the CUDA GEMV: no NVRTC on this machine)" in note(4096, 4096)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc/self/maps")
+def test_planning_does_not_load_nvrtc() -> None:
+    """Asking ``nvfp4-triton`` about a layer looks NVRTC up on disk and never loads it (nor
+    the driver): planning stays light whatever the machine has."""
+    code = """
+import sys
+from kernelbay.device import parse_device
+from kernelbay.requests import LinearRequest
+from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear
+from kernelbay_quant_nvfp4.schemes import nvfp4_scheme
+v = Nvfp4TritonLinear.can_implement(
+    LinearRequest(4096, 4096, nvfp4_scheme("modelopt", w4a4=False), "bfloat16"),
+    parse_device("sm_90"))
+assert v.accepted, v
+maps = open("/proc/self/maps").read()
+sys.exit(1 if ("libnvrtc" in maps or "libcuda" in maps) else 0)
+"""
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import ctypes.util
 import functools
 import glob
 import hashlib
@@ -55,18 +56,16 @@ def _nvrtc_candidates() -> list[str]:
 
 @functools.cache
 def find_nvrtc() -> str | None:
-    """The path of a loadable ``libnvrtc`` (``None`` when there is none)."""
-    for path in _nvrtc_candidates():
-        try:
-            ctypes.CDLL(path)
-        except OSError:
-            continue
-        return path
-    return None
+    """The path of ``libnvrtc`` (``None`` when there is none), looked up on disk and not
+    loaded: planning asks this, and a 100 MB library has no business loading then."""
+    for path in _nvrtc_candidates()[:-1]:
+        if os.path.exists(path):
+            return path
+    return ctypes.util.find_library("nvrtc")
 
 
 def nvrtc_available() -> bool:
-    """Whether NVRTC can be loaded (looked up, nothing compiled)."""
+    """Whether NVRTC is installed (looked up, not loaded, nothing compiled)."""
     return find_nvrtc() is not None
 
 
@@ -77,7 +76,10 @@ def _nvrtc() -> ctypes.CDLL:
         raise CudaJitError("NVRTC not found: install a CUDA build of torch (it brings the "
                            "nvidia-cuda-nvrtc wheel) or a CUDA toolkit; searched "
                            f"{_nvrtc_candidates()}")
-    lib = ctypes.CDLL(path)
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as exc:
+        raise CudaJitError(f"NVRTC at {path} does not load: {exc}") from exc
     lib.nvrtcGetErrorString.restype = ctypes.c_char_p
     return lib
 
