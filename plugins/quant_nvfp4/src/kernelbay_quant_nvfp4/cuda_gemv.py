@@ -1,9 +1,10 @@
 """The NVFP4 GEMV of ``cuda/nvfp4_gemv.cu`` for M <= 16 on CUDA GPUs (sm_80+, bf16
 activations), compiled at run time by NVRTC (``cuda_jit``).
 
-It reads the weight in the Triton kernels' ``fragment`` layout (fragment-order words and
-scale codes, ``linear_triton.layout_tensors``), so a layer stores one copy of its weight and
-larger batches go to the Triton kernels. Why it is faster than the Triton split-K kernel at
+It reads the weight as the Triton kernels store it (fragment-order words and scale codes,
+``linear_triton.layout_tensors``; the ``tiles`` layout by default, the row-major
+``fragment`` layout too), so a layer stores one copy of its weight and larger batches go to
+the Triton kernels. Why it is faster than the Triton split-K kernel at
 decode batch sizes (the source explains the details): the K order inside a 128-element chunk
 is permuted identically for weight and activations, so each lane decodes a whole 32-element
 group (one 16-byte load, two block scales per row and chunk instead of eight) and loads its
@@ -27,8 +28,8 @@ if TYPE_CHECKING:
     from kernelbay_quant_nvfp4.cuda_jit import Kernel
 
 __all__ = ["MAX_M", "GemvConfig", "broken_reason", "build_options", "config_for_m",
-           "gemv_kernel", "gemv_unsupported", "mark_broken",
-           "nvfp4_gemv_cuda", "shared_bytes"]
+           "gemv_kernel", "gemv_unsupported", "launch_gemv", "mark_broken",
+           "nvfp4_gemv_cuda", "shared_bytes", "stored_rows"]
 
 #: Largest batch the kernel serves (two 8-token MMA tiles).
 MAX_M = 16
@@ -58,6 +59,11 @@ class GemvConfig:
         kind = "ct" if self.tiled else "cu"
         return (f"{kind}-t{self.tm}n{self.nt}w{self.wn}x{self.wk}s{self.stages}"
                 f"b{self.min_blocks}")
+
+
+def stored_rows(words: torch.Tensor, tiled: bool) -> int:
+    """N of a stored weight: the ``tiles`` layout's first dimension counts 16-row tiles."""
+    return words.shape[0] * (16 if tiled else 1)
 
 
 def shared_bytes(config: GemvConfig) -> int:
@@ -169,14 +175,22 @@ def nvfp4_gemv_cuda(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
                     config: GemvConfig | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(words, codes, global_scale)^T (+ bias)`` -> bf16 [M, N] for
     M <= 16 (``gemv_unsupported`` says what else it needs; ``ValueError`` with that reason)."""
-    import torch
-
-    config = config or config_for_m(x2.shape[0], words.shape[0] * 16, x2.shape[1])
+    config = config or config_for_m(x2.shape[0], stored_rows(words, True), x2.shape[1])
     reason = gemv_unsupported(x2, words, codes, config.tiled)
     if reason is not None:
         raise ValueError(f"nvfp4 CUDA GEMV: {reason}")
+    return launch_gemv(x2, words, codes, global_scale, bias, config)
+
+
+def launch_gemv(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
+                global_scale: torch.Tensor, bias: torch.Tensor | None,
+                config: GemvConfig) -> torch.Tensor:
+    """``nvfp4_gemv_cuda`` for operands already checked by ``gemv_unsupported`` (the
+    method's hot path checks once per call, not once per launch)."""
+    import torch
+
     m, k = x2.shape
-    n = words.shape[0] * (16 if config.tiled else 1)
+    n = stored_rows(words, config.tiled)
     out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     if m == 0 or n == 0:
         return out

@@ -51,14 +51,14 @@ def _nvrtc_candidates() -> list[str]:
     found += sorted(glob.glob(os.path.join(home, "lib64", "libnvrtc.so*")))
     # the builtins library and the alternative ABI build are not the compiler's entry points
     return [p for p in found if "builtins" not in os.path.basename(p)
-            and ".alt." not in os.path.basename(p)] + ["libnvrtc.so"]
+            and ".alt." not in os.path.basename(p)]
 
 
 @functools.cache
 def find_nvrtc() -> str | None:
     """The path of ``libnvrtc`` (``None`` when there is none), looked up on disk and not
     loaded: planning asks this, and a 100 MB library has no business loading then."""
-    for path in _nvrtc_candidates()[:-1]:
+    for path in _nvrtc_candidates():
         if os.path.exists(path):
             return path
     return ctypes.util.find_library("nvrtc")
@@ -74,8 +74,8 @@ def _nvrtc() -> ctypes.CDLL:
     path = find_nvrtc()
     if path is None:
         raise CudaJitError("NVRTC not found: install a CUDA build of torch (it brings the "
-                           "nvidia-cuda-nvrtc wheel) or a CUDA toolkit; searched "
-                           f"{_nvrtc_candidates()}")
+                           "nvidia-cuda-nvrtc wheel) or a CUDA toolkit; searched nvidia/ "
+                           "under sys.path, $CUDA_HOME/lib64 and the system's libraries")
     try:
         lib = ctypes.CDLL(path)
     except OSError as exc:
@@ -90,6 +90,7 @@ def _nvrtc_check(result: int, what: str) -> None:
         raise CudaJitError(f"NVRTC {what} failed: {text} ({result})")
 
 
+@functools.cache
 def nvrtc_version() -> tuple[int, int]:
     """NVRTC's (major, minor)."""
     major, minor = ctypes.c_int(), ctypes.c_int()

@@ -23,6 +23,7 @@ from kernelbay.layers.linear import LinearMethod, TensorSpec
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
+from kernelbay_quant_nvfp4.cuda_gemv import stored_rows
 from kernelbay_quant_nvfp4.schemes import (
     NVFP4_BLOCK,
     W4A4_ACTIVATION,
@@ -205,11 +206,6 @@ def checkpoint_tensors(weight: torch.Tensor, scales: torch.Tensor
     return checkpoint_layout(weight), scales
 
 
-def _rows(weight: torch.Tensor, config: KernelConfig) -> int:
-    """N of a stored weight (the tiles layout's first dimension counts 16-row tiles)."""
-    return weight.shape[0] * (16 if layout_of(config) == "tiles" else 1)
-
-
 def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
                scales: torch.Tensor, global_scale: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
@@ -244,7 +240,9 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
     sms = _sm_count(x2.device.index or 0) if x2.is_cuda else 4
     return nvfp4_linear_hw(x2, packed, scales, global_scale, bias, block_m=config.block_m,
                            block_n=config.block_n, block_k=config.block_k,
-                           split_k=split_k_for(config, m, _rows(packed, config), k, sms),
+                           split_k=split_k_for(config, m,
+                                               stored_rows(packed, layout_of(config) == "tiles"),
+                                               k, sms),
                            num_warps=config.num_warps, num_stages=config.num_stages,
                            pairs=config.path == "pairs", repacked=config.path == "repacked",
                            fragment=config.path == "fragment", tiled=config.path == "tiles")
@@ -272,23 +270,22 @@ def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
 
     import torch
 
-    from kernelbay_quant_nvfp4.cuda_gemv import config_for_m, mark_broken, nvfp4_gemv_cuda
+    from kernelbay_quant_nvfp4.cuda_gemv import config_for_m, launch_gemv, mark_broken
     from kernelbay_quant_nvfp4.cuda_jit import CudaJitError
 
     rows = min(x2.shape[0], 16)
     tiled = config.path == "cuda-tiles"
     if cuda_gemv_reason(x2[:rows], words, codes, tiled) is not None:
         return None
+    sms = _sm_count(x2.device.index or 0) if x2.is_cuda else 132
+    build = config.gemv or config_for_m(rows, stored_rows(words, tiled), x2.shape[1], sms)
     outs = []
     try:
         for start in range(0, x2.shape[0], rows):
             part = x2[start:start + rows]
-            m = part.shape[0]
-            n = words.shape[0] * (16 if tiled else 1)
-            sms = _sm_count(x2.device.index or 0) if x2.is_cuda else 132
-            build = config.gemv or config_for_m(m, n, x2.shape[1], sms)
-            build = replace(build, nt=1 if m <= 8 else 2, tiled=tiled)
-            outs.append(nvfp4_gemv_cuda(part, words, codes, global_scale, bias, build))
+            nt = 1 if part.shape[0] <= 8 else 2
+            outs.append(launch_gemv(part, words, codes, global_scale, bias,
+                                    replace(build, nt=nt, tiled=tiled)))
     except CudaJitError as exc:
         # A build or load failure turns the GEMV off on this device for good (one warning),
         # and this call runs the Triton kernel on the same stored weight.

@@ -92,7 +92,7 @@ FRAGMENT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
 
 #: The default table, on the tiles layout (N a multiple of 16, K of 128; other layers run
 #: ``FRAGMENT_CONFIGS`` or ``K_ORDER_CONFIGS``, ``table_for``): the CUDA GEMV for decode
-#: batches (``cuda_gemv``; where it cannot run, ``run_config`` takes ``TILES_FALLBACK``), the
+#: batches (``cuda_gemv``; where it cannot run, ``run_config`` takes ``CUDA_FALLBACK``), the
 #: fragment kernels reading the tiles layout above.
 DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
     (8, KernelConfig("ct-default", "cuda-tiles")),
@@ -102,11 +102,9 @@ DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
 )
 
 #: What a CUDA GEMV config runs where the GEMV cannot (no NVRTC, fp16 activations, ROCm, a
-#: CPU under the interpreter), by the layout it reads.
-CUDA_FALLBACK = {
-    "tiles": KernelConfig("pt-16x64x256-p3", "tiles", 16, 64, 256, 0, 4, 3, per_sm=7),
-    "fragment": KernelConfig("pf-16x64x256-p3", "fragment", 16, 64, 256, 0, 4, 3, per_sm=7),
-}
+#: CPU under the interpreter), by the layout it reads: the Triton row for M <= 16 of that
+#: layout's table.
+CUDA_FALLBACK = {"tiles": DEFAULT_CONFIGS[1][1], "fragment": FRAGMENT_CONFIGS[0][1]}
 
 #: The table for K not a multiple of 32 (the fragment order groups 32 elements): the
 #: repacked K-order kernels, the defaults before the fragment order (from
@@ -163,6 +161,14 @@ def _hw(name: str, block_m: int, block_n: int, block_k: int, warps: int, stages:
     return KernelConfig(name, "fused", block_m, block_n, block_k, split_k, warps, stages)
 
 
+def _cuda(tm: int, wk: int, stages: int, min_blocks: int, tiled: bool, wn: int
+          ) -> KernelConfig:
+    """A CUDA GEMV candidate (its token tiles follow M, so the name leaves them out)."""
+    kind, path = ("ct", "cuda-tiles") if tiled else ("cu", "cuda")
+    return KernelConfig(f"{kind}-t{tm}w{wn}x{wk}s{stages}b{min_blocks}", path,
+                        gemv=GemvConfig(tm, 1, wk, stages, min_blocks, tiled, wn))
+
+
 #: Alternatives the benchmark tries per shape (``--configs all``); BLOCK_M is lowered to
 #: cover M where a config's is larger than needed. The halfword kernels of the third H200
 #: sweep (16-row tiles with K tiles of 256/512 for M <= 16, 64- and 128-row tiles above) and
@@ -196,9 +202,7 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     # The CUDA GEMV (``cuda_gemv``): ``cu-*`` on the fragment layout, ``ct-*`` on the tiles
     # layout; ``ct-default`` is ``cuda_gemv.config_for_m``.
     KernelConfig("ct-default", "cuda-tiles"),
-    *(KernelConfig(GemvConfig(tm, 1, wk, st, mb, tiled, wn).name.replace("n1", "", 1),
-                   "cuda-tiles" if tiled else "cuda", gemv=GemvConfig(tm, 1, wk, st, mb, tiled, wn))
-      for tm, wk, st, mb, tiled, wn in (
+    *(_cuda(tm, wk, st, mb, tiled, wn) for tm, wk, st, mb, tiled, wn in (
           (2, 8, 4, 2, False, 1), (2, 4, 4, 4, False, 1), (4, 8, 4, 1, False, 1),
           (2, 8, 4, 2, True, 1), (2, 4, 4, 4, True, 1), (4, 8, 4, 1, True, 1),
           (1, 8, 6, 2, True, 1), (2, 16, 4, 1, True, 1), (4, 4, 4, 2, True, 1),

@@ -74,6 +74,7 @@ from kernelbay.formats.e2m1_words_triton import (
     weight_dot,
 )
 
+from kernelbay_quant_nvfp4.cuda_gemv import stored_rows
 from kernelbay_quant_nvfp4.triton_kernels import (
     e2m1_2m14,
     e4m3_2m8,
@@ -374,7 +375,7 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         raise ValueError(f"nvfp4-triton: block_k={block_k} for the halfword kernel; valid: a "
                          "power of two >= 64 (whole 16-element blocks, dots of >= 16)")
     m, k = x.shape
-    n = packed.shape[0] * (16 if tiled else 1)
+    n = stored_rows(packed, tiled)
     if tiled:
         fragment = True
         words = packed

@@ -55,15 +55,13 @@ typedef unsigned short u16;
 #endif
 
 // Asynchronous copies into this lane's own shared-memory slots (no other lane reads them,
-// so waiting for the lane's own copy groups is enough); src_size 0 fills zeros.
-__device__ __forceinline__ void copy16(u32 dst, const void* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-               :: "r"(dst), "l"(src), "r"(ok ? 16 : 0));
+// so waiting for the lane's own copy groups is enough).
+__device__ __forceinline__ void copy16(u32 dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src));
 }
 
-__device__ __forceinline__ void copy4(u32 dst, const void* src, bool ok) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
-               :: "r"(dst), "l"(src), "r"(ok ? 4 : 0));
+__device__ __forceinline__ void copy4(u32 dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(dst), "l"(src));
 }
 
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
@@ -191,8 +189,8 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int slot = (stage * TM + t) * 2 + h;
-        copy16(wslot + slot * 512, wp[t][h] + i * word_step, true);
-        copy4(cslot + slot * 128, cp[t][h] + i * code_step, true);
+        copy16(wslot + slot * 512, wp[t][h] + i * word_step);
+        copy4(cslot + slot * 128, cp[t][h] + i * code_step);
       }
     }
   };
