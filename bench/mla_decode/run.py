@@ -185,6 +185,9 @@ def main() -> int:
     parser.add_argument("--l2-ahead", type=int, default=None,
                         help="tiles ahead whose records are prefetched into L2 (default: the "
                              "kernel's)")
+    parser.add_argument("--kernel", choices=["auto", "triton", "cuda"], default="auto",
+                        help="decode kernel (auto: the CUDA kernel for MXFP8 records where it "
+                             "applies, Triton elsewhere)")
     parser.add_argument("--no-tune", action="store_true",
                         help="skip the launch-configuration sweep (16 heads, batch 64, "
                              "context >= 8k, every kind)")
@@ -218,7 +221,7 @@ def main() -> int:
     scale = 1 / math.sqrt(192)
     default = dict(block_n=args.block_n, num_warps=args.warps, num_stages=args.stages,
                    chunked=CHUNKED[args.chunked], grouped=CHUNKED[args.grouped],
-                   l2_ahead=args.l2_ahead)
+                   l2_ahead=args.l2_ahead, kernel=args.kernel)
     jobs = [(kind, heads, default) for kind in kinds for heads in heads_list]
     if not args.no_tune and 16 in heads_list:
         jobs += [(kind, 16, _tune_launch(tune, triton_mla.default_l2_ahead(RECORDS[kind])))
@@ -250,6 +253,7 @@ def main() -> int:
                     err, ms = _measure(mla_decode, record, cache, meta, query, scale, default,
                                        args)
                     splits, resident = triton_mla.last_splits()
+                    used_kernel = triton_mla.last_kernel()
                     if not err <= ATOL:
                         failures.append(f"{label}: max relative error {err:.3g} > {ATOL}")
                     seconds = ms * 1e-3
@@ -258,6 +262,7 @@ def main() -> int:
                                                            + record.kv_lora_rank)
                     rows.append({"kind": kind, "batch": batch, "context": context,
                                  "heads": heads, "dims": record.dims_text,
+                                 "kernel": used_kernel,
                                  "bytes_per_token": record.bytes_per_token, "splits": splits,
                                  "resident_per_sm": resident,
                                  "ms": ms, "kv_tb_s": kv_bytes / seconds / 1e12,
@@ -274,7 +279,8 @@ def main() -> int:
                                            triton_mla.default_l2_ahead(record))
                               for n in TUNE_SPLITS if n != splits]
                     for cfg in sweep:
-                        cfg_label = (f"{label} splits={cfg.get('num_splits')} "
+                        cfg_label = (f"{label} kernel={cfg['kernel']} "
+                                     f"splits={cfg.get('num_splits')} "
                                      f"chunked={cfg['chunked']} "
                                      f"grouped={cfg['grouped']} "
                                      f"block_n={cfg['block_n']} warps={cfg['num_warps']} "
@@ -304,6 +310,7 @@ def main() -> int:
                                        "l2_ahead": cfg["l2_ahead"],
                                        "f16_dot": cfg["f16_dot"], "chunked": cfg["chunked"],
                                        "splits": used,
+                                       "kernel": triton_mla.last_kernel(),
                                        "ms": t_ms,
                                        "kv_tb_s": kv_bytes / (t_ms * 1e-3) / 1e12,
                                        "max_rel_err": err})
@@ -320,8 +327,10 @@ def main() -> int:
 
 def _tune_launch(tune: dict, l2_ahead: int) -> dict:
     """A sweep entry with the unnamed options at the kernel's defaults."""
+    # the swept options are the Triton kernel's, so entries run it unless they name another
+    # (the split sweep passes the run's own)
     base = dict(block_n=None, num_warps=None, chunked=None, grouped=False, reg_prefetch=True,
-                num_stages=2, l2_ahead=l2_ahead, f16_dot=False)
+                num_stages=2, l2_ahead=l2_ahead, f16_dot=False, kernel="triton")
     return dict(base, **{k: v for k, v in tune.items() if v is not None or k not in base})
 
 
@@ -367,32 +376,34 @@ def _write(args, props, sms: int, rows: list[dict], tuning: list[dict], notes: l
                                                   "tuning": tuning}, indent=2))
     timing = ("eager launches (host work included)" if args.eager else
               "CUDA-graph replays (kernel time only; metadata and tables made before timing)")
-    lines = [f"# MLA decode (mla-triton), {props.name}", "",
+    lines = [f"# MLA decode (mla-triton: Triton and CUDA kernels), {props.name}", "",
              f"One decode step, page {PAGE}, random page tables, timed as {timing}; KV TB/s "
              "counts each context record once; x bf16 = bf16-record time / this time (same "
              "run).", "",
-             "| kind | dims | B/token | batch | context | heads | splits | ms | KV TB/s | "
-             "TFLOP/s | x bf16 |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| kind | dims | B/token | batch | context | heads | kernel | splits | ms | "
+             "KV TB/s | TFLOP/s | x bf16 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in sorted(rows, key=lambda r: (r["heads"], r["context"], r["batch"],
                                          KINDS.index(r["kind"]))):
         ratio = f"{r['speedup_vs_bf16']:.2f}" if r["speedup_vs_bf16"] else "-"
         lines.append(f"| {r['kind']} | {r['dims']} | {r['bytes_per_token']} | {r['batch']} | "
-                     f"{r['context']} | {r['heads']} | {r['splits']} | {r['ms']:.3f} | "
+                     f"{r['context']} | {r['heads']} | {r['kernel']} | {r['splits']} | "
+                     f"{r['ms']:.3f} | "
                      f"{r['kv_tb_s']:.2f} | {r['tflops']:.1f} | {ratio} |")
     if tuning:
         lines += ["", "Launch-configuration sweep (the table above uses the kernel's "
                   "defaults; * best of its case; x best bf16 = the fastest bf16 "
                   "configuration's time / this time):", "",
-                  "| kind | batch | context | heads | f16 dots | chunked | block_n | warps | "
-                  "stages | prefetch | L2 ahead | splits | ms | KV TB/s | x bf16 | x best bf16 |",
+                  "| kind | batch | context | heads | kernel | f16 dots | chunked | block_n | "
+                  "warps | stages | prefetch | L2 ahead | splits | ms | KV TB/s | x bf16 | "
+                  "x best bf16 |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
-                  "--- | --- | --- | --- |"]
+                  "--- | --- | --- | --- | --- |"]
         for r in tuning:
             x = f"{r['speedup_vs_bf16']:.2f}" if r["speedup_vs_bf16"] else "-"
             xb = f"{r['speedup_vs_best_bf16']:.2f}" if r["speedup_vs_best_bf16"] else "-"
             lines.append(f"| {r['kind']} | {r['batch']} | {r['context']} | {r['heads']} | "
-                         f"{r['f16_dot']} | {r['chunked']} | {r['block_n']} | {r['warps']} | "
+                         f"{r['kernel']} | {r['f16_dot']} | {r['chunked']} | {r['block_n']} | {r['warps']} | "
                          f"{r['stages']} | "
                          f"{r['reg_prefetch']} | {r['l2_ahead']} | {r['splits']} | "
                          f"{r['ms']:.3f}{' *' if r['best'] else ''} | {r['kv_tb_s']:.2f} | "

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from kernelbay.cuda_jit import CudaJitError, compile_cubin, nvrtc_available
 from kernelbay.formats import dequantize_nvfp4
 from kernelbay_quant_nvfp4.cuda_gemv import (
     GemvConfig,
@@ -18,7 +19,6 @@ from kernelbay_quant_nvfp4.cuda_gemv import (
     nvfp4_gemv_cuda,
     shared_bytes,
 )
-from kernelbay_quant_nvfp4.cuda_jit import CudaJitError, compile_cubin, nvrtc_available
 from kernelbay_quant_nvfp4.linear_triton import layout_tensors
 from nvfp4_triton_helpers import check_close, edge_scales, every_code_and_scale, nvfp4_weights
 
@@ -154,7 +154,7 @@ def test_every_build_compiles_and_defaults_do_not_spill(arch: str, tmp_path: Any
     from kernelbay_quant_nvfp4.cuda_gemv import _source, build_options
     from kernelbay_quant_nvfp4.triton_configs import CANDIDATES
 
-    monkeypatch.setenv("KERNELBAY_CACHE", str(tmp_path))
+    monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
     builds = {config_for_m(m, n, k, 132) for m in (1, 16) for n in (8192, 28672)
               for k in (8192, 28672)}
     sweep = {replace(c.gemv, nt=nt) for c in CANDIDATES if c.gemv is not None for nt in (1, 2)}
@@ -178,7 +178,7 @@ def test_cubins_are_cached_and_compile_errors_carry_the_log(
     NVRTC's log, naming the program and the options, and leaves no file behind."""
     import os
 
-    monkeypatch.setenv("KERNELBAY_CACHE", str(tmp_path))
+    monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
     src = 'extern "C" __global__ void k(float* p) { p[threadIdx.x] = 1.f; }'
     first = compile_cubin(src, "probe", "sm_90")
     cached = os.listdir(tmp_path / "cuda")
@@ -221,7 +221,7 @@ def test_an_unwritable_cache_warns_and_still_compiles(tmp_path: Any,
     the folder, never the kernel."""
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    monkeypatch.setenv("KERNELBAY_CACHE", str(blocker))
+    monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(blocker))
     src = 'extern "C" __global__ void k(float* p) { p[threadIdx.x] = 2.f; }'
     with pytest.warns(RuntimeWarning, match="could not cache probe's cubin in .*file"):
         cubin = compile_cubin(src, "probe", "sm_90")

@@ -144,9 +144,9 @@ def test_tiles_layout_round_trips_and_rejects_partial_tiles() -> None:
 def test_explain_note_names_the_kernel_per_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     """``nvfp4-triton``'s accept note lists the kernels by batch size for the layer's table,
     with the CUDA GEMV only where it can be built and the reason it cannot otherwise."""
+    from kernelbay import cuda_jit
     from kernelbay.device import parse_device
     from kernelbay.requests import LinearRequest
-    from kernelbay_quant_nvfp4 import cuda_jit
     from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear
     from kernelbay_quant_nvfp4.schemes import nvfp4_scheme
 

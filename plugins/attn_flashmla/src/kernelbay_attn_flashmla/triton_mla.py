@@ -22,8 +22,8 @@ from torch import Tensor
 from kernelbay_attn_flashmla import triton_kernels
 from kernelbay_attn_flashmla.records import MLARecord
 
-__all__ = ["KernelFields", "choose_splits", "default_block_n", "default_l2_ahead", "default_warps",
-           "kernel_fields", "last_splits", "launch_constants", "mla_decode", "mla_write",
+__all__ = ["KERNELS", "KernelFields", "choose_splits", "default_block_n", "default_l2_ahead", "default_warps",
+           "kernel_fields", "last_kernel", "last_splits", "launch_constants", "mla_decode", "mla_write",
            "programs_per_sm", "resident_programs", "split_cost"]
 
 #: Record kind -> (KIND, nope scale mode, rope scale mode): 0 bf16, 1 fp32 group scales,
@@ -314,7 +314,7 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                num_warps: int | None = None, num_stages: int = 2,
                chunked: bool | None = None, grouped: bool | None = None,
                reg_prefetch: bool = True, l2_ahead: int | None = None,
-               f16_dot: bool = False) -> tuple[Tensor, Tensor]:
+               f16_dot: bool = False, kernel: str = "auto") -> tuple[Tensor, Tensor]:
     """Absorbed MLA attention over paged records on the GPU (or the Triton interpreter).
 
     Same inputs and results as ``mla.mla_attention``: ``(out [T, H, kv_lora_rank] in
@@ -327,7 +327,10 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     loaded into registers ahead; off, the compiler's pipelining decides) and ``l2_ahead``
     (tiles ahead whose records are prefetched into L2; 0: none; None:
     ``default_l2_ahead``) and ``f16_dot`` (see ``launch_constants``) override the
-    launch configuration (for tuning; defaults depend on the latent width). The per-token tables
+    launch configuration (for tuning; defaults depend on the latent width). ``kernel``
+    (one of ``KERNELS``): ``"auto"`` runs the CUDA MXFP8 kernel (``cuda_mla``) where it
+    applies and the Triton kernel elsewhere, ``"triton"`` always the Triton kernel,
+    ``"cuda"`` the CUDA kernel or a ``ValueError`` saying why it cannot. The per-token tables
     are reused while the same ``metadata`` object comes back (every layer of a step), so a
     metadata object must not be changed in place after a call.
     """
@@ -336,7 +339,15 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
         raise ValueError(f"{record.kind} MLA query is [T, H, {record.dims_text} = "
                          f"{record.latent_dim}], got {tuple(query.shape)}")
     flat, page_bytes = _pages(cache, record, page_size)
-    rank, d_pad = record.kv_lora_rank, _pow2(record.kv_lora_rank)
+    rank = record.kv_lora_rank
+    if kernel not in KERNELS:
+        raise ValueError(f"mla_decode kernel={kernel!r}; valid: {list(KERNELS)}")
+    if kernel != "triton" and not _interpreting():
+        done = _decode_cuda(query, flat, page_bytes, record, page_size, metadata, scale,
+                            num_splits, topk_indices is not None, sliding_window, num_sms,
+                            forced=kernel == "cuda")
+        if done is not None:
+            return done
     consts = launch_constants(record, heads, page_size, page_bytes, block_n=block_n,
                               chunked=chunked, grouped=grouped, reg_prefetch=reg_prefetch,
                               l2_ahead=l2_ahead, f16_dot=f16_dot,
@@ -409,23 +420,103 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                            device=query.device)
     kernel[(num_tokens * num_splits * head_blocks,)](
         *args(part, plse, num_splits), **consts, num_warps=warps, num_stages=num_stages)
-    _LAST_SPLITS.update(splits=num_splits, resident=resident)
+    _LAST_SPLITS.update(splits=num_splits, resident=resident, kernel="triton")
     if num_splits > 1:
-        _kernels().mla_combine_kernel[(num_tokens, heads)](
-            part, part.stride(0), part.stride(1), part.stride(2),
-            plse, plse.stride(0), plse.stride(1),
-            out, out.stride(0), out.stride(1),
-            lse, lse.stride(0),
-            heads, num_splits,
-            S_PAD=_pow2(num_splits), RANK=rank, D_PAD=d_pad,
-            num_warps=4,
-        )
+        _combine(part, plse, out, lse, num_splits)
+    return out, lse
+
+
+def _combine(part: Tensor, plse: Tensor, out: Tensor, lse: Tensor, num_splits: int) -> None:
+    """Merge the split partials ``part [T, S, H, rank]``/``plse [T, S, H]`` into
+    ``out``/``lse`` (the combine kernel)."""
+    num_tokens, heads, rank = out.shape
+    _kernels().mla_combine_kernel[(num_tokens, heads)](
+        part, part.stride(0), part.stride(1), part.stride(2),
+        plse, plse.stride(0), plse.stride(1),
+        out, out.stride(0), out.stride(1),
+        lse, lse.stride(0),
+        heads, num_splits,
+        S_PAD=_pow2(num_splits), RANK=rank, D_PAD=_pow2(rank),
+        num_warps=4,
+    )
+
+
+#: ``mla_decode``'s kernel choices.
+KERNELS = ("auto", "triton", "cuda")
+#: Resident CTAs per SM of each CUDA build, by (build, device).
+_CUDA_RESIDENT: dict[tuple[Any, int], int] = {}
+
+
+def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord,
+                 page_size: int, metadata: AttentionMetadata, scale: float,
+                 num_splits: int | None, sparse: bool, sliding_window: int | None,
+                 num_sms: int | None, *, forced: bool) -> tuple[Tensor, Tensor] | None:
+    """``mla_decode`` through the CUDA MXFP8 kernel, or None where it does not apply (or its
+    build failed: it warns once and the Triton kernel serves the call); ``forced`` raises
+    instead of returning None."""
+    from kernelbay.cuda_jit import CudaJitError
+
+    from kernelbay_attn_flashmla import cuda_mla
+
+    reason = cuda_mla.unsupported(query, record, page_size, page_bytes, sparse)
+    if reason is not None:
+        if forced:
+            raise ValueError(f"the CUDA MLA decode kernel cannot run this call: {reason}")
+        return None
+    num_tokens, heads, _ = query.shape
+    rank = record.kv_lora_rank
+    device = query.device.index if query.device.index is not None else torch.cuda.current_device()
+    build = cuda_mla.build_for(record)
+    out = torch.empty(num_tokens, heads, rank, dtype=query.dtype, device=query.device)
+    lse = torch.empty(num_tokens, heads, dtype=torch.float32, device=query.device)
+    if num_tokens == 0:
+        return out, lse
+    seq, length, start, block_tables = _token_tables(metadata, num_tokens, sliding_window)
+    try:
+        resident = None
+        if num_splits is None:
+            key = (build, device)
+            if key not in _CUDA_RESIDENT:
+                _CUDA_RESIDENT[key] = cuda_mla.resident_programs(build, device)
+            resident = _CUDA_RESIDENT[key]
+            num_splits = choose_splits(
+                num_tokens, -(-heads // cuda_mla.HEADS),
+                metadata.block_tables.shape[1] * page_size,
+                num_sms if num_sms is not None else _sm_count(device), resident,
+                block_n=cuda_mla.TILE, bytes_per_key=record.bytes_per_token,
+                partial_bytes=cuda_mla.HEADS * rank * 4)
+        if num_splits < 1:
+            raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+        if num_splits == 1:
+            part, plse = out, lse
+        else:
+            part = torch.empty(num_tokens, num_splits, heads, rank, dtype=torch.float32,
+                               device=query.device)
+            plse = torch.empty(num_tokens, num_splits, heads, dtype=torch.float32,
+                               device=query.device)
+        cuda_mla.launch_decode(build, query, flat, page_bytes, page_size, block_tables, seq,
+                               length, start, part, plse, out, lse, float(scale), num_splits)
+    except CudaJitError as exc:
+        if forced:
+            raise
+        cuda_mla.mark_broken(device, str(exc))
+        return None
+    _LAST_SPLITS.update(splits=num_splits, resident=resident, kernel="cuda")
+    if num_splits > 1:
+        _combine(part, plse, out, lse, num_splits)
     return out, lse
 
 
 #: The most recent ``mla_decode`` launch's split count and the resident programs per SM it
-#: was chosen for (None when the caller gave the count); ``last_splits`` reports them.
-_LAST_SPLITS: dict[str, int | None] = {}
+#: was chosen for (None when the caller gave the count), and its kernel ("triton" or
+#: "cuda"); ``last_splits`` and ``last_kernel`` report them.
+_LAST_SPLITS: dict[str, Any] = {}
+
+
+def last_kernel() -> str | None:
+    """Which kernel served the most recent ``mla_decode`` call (``"triton"``, ``"cuda"``;
+    None before the first call)."""
+    return _LAST_SPLITS.get("kernel")
 
 
 def last_splits() -> tuple[int | None, int | None]:

@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
-
-    from kernelbay_quant_nvfp4.cuda_jit import Kernel
+    from kernelbay.cuda_jit import Kernel
 
 __all__ = ["MAX_M", "GemvConfig", "broken_reason", "build_options", "config_for_m",
            "gemv_kernel", "gemv_unsupported", "launch_gemv", "mark_broken",
@@ -107,8 +106,7 @@ def gemv_kernel(config: GemvConfig, device: int) -> Kernel:
     """The compiled and loaded kernel of ``config`` for CUDA ``device`` (NVRTC, cached on
     disk; memoized per process, so a launch does not touch the disk cache again)."""
     import torch
-
-    from kernelbay_quant_nvfp4.cuda_jit import compile_cubin, load_kernel
+    from kernelbay.cuda_jit import compile_cubin, load_kernel
 
     major, minor = torch.cuda.get_device_capability(device)
     if config.stages % 2 or config.stages < 2:

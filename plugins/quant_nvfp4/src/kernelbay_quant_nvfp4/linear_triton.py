@@ -252,8 +252,9 @@ def cuda_gemv_reason(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
                      tiled: bool = True) -> str | None:
     """Why the CUDA GEMV (``cuda_gemv``) cannot take these operands, NVRTC included
     (``None``: it can)."""
+    from kernelbay.cuda_jit import nvrtc_available
+
     from kernelbay_quant_nvfp4.cuda_gemv import gemv_unsupported
-    from kernelbay_quant_nvfp4.cuda_jit import nvrtc_available
 
     reason = gemv_unsupported(x2, words, codes, tiled)
     if reason is None and not nvrtc_available():
@@ -269,9 +270,9 @@ def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
     from dataclasses import replace
 
     import torch
+    from kernelbay.cuda_jit import CudaJitError
 
     from kernelbay_quant_nvfp4.cuda_gemv import config_for_m, launch_gemv, mark_broken
-    from kernelbay_quant_nvfp4.cuda_jit import CudaJitError
 
     rows = min(x2.shape[0], 16)
     tiled = config.path == "cuda-tiles"
@@ -303,7 +304,7 @@ def kernel_plan(request: LinearRequest, device: DeviceCapability,
     ``explain --verbose``): the M table ``table_for`` gives the layer, and whether the CUDA
     GEMV of its decode batches can be built here (CUDA cc >= 8.0, bf16 activations, NVRTC
     found on this machine)."""
-    from kernelbay_quant_nvfp4.cuda_jit import find_nvrtc
+    from kernelbay.cuda_jit import find_nvrtc
 
     rows = table_for(request.out_features, request.in_features, table)
     parts = []

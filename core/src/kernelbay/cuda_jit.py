@@ -1,8 +1,8 @@
 """CUDA C++ kernels built at run time: NVRTC compiles the source to a cubin for the device
 (cached on disk), the driver API loads and launches it on torch's current stream.
 
-Nothing here is imported by ``kernelbay`` or during discovery: a method imports it when it
-builds. Both libraries are found without a CUDA toolkit: ``libcuda`` comes with the driver,
+Shared by every plugin that ships CUDA sources. Nothing here is imported by ``import
+kernelbay`` or during discovery: a method imports it when it builds. Both libraries are found without a CUDA toolkit: ``libcuda`` comes with the driver,
 ``libnvrtc`` with CUDA builds of torch (the ``nvidia-cuda-nvrtc`` wheel, or a toolkit's
 ``lib64``). Loading goes through ``ctypes`` only, so this module neither links against torch
 nor needs ``nvcc``.
@@ -27,6 +27,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kernelbay.cache import cache_dir as _cache_root
+
 __all__ = ["CudaJitError", "Kernel", "cache_dir", "compile_cubin", "find_nvrtc", "load_kernel",
            "nvrtc_available"]
 
@@ -36,10 +38,9 @@ class CudaJitError(RuntimeError):
 
 
 def cache_dir() -> str:
-    """Where cubins are kept: ``$KERNELBAY_CACHE/cuda`` or ``~/.cache/kernelbay/cuda``."""
-    root = os.environ.get("KERNELBAY_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "kernelbay")
-    return os.path.join(root, "cuda")
+    """Where cubins are kept: the ``cuda`` folder of ``kernelbay.cache.cache_dir`` (set
+    ``KERNELBAY_CACHE_DIR`` to move it)."""
+    return str(_cache_root("cuda"))
 
 
 def _nvrtc_candidates() -> list[str]:
@@ -140,7 +141,7 @@ def compile_cubin(source: str, name: str, arch: str, options: Sequence[str] = ()
         with contextlib.suppress(OSError):
             os.remove(tmp)
         warnings.warn(f"kernelbay: could not cache {name}'s cubin in {cache_dir()} ({exc}); "
-                      "set KERNELBAY_CACHE to a writable folder", RuntimeWarning, stacklevel=2)
+                      "set KERNELBAY_CACHE_DIR to a writable folder", RuntimeWarning, stacklevel=2)
     return data
 
 

@@ -1,0 +1,389 @@
+// MLA decode attention over MXFP8 records (E4M3 values, one E8M0 scale per 32), sm_80+.
+//
+// Compiled at run time by NVRTC (kernelbay.cuda_jit; cuda_mla.build_options) with DIM (values
+// per record: latent then rope), RANK (latent width), BPT (bytes per record), SCALE_OFF (the
+// scale bytes' offset), STAGES and MIN_BLOCKS defined by the host.
+//
+// One CTA serves one query token, one KV split and a block of 16 query heads, with four
+// warps; warp w owns the record values [128w, 128w + 128) (latent, and rope for the last
+// columns). Keys come in tiles of 16, copied from the pages into shared memory by cp.async
+// STAGES - 1 tiles ahead (a tile lies in one page). Per tile, warp w:
+//   1. decodes its 128 values of each key into bfloat16 registers, already in the layout of
+//      mma.sync m16n8k16's B operand (k = value, n = key): lane (g, c) = (lane / 4, lane % 4)
+//      takes key g (and 8 + g) and the eight values 32j + 8c .. + 7 of its chunk j, i.e. the
+//      value order inside each 16-value MMA step is permuted; the query is loaded with the
+//      same permutation, and a dot product does not care about the order;
+//   2. multiplies its query slice with them: partial scores [16 heads, 16 keys];
+//   3. adds the four warps' partial scores through shared memory (warp order, so the result
+//      does not depend on scheduling); every warp then runs the same online softmax;
+//   4. transposes each 8 x 8 block of its decoded keys in registers (movmatrix), which turns
+//      the B operand of the score product (k = value, n = key) into the B operand of the value
+//      product (k = key, n = value): the keys are decoded once for both products and never
+//      go back through shared memory;
+//   5. accumulates probabilities x values for its latent columns in float32.
+// Lane (g, c) ends up owning the eight contiguous output columns 128w + 32j + 8c .. + 7 of
+// heads g and g + 8, written as one vector each: the normalised partial output (float32)
+// and its natural-log LSE when the context is split, else the bfloat16 output.
+//
+// Decoding a pair of codes: a byte permute puts each code in its own 16-bit lane with its
+// sign replicated over the byte above; a shift by 4 and a mask leave the bfloat16 of
+// e4m3 * 2^-120 (subnormals and zeros included, exactly); one bf16x2 multiply by the exact
+// power of two 2^(e - 7) applies the block's scale 2^(e - 127) (a second multiply for scale
+// bytes above 134, where 2^(e - 7) is past bfloat16's range).
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#ifndef DIM
+#define DIM 512
+#endif
+#ifndef RANK
+#define RANK 448
+#endif
+#ifndef BPT
+#define BPT 528
+#endif
+#ifndef SCALE_OFF
+#define SCALE_OFF 512
+#endif
+#ifndef STAGES
+#define STAGES 4
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 2
+#endif
+
+#define WARPS 4
+#define TILE 16
+#define CHUNKS 4  // 32-value chunks per warp (128 values)
+#if DIM != WARPS * CHUNKS * 32
+#error "DIM must be 512: four warps of 128 values"
+#endif
+#if RANK % 32 || RANK > DIM
+#error "RANK must be a multiple of 32 and at most DIM"
+#endif
+#if BPT % 16
+#error "BPT must be a multiple of 16 (16-byte copies)"
+#endif
+#define TILE_BYTES (TILE * BPT)
+#define COPIES (TILE_BYTES / 16)
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ void copy16(u32 dst, const void* src, u32 bytes) {
+  // bytes 0: nothing read, the slot zero-filled (keys past the split's end)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(bytes));
+}
+
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
+
+template <int N>
+__device__ __forceinline__ void wait_groups() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
+
+__device__ __forceinline__ uint2 lds64(u32 addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ u32 lds32(u32 addr) {
+  u32 v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ float4 lds128f(u32 addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ void sts128f(u32 addr, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" :: "r"(addr), "f"(a), "f"(b), "f"(c),
+               "f"(d));
+}
+
+__device__ __forceinline__ u32 bf16x2_mul(u32 a, u32 b) {
+  u32 out;
+  // fma with -0.0 addend: an exact product (a +0.0 addend would turn -0.0 into +0.0)
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(a), "r"(b), "r"(0x80008000u));
+  return out;
+}
+
+// Codes (byte sel, byte sel + 1) of word w as bfloat16 lanes of e4m3 * 2^-120.
+__device__ __forceinline__ u32 e4m3_pair(u32 w, u32 selector) {
+  u32 r;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(w), "r"(selector));
+  return (r << 4) & 0x87F087F0u;
+}
+
+// The bfloat16 pair (2^x, 2^x) for an exponent x in [-133, 127] (zero below -133).
+__device__ __forceinline__ u32 pow2_pair(int x) {
+  u32 bits = x >= -126 ? (u32)(x + 127) << 7 : (x >= -133 ? 0x40u >> (-127 - x) : 0u);
+  return bits | (bits << 16);
+}
+
+// Eight codes (one chunk of one key) times 2^(scale - 127): four bf16x2 registers, codes in
+// order (register r holds codes 2r, 2r + 1).
+__device__ __forceinline__ void decode8(uint2 codes, u32 scale, u32* out) {
+  // prmt selectors: byte 0 then its sign-replicated copy (nibble 8 | index), byte 1 likewise
+  out[0] = e4m3_pair(codes.x, 0x9180u);
+  out[1] = e4m3_pair(codes.x, 0xB3A2u);
+  out[2] = e4m3_pair(codes.y, 0x9180u);
+  out[3] = e4m3_pair(codes.y, 0xB3A2u);
+  int e = (int)scale - 7;  // 2^-120 from the code lanes, 2^(scale - 127) from the block
+  // scale byte 255 is E8M0's NaN
+  u32 f = scale == 255u ? 0x7FC07FC0u : pow2_pair(e < 127 ? e : 127);
+#pragma unroll
+  for (int r = 0; r < 4; ++r) out[r] = bf16x2_mul(out[r], f);
+  if (e > 127 && scale != 255u) {  // scale bytes 135..254: the rest of the power
+    u32 f2 = pow2_pair(e - 127);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) out[r] = bf16x2_mul(out[r], f2);
+  }
+}
+
+__device__ __forceinline__ void mma(float* d, const u32* a, u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 transpose8x8(u32 x) {
+  u32 y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
+mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, long long q_stride_h,
+              const unsigned char* __restrict__ cache, long long page_bytes, int page_size,
+              const int* __restrict__ block_tables, long long bt_stride,
+              const int* __restrict__ tok_seq, const int* __restrict__ tok_len,
+              const int* __restrict__ tok_start,
+              float* __restrict__ part, long long part_stride_t, long long part_stride_s,
+              long long part_stride_h,
+              float* __restrict__ plse, long long plse_stride_t, long long plse_stride_s,
+              unsigned short* __restrict__ out, long long out_stride_t, long long out_stride_h,
+              int num_heads, float scale, int num_splits) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const u32 tiles_base = (u32)__cvta_generic_to_shared(smem);
+  const u32 red_base = tiles_base + STAGES * TILE_BYTES;  // [WARPS][32 lanes][8] float32
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, c = lane & 3;
+  // One flat grid, head blocks fastest: the CTAs reading one KV split side by side share
+  // its tiles through L2.
+  const int head_blocks = (num_heads + 15) / 16;
+  const int hb = blockIdx.x % head_blocks;
+  const int split = (blockIdx.x / head_blocks) % num_splits;
+  const int t = blockIdx.x / (head_blocks * num_splits);
+  const int h0 = hb * 16 + g, h1 = h0 + 8;
+
+  const int seq = tok_seq[t];
+  const int length = tok_len[t];  // keys at positions < length are causal
+  const int start = tok_start[t];  // and >= start (sliding window)
+  // Tiles start at multiples of TILE from start rounded down, so a tile lies in one page.
+  const int base = (start / TILE) * TILE;
+  const int per_split = ((length - base + num_splits - 1) / num_splits + TILE - 1) / TILE * TILE;
+  const int lo = base + split * per_split;
+  const int hi = min(lo + per_split, length);
+  const int num_tiles = hi > lo ? (hi - lo + TILE - 1) / TILE : 0;
+  const int* table = block_tables + (long long)seq * bt_stride;
+
+  // The query slice of this warp in the permuted order: a[s][0..3] for MMA step s = 2j + h.
+  u32 qa[2 * CHUNKS][4];
+  {
+    const unsigned short* q0 = query + (long long)t * q_stride_t + (long long)h0 * q_stride_h;
+    const unsigned short* q1 = query + (long long)t * q_stride_t + (long long)h1 * q_stride_h;
+#pragma unroll
+    for (int j = 0; j < CHUNKS; ++j) {
+      const int col = warp * 128 + j * 32 + c * 8;
+      uint4 r0 = h0 < num_heads ? *(const uint4*)(q0 + col) : make_uint4(0, 0, 0, 0);
+      uint4 r1 = h1 < num_heads ? *(const uint4*)(q1 + col) : make_uint4(0, 0, 0, 0);
+      // step 2j: values 0..3 of the lane's eight; step 2j + 1: values 4..7
+      qa[2 * j][0] = r0.x; qa[2 * j][1] = r1.x; qa[2 * j][2] = r0.y; qa[2 * j][3] = r1.y;
+      qa[2 * j + 1][0] = r0.z; qa[2 * j + 1][1] = r1.z;
+      qa[2 * j + 1][2] = r0.w; qa[2 * j + 1][3] = r1.w;
+    }
+  }
+
+  float acc[CHUNKS][4][4];  // [chunk][(h, b) block][fragment]
+#pragma unroll
+  for (int j = 0; j < CHUNKS; ++j)
+#pragma unroll
+    for (int b = 0; b < 4; ++b)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[j][b][i] = 0.f;
+  float m0 = NEG_INF, m1 = NEG_INF;  // running max (log2 units) of heads g, g + 8
+  float l0 = 0.f, l1 = 0.f;               // this lane's share of the running sums
+  const float qk_scale = scale * LOG2E;
+
+  auto issue = [&](int tile) {
+    if (tile < num_tiles) {
+      const int pos = lo + tile * TILE;
+      const int page = table[pos / page_size];
+      const unsigned char* src = cache + (long long)page * page_bytes
+                                 + (long long)(pos % page_size) * BPT;
+      // keys outside [start, hi) are zero-filled: masked keys must not bring NaN bytes
+      // (a slot never written) into the products, where 0 * NaN is NaN
+      const int first = start - pos, last = hi - pos;
+      const u32 dst = tiles_base + (tile % STAGES) * TILE_BYTES;
+#pragma unroll
+      for (int i = tid; i < COPIES; i += WARPS * 32) {
+        const int key = (i * 16) / BPT;
+        copy16(dst + i * 16, src + i * 16, key >= first && key < last ? 16u : 0u);
+      }
+    }
+    commit();  // an empty group past the end keeps the wait counts uniform
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) issue(s);
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    wait_groups<STAGES - 2>();
+    __syncthreads();  // the tile's bytes from every thread's copies; the reduction buffer free
+    issue(tile + STAGES - 1);
+
+    const u32 tb = tiles_base + (tile % STAGES) * TILE_BYTES;
+    // 1. decode: kb[n][j][r], key g of half n (keys 8n + g), chunk j, register r
+    u32 kb[2][CHUNKS][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const u32 rec = tb + (n * 8 + g) * BPT;
+      const u32 scales = lds32(rec + SCALE_OFF + warp * CHUNKS);
+#pragma unroll
+      for (int j = 0; j < CHUNKS; ++j) {
+        uint2 codes = lds64(rec + warp * 128 + j * 32 + c * 8);
+        decode8(codes, (scales >> (8 * j)) & 0xFFu, kb[n][j]);
+      }
+    }
+    // 2. partial scores of this warp's values: sc[n] = S[heads g / g + 8][keys 8n + 2c, +1]
+    float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int j = 0; j < CHUNKS; ++j) {
+        mma(sc[n], qa[2 * j], kb[n][j][0], kb[n][j][1]);
+        mma(sc[n], qa[2 * j + 1], kb[n][j][2], kb[n][j][3]);
+      }
+    // 3. the four warps' partial scores added in warp order
+    const u32 mine = red_base + (warp * 32 + lane) * 32;
+    sts128f(mine, sc[0][0], sc[0][1], sc[0][2], sc[0][3]);
+    sts128f(mine + 16, sc[1][0], sc[1][1], sc[1][2], sc[1][3]);
+    __syncthreads();
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      const u32 theirs = red_base + (w * 32 + lane) * 32;
+      float4 a = lds128f(theirs), b = lds128f(theirs + 16);
+      s[0][0] += a.x; s[0][1] += a.y; s[0][2] += a.z; s[0][3] += a.w;
+      s[1][0] += b.x; s[1][1] += b.y; s[1][2] += b.z; s[1][3] += b.w;
+    }
+    // online softmax over the tile's allowed keys (start <= position < hi)
+    const int pos0 = lo + tile * TILE;
+    float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int pos = pos0 + 8 * n + 2 * c + i;
+        const bool ok = pos >= start && pos < hi;
+        s[n][i] = ok ? s[n][i] * qk_scale : NEG_INF;
+        s[n][2 + i] = ok ? s[n][2 + i] * qk_scale : NEG_INF;
+        mx0 = fmaxf(mx0, s[n][i]);
+        mx1 = fmaxf(mx1, s[n][2 + i]);
+      }
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
+    }
+    const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+    // a head with no allowed key yet keeps -inf: subtract 0 so that exp2 gives 0
+    const float z0 = n0 == NEG_INF ? 0.f : n0, z1 = n1 == NEG_INF ? 0.f : n1;
+    const float alpha0 = exp2f(m0 - z0), alpha1 = exp2f(m1 - z1);
+    m0 = n0; m1 = n1;
+    float p[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        p[n][i] = exp2f(s[n][i] - z0);
+        p[n][2 + i] = exp2f(s[n][2 + i] - z1);
+      }
+    l0 = l0 * alpha0 + p[0][0] + p[0][1] + p[1][0] + p[1][1];
+    l1 = l1 * alpha1 + p[0][2] + p[0][3] + p[1][2] + p[1][3];
+    // A operand of the value product: P[16 heads, 16 keys] (key order = score column order)
+    const u32 pa[4] = {pack_bf16(p[0][0], p[0][1]), pack_bf16(p[0][2], p[0][3]),
+                       pack_bf16(p[1][0], p[1][1]), pack_bf16(p[1][2], p[1][3])};
+    // 4-5. values: the latent chunks of this warp, each 8 x 8 block of keys x values transposed
+#pragma unroll
+    for (int j = 0; j < CHUNKS; ++j) {
+      if (warp * 128 + j * 32 < RANK) {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          acc[j][b][0] *= alpha0; acc[j][b][1] *= alpha0;
+          acc[j][b][2] *= alpha1; acc[j][b][3] *= alpha1;
+          mma(acc[j][b], pa, transpose8x8(kb[0][j][b]), transpose8x8(kb[1][j][b]));
+        }
+      }
+    }
+  }
+  wait_groups<0>();  // no copy left running when the CTA exits
+
+  // Totals over the quad; lane (g, c) owns columns 128w + 32j + 8c + 2 * (b) + i of block b
+  // (block b = 2h + half: step 2j + h, register half) -- see the header.
+#pragma unroll
+  for (int o = 1; o < 4; o <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, o);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, o);
+  }
+  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  const bool split_out = num_splits > 1;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int h = half ? h1 : h0;
+    if (h >= num_heads) continue;
+    const float inv = half ? inv1 : inv0;
+    const int r = 2 * half;
+#pragma unroll
+    for (int j = 0; j < CHUNKS; ++j) {
+      const int col = warp * 128 + j * 32 + c * 8;
+      if (col >= RANK) continue;
+      float v[8];
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        v[2 * b] = acc[j][b][r] * inv;
+        v[2 * b + 1] = acc[j][b][r + 1] * inv;
+      }
+      if (split_out) {
+        float* dst = part + (long long)t * part_stride_t + (long long)split * part_stride_s
+                     + (long long)h * part_stride_h + col;
+        *(float4*)dst = make_float4(v[0], v[1], v[2], v[3]);
+        *(float4*)(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
+      } else {
+        unsigned short* dst = out + (long long)t * out_stride_t + (long long)h * out_stride_h + col;
+        *(uint4*)dst = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]),
+                                  pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+      }
+    }
+    if (warp == 0 && c == 0) {
+      const float l = half ? l1 : l0;
+      const float m = half ? m1 : m0;
+      const float lse = l > 0.f ? (m + __log2f(l)) * LN2 : NEG_INF;
+      plse[(long long)t * plse_stride_t + (long long)split * plse_stride_s + h] = lse;
+    }
+  }
+}

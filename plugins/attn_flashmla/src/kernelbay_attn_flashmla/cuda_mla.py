@@ -1,0 +1,191 @@
+"""Host side of the CUDA MLA decode kernel for MXFP8 records (``cuda/mla_decode_mx.cu``).
+
+The kernel is built at run time by NVRTC through ``kernelbay.cuda_jit`` (no toolkit, no
+compiled extension) and serves ``triton_mla.mla_decode`` where ``unsupported`` finds nothing
+against it: MXFP8 records of 512 values (latent + rope, as DeepSeek-V4's 448 + 64), bfloat16
+queries, dense attention, a CUDA device of compute capability 8.0 or newer. Everything else
+(and every case after a failed build, which warns once) stays with the Triton kernel. The
+split count and the combine are ``triton_mla``'s; this module launches the partials.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kernelbay_attn_flashmla.records import MLARecord
+
+if TYPE_CHECKING:
+    import torch
+    from kernelbay.cuda_jit import Kernel
+
+__all__ = ["HEADS", "TILE", "WARPS", "DecodeBuild", "broken_reason", "build_for", "build_options", "decode_kernel",
+           "launch_decode", "mark_broken", "resident_programs", "shared_bytes", "unsupported"]
+
+#: Keys per tile (a tile lies in one page, so the page size must be a multiple).
+TILE = 16
+#: Warps per CTA; warp w owns the record values [128 w, 128 w + 128).
+WARPS = 4
+#: Values per record the kernel is written for (four warps of 128).
+DIM = 512
+#: Query heads per CTA (the rows of one MMA).
+HEADS = 16
+
+
+@dataclass(frozen=True)
+class DecodeBuild:
+    """One compiled variant: the record's geometry and the pipeline depth."""
+
+    rank: int
+    bytes_per_token: int
+    scale_offset: int
+    stages: int = 4
+    min_blocks: int = 2
+
+
+def build_for(record: MLARecord, stages: int = 4, min_blocks: int = 2) -> DecodeBuild:
+    """The build for ``record`` (offsets read from its descriptor)."""
+    return DecodeBuild(record.kv_lora_rank, record.bytes_per_token,
+                       record.field("scales").offset, stages, min_blocks)
+
+
+def build_options(build: DecodeBuild) -> list[str]:
+    """NVRTC defines for ``build``."""
+    return [f"-DDIM={DIM}", f"-DRANK={build.rank}", f"-DBPT={build.bytes_per_token}",
+            f"-DSCALE_OFF={build.scale_offset}", f"-DSTAGES={build.stages}",
+            f"-DMIN_BLOCKS={build.min_blocks}"]
+
+
+def shared_bytes(build: DecodeBuild) -> int:
+    """Dynamic shared memory of one CTA: STAGES tiles of records and the warps' partial
+    scores (32 lanes x 8 floats each)."""
+    return build.stages * TILE * build.bytes_per_token + WARPS * 32 * 8 * 4
+
+
+@functools.cache
+def _source() -> str:
+    return (importlib.resources.files("kernelbay_attn_flashmla") / "cuda"
+            / "mla_decode_mx.cu").read_text()
+
+
+@functools.cache
+def decode_kernel(build: DecodeBuild, device: int) -> Kernel:
+    """The compiled and loaded kernel of ``build`` on CUDA ``device`` (memoized)."""
+    import torch
+    from kernelbay.cuda_jit import compile_cubin, load_kernel
+
+    major, minor = torch.cuda.get_device_capability(device)
+    cubin = compile_cubin(_source(), "mla_decode_mx", f"sm_{major}{minor}",
+                          build_options(build))
+    kernel = load_kernel(cubin, "mla_decode_mx", device)
+    kernel.set_max_dynamic_shared(shared_bytes(build))
+    return kernel
+
+
+def resident_programs(build: DecodeBuild, device: int) -> int:
+    """CTAs of ``build`` one SM of ``device`` holds (its registers and shared memory)."""
+    import torch
+
+    from kernelbay_attn_flashmla.triton_mla import programs_per_sm
+
+    kernel = decode_kernel(build, device)
+    props = torch.cuda.get_device_properties(device)
+    return programs_per_sm(kernel.attribute("registers"),
+                           kernel.attribute("shared_bytes") + shared_bytes(build), WARPS,
+                           regs_per_sm=int(getattr(props, "regs_per_multiprocessor", 65536)),
+                           smem_per_sm=int(getattr(props, "shared_memory_per_multiprocessor",
+                                                   233472)))
+
+
+#: Devices where building or loading the kernel failed, with the error.
+_BROKEN: dict[int, str] = {}
+
+
+def mark_broken(device: int, reason: str) -> None:
+    """Stop using the kernel on CUDA ``device`` for the rest of the process, warning once."""
+    if device not in _BROKEN:
+        warnings.warn(f"kernelbay-attn-flashmla: the CUDA MXFP8 decode kernel is off on "
+                      f"cuda:{device} ({reason}); the Triton kernel serves it",
+                      RuntimeWarning, stacklevel=3)
+    _BROKEN[device] = reason
+
+
+def broken_reason(device: int) -> str | None:
+    """Why the kernel is off on ``device`` (``mark_broken``), or ``None``."""
+    return _BROKEN.get(device)
+
+
+def unsupported(query: torch.Tensor, record: MLARecord, page_size: int, page_bytes: int,
+                sparse: bool) -> str | None:
+    """Why this call cannot run the CUDA kernel (``None`` when it can)."""
+    import torch
+    from kernelbay.cuda_jit import nvrtc_available
+
+    if record.kind != "mxfp8":
+        return f"record kind {record.kind!r}; the CUDA kernel reads 'mxfp8' records"
+    if record.latent_dim != DIM or record.kv_lora_rank % 32 or record.group_size != 32:
+        return (f"records of {record.dims_text} values in groups of {record.group_size}; "
+                f"the CUDA kernel reads {DIM} values (latent a multiple of 32) in groups of 32")
+    if sparse:
+        return "sparse top-k attention (the CUDA kernel is dense)"
+    if not query.is_cuda or torch.version.hip is not None:
+        return f"query on {query.device} (needs a CUDA device)"
+    if query.dtype != torch.bfloat16:
+        return f"query dtype {query.dtype} (the CUDA kernel takes bfloat16)"
+    index = query.device.index if query.device.index is not None else torch.cuda.current_device()
+    if torch.cuda.get_device_capability(index) < (8, 0):
+        return "compute capability below 8.0"
+    if page_size % TILE or page_bytes % 16:
+        return (f"page_size {page_size} and page stride {page_bytes} B (needs a multiple of "
+                f"{TILE} keys and of 16 bytes)")
+    if query.stride(-1) != 1 or query.stride(1) % 8 or query.stride(0) % 8 \
+            or query.data_ptr() % 16:
+        return "query rows not 16-byte aligned"
+    if not nvrtc_available():
+        return "NVRTC not installed"
+    reason = broken_reason(index)
+    if reason is not None:
+        return f"its build failed on this device: {reason}"
+    return None
+
+
+def launch_decode(build: DecodeBuild, query: torch.Tensor, flat: torch.Tensor, page_bytes: int,
+                  page_size: int, block_tables: torch.Tensor, seq: torch.Tensor,
+                  length: torch.Tensor, start: torch.Tensor, part: torch.Tensor,
+                  plse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale: float,
+                  num_splits: int) -> None:
+    """One launch: the partials of every (head block, split, token) into ``part``/``plse``
+    when ``num_splits > 1``, else the output into ``out``/``lse`` (operands checked by
+    ``unsupported`` and made by ``triton_mla.mla_decode``)."""
+    import ctypes
+
+    import torch
+
+    num_tokens, heads, _ = query.shape
+    device = query.device.index if query.device.index is not None else torch.cuda.current_device()
+    kernel = decode_kernel(build, device)
+    ptr = ctypes.c_void_p
+    i64 = ctypes.c_longlong
+    i32 = ctypes.c_int
+    if num_splits > 1:
+        ps = (part.stride(0), part.stride(1), part.stride(2))
+        ls = (plse.stride(0), plse.stride(1))
+        lse_ptr = plse.data_ptr()
+    else:
+        ps = (0, 0, 0)
+        ls = (lse.stride(0), 0)
+        lse_ptr = lse.data_ptr()
+    args = [ptr(query.data_ptr()), i64(query.stride(0)), i64(query.stride(1)),
+            ptr(flat.data_ptr()), i64(page_bytes), i32(page_size),
+            ptr(block_tables.data_ptr()), i64(block_tables.stride(0)),
+            ptr(seq.data_ptr()), ptr(length.data_ptr()), ptr(start.data_ptr()),
+            ptr(part.data_ptr()), i64(ps[0]), i64(ps[1]), i64(ps[2]),
+            ptr(lse_ptr), i64(ls[0]), i64(ls[1]),
+            ptr(out.data_ptr()), i64(out.stride(0)), i64(out.stride(1)),
+            i32(heads), ctypes.c_float(scale), i32(num_splits)]
+    grid = (-(-heads // HEADS) * num_splits * num_tokens, 1, 1)
+    kernel.launch(grid, (WARPS * 32, 1, 1), args, torch.cuda.current_stream(device).cuda_stream,
+                  shared_bytes(build))

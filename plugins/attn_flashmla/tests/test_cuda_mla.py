@@ -1,0 +1,156 @@
+"""The CUDA MXFP8 decode kernel (``cuda_mla``) against the torch reference.
+
+CPU: NVRTC compiles the source for sm_80 and sm_90 (no local memory), and the cases the
+kernel does not take are refused with their reason. GPU: decoding through single-key
+attention is exact for every E4M3 code under every kind of scale byte; decode, prefill,
+sliding windows, split counts, head counts and never-written (NaN) slots match the reference.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from kernelbay.cuda_jit import compile_cubin, nvrtc_available
+from kernelbay.layers import AttentionMetadata
+from kernelbay_attn_flashmla import cuda_mla
+from kernelbay_attn_flashmla.mla import mla_attention
+from kernelbay_attn_flashmla.records import RECORDS, record_for_dims
+
+pytest.importorskip("triton")
+from test_triton import _case
+
+MXFP8 = RECORDS["mxfp8"]
+
+
+def _cuobjdump() -> str | None:
+    import glob
+    import os
+
+    import triton
+
+    found = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
+                                   "bin", "cuobjdump"))
+    return found[0] if found else None
+
+
+@pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_source_compiles_without_local_memory(arch: str, tmp_path: Any,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
+    for record in (MXFP8, record_for_dims("mxfp8", 480, 32)):
+        build = cuda_mla.build_for(record)
+        cubin = compile_cubin(cuda_mla._source(), "mla_decode_mx", arch,
+                              cuda_mla.build_options(build))
+        assert cubin[:4] == b"\x7fELF"
+        tool = _cuobjdump()
+        if tool is not None:
+            path = tmp_path / "k.cubin"
+            path.write_bytes(cubin)
+            usage = subprocess.run([tool, "-res-usage", str(path)], capture_output=True,
+                                   text=True, check=True).stdout
+            assert "STACK:0 " in usage and "LOCAL:0 " in usage, usage
+
+
+def test_refusals_name_the_reason() -> None:
+    query = torch.zeros(1, 16, 512, dtype=torch.bfloat16)
+    assert "mxfp8" in (cuda_mla.unsupported(query, RECORDS["fp8"], 64, 36864, False) or "")
+    assert "512 values" in (cuda_mla.unsupported(torch.zeros(1, 16, 80), record_for_dims(
+        "mxfp8", 64, 16), 64, 8192, False) or "")
+    assert "sparse" in (cuda_mla.unsupported(query, MXFP8, 64, MXFP8.page_bytes(64), True)
+                        or "")
+    assert "CUDA device" in (cuda_mla.unsupported(query, MXFP8, 64, MXFP8.page_bytes(64),
+                                                  False) or "")
+
+
+def test_forcing_the_kernel_where_it_cannot_run_raises() -> None:
+    from kernelbay_attn_flashmla.triton_mla import mla_decode
+
+    case = _case(MXFP8, [5], [1], 16, 16, seed=0, device="cpu")
+    with pytest.raises(ValueError, match=r"CUDA MLA decode kernel cannot run.*CUDA device"):
+        mla_decode(case.query, case.cache, MXFP8, 16, case.meta, 0.1, kernel="cuda")
+    with pytest.raises(ValueError, match=r"kernel=.cutlass.; valid"):
+        mla_decode(case.query, case.cache, MXFP8, 16, case.meta, 0.1, kernel="cutlass")
+
+
+# --- GPU ---------------------------------------------------------------------------------
+
+
+def _compare(case: Any, *, splits: int | None, window: int | None = None,
+             atol: float = 3e-2) -> None:
+    from kernelbay_attn_flashmla.triton_mla import mla_decode
+
+    scale = 1 / math.sqrt(192)
+    out, lse = mla_decode(case.query, case.cache, case.record, case.page, case.meta, scale,
+                          num_splits=splits, sliding_window=window, kernel="cuda")
+    ref, ref_lse = mla_attention(case.query, case.cache, case.record, case.page, case.meta,
+                                 scale, sliding_window=window)
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=atol)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    torch.testing.assert_close(lse[finite], ref_lse[finite], atol=atol, rtol=atol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [16, 20, 128])
+def test_decode_matches_reference_on_gpu(heads: int) -> None:
+    lengths = [1, 700, 4099, 64, 2500, 129, 16, 17]
+    case = _case(MXFP8, lengths, [1] * len(lengths), heads, 64, seed=21, device="cuda",
+                 writer="triton")
+    for splits in (None, 1, 7):
+        _compare(case, splits=splits)
+
+
+@pytest.mark.gpu
+def test_prefill_window_pages_and_unwritten_slots_on_gpu() -> None:
+    for page in (16, 64):
+        case = _case(MXFP8, [300, 2000, 33], [17, 40, 33], 16, page, seed=22, device="cuda",
+                     writer="triton")
+        # slots never written hold NaN codes and scales: masked keys must not read them
+        written = case.cache.clone()
+        case.cache.fill_(0xFF)
+        from kernelbay_attn_flashmla.mla import token_view
+
+        keep = token_view(written, MXFP8, page).ne(0).any(-1)
+        view = token_view(case.cache, MXFP8, page)
+        view[keep] = token_view(written, MXFP8, page)[keep]
+        _compare(case, splits=4)
+        _compare(case, splits=None, window=128)
+        _compare(case, splits=1, window=5)
+
+
+@pytest.mark.gpu
+def test_single_key_attention_decodes_every_code_exactly_on_gpu() -> None:
+    # One key per sequence: the output is that key's decoded latent (probability exactly 1),
+    # so every E4M3 code under every kind of scale byte (the subnormal 2^-127, small,
+    # typical, the last one a single factor covers, the first that needs a second, large but
+    # finite in bfloat16) must come out as code * 2^(byte - 127) rounded to bfloat16.
+    from kernelbay_attn_flashmla.mla import token_view
+    from kernelbay_attn_flashmla.triton_mla import mla_decode
+
+    page, seqs = 16, 64
+    gen = torch.Generator().manual_seed(23)
+    codes = torch.randint(0, 256, (seqs, 512), generator=gen, dtype=torch.int32).to(torch.uint8)
+    codes[:, :256] = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0  # the NaN codes
+    scale_bytes = torch.tensor([0, 1, 20, 118, 127, 134, 135, 150, 200, 246], dtype=torch.uint8)
+    scales = scale_bytes[torch.randint(0, len(scale_bytes), (seqs, 16), generator=gen)]
+    cache = torch.zeros(seqs, MXFP8.page_bytes(page), dtype=torch.uint8)
+    token_view(cache, MXFP8, page)[:, 0] = torch.cat([codes, scales], dim=1)
+    meta = AttentionMetadata(torch.arange(seqs + 1, dtype=torch.int32).cuda(),
+                             torch.ones(seqs, dtype=torch.int32).cuda(),
+                             torch.arange(seqs, dtype=torch.int32).view(seqs, 1).cuda(),
+                             torch.zeros(seqs).cuda())
+    query = torch.zeros(seqs, 16, 512, dtype=torch.bfloat16, device="cuda")
+    out, lse = mla_decode(query, cache.cuda(), MXFP8, page, meta, 0.1, kernel="cuda",
+                          num_splits=1)
+    factor = torch.exp2(scales.float() - 127).repeat_interleave(32, dim=1)
+    want = (codes.view(torch.float8_e4m3fn).float() * factor).to(torch.bfloat16)[:, :448]
+    got = out.cpu()
+    assert torch.equal(got, want[:, None, :].expand_as(got))
+    assert torch.equal(lse.cpu(), torch.zeros(seqs, 16))
