@@ -59,6 +59,9 @@ TUNE_CONFIGS: tuple[dict, ...] = (
     {"block_n": 32, "num_warps": 8, "chunked": True},
     {"block_n": 16, "num_warps": 4, "chunked": True},
 )
+#: CUDA builds (MXFP8 records) the sweep times: tiles in flight x CTAs per SM compiled for.
+CUDA_TUNE: tuple[dict, ...] = tuple({"kernel": "cuda", "cuda_stages": s, "cuda_blocks": b}
+                                    for s in (3, 4, 6) for b in (2, 3))
 #: Split counts the sweep times at the default launch configuration (beside the kernel's
 #: choice), to check the split model (``triton_mla.split_cost``) against the clock.
 TUNE_SPLITS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 33)
@@ -275,11 +278,14 @@ def main() -> int:
                     sweep = [_tune_launch(tune, triton_mla.default_l2_ahead(record))
                              for tune in TUNE_CONFIGS
                              if not (kind == "bf16" and tune.get("f16_dot"))]
+                    if kind == "mxfp8":
+                        sweep += [_tune_launch(tune, 0) for tune in CUDA_TUNE]
                     sweep += [_tune_launch(dict(default, num_splits=n),
                                            triton_mla.default_l2_ahead(record))
                               for n in TUNE_SPLITS if n != splits]
                     for cfg in sweep:
                         cfg_label = (f"{label} kernel={cfg['kernel']} "
+                                     f"cuda=s{cfg.get('cuda_stages')}b{cfg.get('cuda_blocks')} "
                                      f"splits={cfg.get('num_splits')} "
                                      f"chunked={cfg['chunked']} "
                                      f"grouped={cfg['grouped']} "
@@ -310,7 +316,7 @@ def main() -> int:
                                        "l2_ahead": cfg["l2_ahead"],
                                        "f16_dot": cfg["f16_dot"], "chunked": cfg["chunked"],
                                        "splits": used,
-                                       "kernel": triton_mla.last_kernel(),
+                                       "kernel": _kernel_text(cfg),
                                        "ms": t_ms,
                                        "kv_tb_s": kv_bytes / (t_ms * 1e-3) / 1e12,
                                        "max_rel_err": err})
@@ -323,6 +329,16 @@ def main() -> int:
         print("mla_decode: wrong results:\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1
     return 0
+
+
+def _kernel_text(cfg: dict) -> str:
+    """The kernel that ran the last call, with the CUDA build's stages and CTAs per SM."""
+    from kernelbay_attn_flashmla.triton_mla import last_kernel
+
+    used = last_kernel() or "-"
+    if used == "cuda":
+        used += f" s{cfg.get('cuda_stages', 4)} b{cfg.get('cuda_blocks', 2)}"
+    return used
 
 
 def _tune_launch(tune: dict, l2_ahead: int) -> dict:

@@ -47,7 +47,11 @@ class DecodeBuild:
 
 
 def build_for(record: MLARecord, stages: int = 4, min_blocks: int = 2) -> DecodeBuild:
-    """The build for ``record`` (offsets read from its descriptor)."""
+    """The build for ``record`` (offsets read from its descriptor) with ``stages`` tiles in
+    flight (at least 2) and registers capped for ``min_blocks`` CTAs per SM (1 to 4)."""
+    if stages < 2 or not 1 <= min_blocks <= 4:
+        raise ValueError(f"CUDA MLA decode build: stages={stages}, min_blocks={min_blocks}; "
+                         f"valid: stages >= 2, min_blocks in 1..4")
     return DecodeBuild(record.kv_lora_rank, record.bytes_per_token,
                        record.field("scales").offset, stages, min_blocks)
 

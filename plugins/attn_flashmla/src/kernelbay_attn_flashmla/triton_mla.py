@@ -314,7 +314,8 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                num_warps: int | None = None, num_stages: int = 2,
                chunked: bool | None = None, grouped: bool | None = None,
                reg_prefetch: bool = True, l2_ahead: int | None = None,
-               f16_dot: bool = False, kernel: str = "auto") -> tuple[Tensor, Tensor]:
+               f16_dot: bool = False, kernel: str = "auto", cuda_stages: int = 4,
+               cuda_blocks: int = 2) -> tuple[Tensor, Tensor]:
     """Absorbed MLA attention over paged records on the GPU (or the Triton interpreter).
 
     Same inputs and results as ``mla.mla_attention``: ``(out [T, H, kv_lora_rank] in
@@ -330,7 +331,9 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     launch configuration (for tuning; defaults depend on the latent width). ``kernel``
     (one of ``KERNELS``): ``"auto"`` runs the CUDA MXFP8 kernel (``cuda_mla``) where it
     applies and the Triton kernel elsewhere, ``"triton"`` always the Triton kernel,
-    ``"cuda"`` the CUDA kernel or a ``ValueError`` saying why it cannot. The per-token tables
+    ``"cuda"`` the CUDA kernel or a ``ValueError`` saying why it cannot; ``cuda_stages``
+    (tiles in flight) and ``cuda_blocks`` (CTAs per SM the build is compiled for) tune the
+    CUDA build. The per-token tables
     are reused while the same ``metadata`` object comes back (every layer of a step), so a
     metadata object must not be changed in place after a call.
     """
@@ -345,7 +348,8 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     if kernel != "triton" and not _interpreting():
         done = _decode_cuda(query, flat, page_bytes, record, page_size, metadata, scale,
                             num_splits, topk_indices is not None, sliding_window, num_sms,
-                            forced=kernel == "cuda")
+                            forced=kernel == "cuda",
+                            build=(cuda_stages, cuda_blocks))
         if done is not None:
             return done
     consts = launch_constants(record, heads, page_size, page_bytes, block_n=block_n,
@@ -450,7 +454,8 @@ _CUDA_RESIDENT: dict[tuple[Any, int], int] = {}
 def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord,
                  page_size: int, metadata: AttentionMetadata, scale: float,
                  num_splits: int | None, sparse: bool, sliding_window: int | None,
-                 num_sms: int | None, *, forced: bool) -> tuple[Tensor, Tensor] | None:
+                 num_sms: int | None, *, forced: bool,
+                 build: tuple[int, int]) -> tuple[Tensor, Tensor] | None:
     """``mla_decode`` through the CUDA MXFP8 kernel, or None where it does not apply (or its
     build failed: it warns once and the Triton kernel serves the call); ``forced`` raises
     instead of returning None."""
@@ -466,7 +471,7 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
     num_tokens, heads, _ = query.shape
     rank = record.kv_lora_rank
     device = query.device.index if query.device.index is not None else torch.cuda.current_device()
-    build = cuda_mla.build_for(record)
+    compiled = cuda_mla.build_for(record, *build)
     out = torch.empty(num_tokens, heads, rank, dtype=query.dtype, device=query.device)
     lse = torch.empty(num_tokens, heads, dtype=torch.float32, device=query.device)
     if num_tokens == 0:
@@ -475,9 +480,9 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
     try:
         resident = None
         if num_splits is None:
-            key = (build, device)
+            key = (compiled, device)
             if key not in _CUDA_RESIDENT:
-                _CUDA_RESIDENT[key] = cuda_mla.resident_programs(build, device)
+                _CUDA_RESIDENT[key] = cuda_mla.resident_programs(compiled, device)
             resident = _CUDA_RESIDENT[key]
             num_splits = choose_splits(
                 num_tokens, -(-heads // cuda_mla.HEADS),
@@ -494,7 +499,7 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
                                device=query.device)
             plse = torch.empty(num_tokens, num_splits, heads, dtype=torch.float32,
                                device=query.device)
-        cuda_mla.launch_decode(build, query, flat, page_bytes, page_size, block_tables, seq,
+        cuda_mla.launch_decode(compiled, query, flat, page_bytes, page_size, block_tables, seq,
                                length, start, part, plse, out, lse, float(scale), num_splits)
     except CudaJitError as exc:
         if forced:

@@ -229,10 +229,14 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   float l0 = 0.f, l1 = 0.f;               // this lane's share of the running sums
   const float qk_scale = scale * LOG2E;
 
-  auto issue = [&](int tile) {
+  // A tile's page index is loaded one iteration before its copies are issued: issuing
+  // them stalls this thread until the index arrives, so it must already be there.
+  auto page_of = [&](int tile) -> int {
+    return tile < num_tiles ? table[(lo + tile * TILE) / page_size] : 0;
+  };
+  auto issue = [&](int tile, int page) {
     if (tile < num_tiles) {
       const int pos = lo + tile * TILE;
-      const int page = table[pos / page_size];
       const unsigned char* src = cache + (long long)page * page_bytes
                                  + (long long)(pos % page_size) * BPT;
       // keys outside [start, hi) are zero-filled: masked keys must not bring NaN bytes
@@ -249,12 +253,14 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   };
 
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) issue(s);
+  for (int s = 0; s < STAGES - 1; ++s) issue(s, page_of(s));
+  int next_page = page_of(STAGES - 1);
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     wait_groups<STAGES - 2>();
     __syncthreads();  // the tile's bytes from every thread's copies; the reduction buffer free
-    issue(tile + STAGES - 1);
+    issue(tile + STAGES - 1, next_page);
+    next_page = page_of(tile + STAGES);
 
     const u32 tb = tiles_base + (tile % STAGES) * TILE_BYTES;
     // 1. decode: kb[n][j][r], key g of half n (keys 8n + g), chunk j, register r
