@@ -60,8 +60,10 @@ TUNE_CONFIGS: tuple[dict, ...] = (
     {"block_n": 16, "num_warps": 4, "chunked": True},
 )
 #: CUDA builds (MXFP8 records) the sweep times: tiles in flight x CTAs per SM compiled for.
-CUDA_TUNE: tuple[dict, ...] = tuple({"kernel": "cuda", "cuda_stages": s, "cuda_blocks": b}
-                                    for s in (3, 4, 6) for b in (2, 3))
+CUDA_TUNE: tuple[dict, ...] = tuple(
+    {"kernel": "cuda", "cuda_build": {"stages": s, "min_blocks": b, "query_in_shared": q}}
+    for s, b, q in ((4, 2, False), (3, 3, False), (4, 3, False), (3, 3, True), (4, 3, True),
+                    (6, 3, True), (3, 4, True)))
 #: Split counts the sweep times at the default launch configuration (beside the kernel's
 #: choice), to check the split model (``triton_mla.split_cost``) against the clock.
 TUNE_SPLITS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 33)
@@ -285,7 +287,7 @@ def main() -> int:
                               for n in TUNE_SPLITS if n != splits]
                     for cfg in sweep:
                         cfg_label = (f"{label} kernel={cfg['kernel']} "
-                                     f"cuda=s{cfg.get('cuda_stages')}b{cfg.get('cuda_blocks')} "
+                                     f"cuda={cfg.get('cuda_build')} "
                                      f"splits={cfg.get('num_splits')} "
                                      f"chunked={cfg['chunked']} "
                                      f"grouped={cfg['grouped']} "
@@ -337,7 +339,9 @@ def _kernel_text(cfg: dict) -> str:
 
     used = last_kernel() or "-"
     if used == "cuda":
-        used += f" s{cfg.get('cuda_stages', 4)} b{cfg.get('cuda_blocks', 2)}"
+        build = cfg.get("cuda_build") or {}
+        used += (f" s{build.get('stages', 4)} b{build.get('min_blocks', 2)}"
+                 f"{' qs' if build.get('query_in_shared') else ''}")
     return used
 
 

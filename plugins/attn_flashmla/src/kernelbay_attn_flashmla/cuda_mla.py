@@ -44,29 +44,33 @@ class DecodeBuild:
     scale_offset: int
     stages: int = 4
     min_blocks: int = 2
+    query_in_shared: bool = False
 
 
-def build_for(record: MLARecord, stages: int = 4, min_blocks: int = 2) -> DecodeBuild:
+def build_for(record: MLARecord, stages: int = 4, min_blocks: int = 2,
+              query_in_shared: bool = False) -> DecodeBuild:
     """The build for ``record`` (offsets read from its descriptor) with ``stages`` tiles in
-    flight (at least 2) and registers capped for ``min_blocks`` CTAs per SM (1 to 4)."""
+    flight (at least 2), registers capped for ``min_blocks`` CTAs per SM (1 to 4), and the
+    query slice in shared memory instead of registers (``query_in_shared``)."""
     if stages < 2 or not 1 <= min_blocks <= 4:
         raise ValueError(f"CUDA MLA decode build: stages={stages}, min_blocks={min_blocks}; "
                          f"valid: stages >= 2, min_blocks in 1..4")
     return DecodeBuild(record.kv_lora_rank, record.bytes_per_token,
-                       record.field("scales").offset, stages, min_blocks)
+                       record.field("scales").offset, stages, min_blocks, query_in_shared)
 
 
 def build_options(build: DecodeBuild) -> list[str]:
     """NVRTC defines for ``build``."""
     return [f"-DDIM={DIM}", f"-DRANK={build.rank}", f"-DBPT={build.bytes_per_token}",
             f"-DSCALE_OFF={build.scale_offset}", f"-DSTAGES={build.stages}",
-            f"-DMIN_BLOCKS={build.min_blocks}"]
+            f"-DMIN_BLOCKS={build.min_blocks}", f"-DQSMEM={int(build.query_in_shared)}"]
 
 
 def shared_bytes(build: DecodeBuild) -> int:
-    """Dynamic shared memory of one CTA: STAGES tiles of records and the warps' partial
-    scores (32 lanes x 8 floats each)."""
-    return build.stages * TILE * build.bytes_per_token + WARPS * 32 * 8 * 4
+    """Dynamic shared memory of one CTA: STAGES tiles of records, the warps' partial
+    scores (32 lanes x 8 floats each) and, ``query_in_shared``, the warps' query slices."""
+    query = WARPS * 8 * 32 * 16 if build.query_in_shared else 0  # 8 MMA steps x 32 lanes x 16 B
+    return build.stages * TILE * build.bytes_per_token + WARPS * 32 * 8 * 4 + query
 
 
 @functools.cache

@@ -314,8 +314,8 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                num_warps: int | None = None, num_stages: int = 2,
                chunked: bool | None = None, grouped: bool | None = None,
                reg_prefetch: bool = True, l2_ahead: int | None = None,
-               f16_dot: bool = False, kernel: str = "auto", cuda_stages: int = 4,
-               cuda_blocks: int = 2) -> tuple[Tensor, Tensor]:
+               f16_dot: bool = False, kernel: str = "auto",
+               cuda_build: dict[str, Any] | None = None) -> tuple[Tensor, Tensor]:
     """Absorbed MLA attention over paged records on the GPU (or the Triton interpreter).
 
     Same inputs and results as ``mla.mla_attention``: ``(out [T, H, kv_lora_rank] in
@@ -331,9 +331,9 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     launch configuration (for tuning; defaults depend on the latent width). ``kernel``
     (one of ``KERNELS``): ``"auto"`` runs the CUDA MXFP8 kernel (``cuda_mla``) where it
     applies and the Triton kernel elsewhere, ``"triton"`` always the Triton kernel,
-    ``"cuda"`` the CUDA kernel or a ``ValueError`` saying why it cannot; ``cuda_stages``
-    (tiles in flight) and ``cuda_blocks`` (CTAs per SM the build is compiled for) tune the
-    CUDA build. The per-token tables
+    ``"cuda"`` the CUDA kernel or a ``ValueError`` saying why it cannot; ``cuda_build``
+    (keywords of ``cuda_mla.build_for``: stages, min_blocks, query_in_shared) tunes the CUDA
+    build. The per-token tables
     are reused while the same ``metadata`` object comes back (every layer of a step), so a
     metadata object must not be changed in place after a call.
     """
@@ -349,7 +349,7 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
         done = _decode_cuda(query, flat, page_bytes, record, page_size, metadata, scale,
                             num_splits, topk_indices is not None, sliding_window, num_sms,
                             forced=kernel == "cuda",
-                            build=(cuda_stages, cuda_blocks))
+                            build=cuda_build or {})
         if done is not None:
             return done
     consts = launch_constants(record, heads, page_size, page_bytes, block_n=block_n,
@@ -455,7 +455,7 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
                  page_size: int, metadata: AttentionMetadata, scale: float,
                  num_splits: int | None, sparse: bool, sliding_window: int | None,
                  num_sms: int | None, *, forced: bool,
-                 build: tuple[int, int]) -> tuple[Tensor, Tensor] | None:
+                 build: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
     """``mla_decode`` through the CUDA MXFP8 kernel, or None where it does not apply (or its
     build failed: it warns once and the Triton kernel serves the call); ``forced`` raises
     instead of returning None."""
@@ -471,7 +471,7 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
     num_tokens, heads, _ = query.shape
     rank = record.kv_lora_rank
     device = query.device.index if query.device.index is not None else torch.cuda.current_device()
-    compiled = cuda_mla.build_for(record, *build)
+    compiled = cuda_mla.build_for(record, **build)
     out = torch.empty(num_tokens, heads, rank, dtype=query.dtype, device=query.device)
     lse = torch.empty(num_tokens, heads, dtype=torch.float32, device=query.device)
     if num_tokens == 0:

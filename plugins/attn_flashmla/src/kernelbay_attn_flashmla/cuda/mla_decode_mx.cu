@@ -2,7 +2,7 @@
 //
 // Compiled at run time by NVRTC (kernelbay.cuda_jit; cuda_mla.build_options) with DIM (values
 // per record: latent then rope), RANK (latent width), BPT (bytes per record), SCALE_OFF (the
-// scale bytes' offset), STAGES and MIN_BLOCKS defined by the host.
+// scale bytes' offset), STAGES, MIN_BLOCKS and QSMEM defined by the host.
 //
 // One CTA serves one query token, one KV split and a block of 16 query heads, with four
 // warps; warp w owns the record values [128w, 128w + 128) (latent, and rope for the last
@@ -52,6 +52,9 @@ typedef unsigned long long u64;
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 2
 #endif
+#ifndef QSMEM
+#define QSMEM 0  // 1: the query slice waits in shared memory (32 registers fewer per thread)
+#endif
 
 #define WARPS 4
 #define TILE 16
@@ -66,7 +69,6 @@ typedef unsigned long long u64;
 #error "BPT must be a multiple of 16 (16-byte copies)"
 #endif
 #define TILE_BYTES (TILE * BPT)
-#define COPIES (TILE_BYTES / 16)
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 #define NEG_INF __int_as_float(0xff800000)
@@ -100,6 +102,18 @@ __device__ __forceinline__ float4 lds128f(u32 addr) {
   return v;
 }
 
+__device__ __forceinline__ void sts128(u32 addr, u32 a, u32 b, u32 c, u32 d) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" :: "r"(addr), "r"(a), "r"(b), "r"(c),
+               "r"(d));
+}
+
+__device__ __forceinline__ uint4 lds128(u32 addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
 __device__ __forceinline__ void sts128f(u32 addr, float a, float b, float c, float d) {
   asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" :: "r"(addr), "f"(a), "f"(b), "f"(c),
                "f"(d));
@@ -125,23 +139,27 @@ __device__ __forceinline__ u32 pow2_pair(int x) {
   return bits | (bits << 16);
 }
 
-// Eight codes (one chunk of one key) times 2^(scale - 127): four bf16x2 registers, codes in
-// order (register r holds codes 2r, 2r + 1).
+// Eight codes (one chunk of one key) times 2^(scale - 127), as far as one factor reaches
+// (scale bytes up to 134; ``rest_of_scale`` finishes the others): four bf16x2 registers,
+// codes in order (register r holds codes 2r, 2r + 1).
 __device__ __forceinline__ void decode8(uint2 codes, u32 scale, u32* out) {
-  // prmt selectors: byte 0 then its sign-replicated copy (nibble 8 | index), byte 1 likewise
-  out[0] = e4m3_pair(codes.x, 0x9180u);
+  out[0] = e4m3_pair(codes.x, 0x9180u);  // prmt: byte 0, its sign; byte 1, its sign
   out[1] = e4m3_pair(codes.x, 0xB3A2u);
   out[2] = e4m3_pair(codes.y, 0x9180u);
   out[3] = e4m3_pair(codes.y, 0xB3A2u);
-  int e = (int)scale - 7;  // 2^-120 from the code lanes, 2^(scale - 127) from the block
+  const int e = (int)scale - 7;  // 2^-120 from the code lanes, 2^(scale - 127) from the block
   // scale byte 255 is E8M0's NaN
-  u32 f = scale == 255u ? 0x7FC07FC0u : pow2_pair(e < 127 ? e : 127);
+  const u32 f = scale == 255u ? 0x7FC07FC0u : pow2_pair(e < 127 ? e : 127);
 #pragma unroll
   for (int r = 0; r < 4; ++r) out[r] = bf16x2_mul(out[r], f);
-  if (e > 127 && scale != 255u) {  // scale bytes 135..254: the rest of the power
-    u32 f2 = pow2_pair(e - 127);
+}
+
+// The second factor of scale bytes 135..254, where 2^(scale - 7) is past bfloat16's range.
+__device__ __forceinline__ void rest_of_scale(u32 scale, u32* out) {
+  if (scale > 134u && scale != 255u) {
+    const u32 f = pow2_pair((int)scale - 134);
 #pragma unroll
-    for (int r = 0; r < 4; ++r) out[r] = bf16x2_mul(out[r], f2);
+    for (int r = 0; r < 4; ++r) out[r] = bf16x2_mul(out[r], f);
   }
 }
 
@@ -201,8 +219,12 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   const int num_tiles = hi > lo ? (hi - lo + TILE - 1) / TILE : 0;
   const int* table = block_tables + (long long)seq * bt_stride;
 
-  // The query slice of this warp in the permuted order: a[s][0..3] for MMA step s = 2j + h.
-  u32 qa[2 * CHUNKS][4];
+  // The query slice of this warp in the permuted order: a[s][0..3] for MMA step s = 2j + h
+  // (QSMEM: kept in shared memory, each lane's 16 bytes of a step side by side).
+#if QSMEM
+  const u32 q_slots = red_base + WARPS * 32 * 32 + (warp * 2 * CHUNKS * 32 + lane) * 16;
+#endif
+  u32 qa[QSMEM ? 1 : 2 * CHUNKS][4];
   {
     const unsigned short* q0 = query + (long long)t * q_stride_t + (long long)h0 * q_stride_h;
     const unsigned short* q1 = query + (long long)t * q_stride_t + (long long)h1 * q_stride_h;
@@ -212,9 +234,14 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       uint4 r0 = h0 < num_heads ? *(const uint4*)(q0 + col) : make_uint4(0, 0, 0, 0);
       uint4 r1 = h1 < num_heads ? *(const uint4*)(q1 + col) : make_uint4(0, 0, 0, 0);
       // step 2j: values 0..3 of the lane's eight; step 2j + 1: values 4..7
+#if QSMEM
+      sts128(q_slots + (2 * j) * 512, r0.x, r1.x, r0.y, r1.y);
+      sts128(q_slots + (2 * j + 1) * 512, r0.z, r1.z, r0.w, r1.w);
+#else
       qa[2 * j][0] = r0.x; qa[2 * j][1] = r1.x; qa[2 * j][2] = r0.y; qa[2 * j][3] = r1.y;
       qa[2 * j + 1][0] = r0.z; qa[2 * j + 1][1] = r1.z;
       qa[2 * j + 1][2] = r0.w; qa[2 * j + 1][3] = r1.w;
+#endif
     }
   }
 
@@ -234,6 +261,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   auto page_of = [&](int tile) -> int {
     return tile < num_tiles ? table[(lo + tile * TILE) / page_size] : 0;
   };
+  const int key = tid >> 3, eighth = tid & 7;  // copies: eight threads per key of a tile
   auto issue = [&](int tile, int page) {
     if (tile < num_tiles) {
       const int pos = lo + tile * TILE;
@@ -242,11 +270,13 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       // keys outside [start, hi) are zero-filled: masked keys must not bring NaN bytes
       // (a slot never written) into the products, where 0 * NaN is NaN
       const int first = start - pos, last = hi - pos;
-      const u32 dst = tiles_base + (tile % STAGES) * TILE_BYTES;
+      const u32 dst = tiles_base + (tile % STAGES) * TILE_BYTES + key * BPT;
+      const unsigned char* from = src + key * BPT;
+      const u32 bytes = key >= first && key < last ? 16u : 0u;
 #pragma unroll
-      for (int i = tid; i < COPIES; i += WARPS * 32) {
-        const int key = (i * 16) / BPT;
-        copy16(dst + i * 16, src + i * 16, key >= first && key < last ? 16u : 0u);
+      for (int k = 0; k < (BPT / 16 + 7) / 8; ++k) {
+        const int chunk = eighth + 8 * k;
+        if ((BPT / 16) % 8 == 0 || chunk < BPT / 16) copy16(dst + chunk * 16, from + chunk * 16, bytes);
       }
     }
     commit();  // an empty group past the end keeps the wait counts uniform
@@ -265,24 +295,40 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     const u32 tb = tiles_base + (tile % STAGES) * TILE_BYTES;
     // 1. decode: kb[n][j][r], key g of half n (keys 8n + g), chunk j, register r
     u32 kb[2][CHUNKS][4];
+    u32 scales[2];
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
       const u32 rec = tb + (n * 8 + g) * BPT;
-      const u32 scales = lds32(rec + SCALE_OFF + warp * CHUNKS);
+      scales[n] = lds32(rec + SCALE_OFF + warp * CHUNKS);
 #pragma unroll
       for (int j = 0; j < CHUNKS; ++j) {
         uint2 codes = lds64(rec + warp * 128 + j * 32 + c * 8);
-        decode8(codes, (scales >> (8 * j)) & 0xFFu, kb[n][j]);
+        decode8(codes, (scales[n] >> (8 * j)) & 0xFFu, kb[n][j]);
       }
+    }
+    // Scale bytes above 134 (values past 2^7 * 448) are rare: one vote per tile instead of a
+    // second multiply per pair.
+    const u32 big = __vsetgtu4(scales[0], 0x86868686u) | __vsetgtu4(scales[1], 0x86868686u);
+    if (__any_sync(0xffffffffu, big != 0u)) {
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int j = 0; j < CHUNKS; ++j) rest_of_scale((scales[n] >> (8 * j)) & 0xFFu, kb[n][j]);
     }
     // 2. partial scores of this warp's values: sc[n] = S[heads g / g + 8][keys 8n + 2c, +1]
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-    for (int n = 0; n < 2; ++n)
+    for (int j = 0; j < CHUNKS; ++j)
 #pragma unroll
-      for (int j = 0; j < CHUNKS; ++j) {
-        mma(sc[n], qa[2 * j], kb[n][j][0], kb[n][j][1]);
-        mma(sc[n], qa[2 * j + 1], kb[n][j][2], kb[n][j][3]);
+      for (int h = 0; h < 2; ++h) {
+#if QSMEM
+        const uint4 q = lds128(q_slots + (2 * j + h) * 512);
+        const u32 a[4] = {q.x, q.y, q.z, q.w};
+#else
+        const u32* a = qa[2 * j + h];
+#endif
+#pragma unroll
+        for (int n = 0; n < 2; ++n) mma(sc[n], a, kb[n][j][2 * h], kb[n][j][2 * h + 1]);
       }
     // 3. the four warps' partial scores added in warp order
     const u32 mine = red_base + (warp * 32 + lane) * 32;
@@ -335,15 +381,22 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     const u32 pa[4] = {pack_bf16(p[0][0], p[0][1]), pack_bf16(p[0][2], p[0][3]),
                        pack_bf16(p[1][0], p[1][1]), pack_bf16(p[1][2], p[1][3])};
     // 4-5. values: the latent chunks of this warp, each 8 x 8 block of keys x values transposed
+    // The running max rarely moves once a few tiles are in: rescale only when it did.
+    if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
 #pragma unroll
-    for (int j = 0; j < CHUNKS; ++j) {
-      if (warp * 128 + j * 32 < RANK) {
+      for (int j = 0; j < CHUNKS; ++j)
 #pragma unroll
         for (int b = 0; b < 4; ++b) {
           acc[j][b][0] *= alpha0; acc[j][b][1] *= alpha0;
           acc[j][b][2] *= alpha1; acc[j][b][3] *= alpha1;
-          mma(acc[j][b], pa, transpose8x8(kb[0][j][b]), transpose8x8(kb[1][j][b]));
         }
+    }
+#pragma unroll
+    for (int j = 0; j < CHUNKS; ++j) {
+      if (warp * 128 + j * 32 < RANK) {
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+          mma(acc[j][b], pa, transpose8x8(kb[0][j][b]), transpose8x8(kb[1][j][b]));
       }
     }
   }
