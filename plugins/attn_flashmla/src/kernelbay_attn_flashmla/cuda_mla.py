@@ -146,9 +146,9 @@ def unsupported(query: torch.Tensor, record: MLARecord, page_size: int, page_byt
     index = query.device.index if query.device.index is not None else torch.cuda.current_device()
     if torch.cuda.get_device_capability(index) < (8, 0):
         return "compute capability below 8.0"
-    if page_size % TILE or page_bytes % 16:
-        return (f"page_size {page_size} and page stride {page_bytes} B (needs a multiple of "
-                f"{TILE} keys and of 16 bytes)")
+    if page_size < TILE or page_size & (page_size - 1) or page_bytes % 16:
+        return (f"page_size {page_size} and page stride {page_bytes} B (needs a power of two "
+                f">= {TILE} keys and a multiple of 16 bytes)")
     if query.stride(-1) != 1 or query.stride(1) % 8 or query.stride(0) % 8 \
             or query.data_ptr() % 16:
         return "query rows not 16-byte aligned"
@@ -187,7 +187,7 @@ def launch_decode(build: DecodeBuild, query: torch.Tensor, flat: torch.Tensor, p
         ls = (lse.stride(0), 0)
         lse_ptr = lse.data_ptr()
     args = [ptr(query.data_ptr()), i64(query.stride(0)), i64(query.stride(1)),
-            ptr(flat.data_ptr()), i64(page_bytes), i32(page_size),
+            ptr(flat.data_ptr()), i64(page_bytes), i32(page_size.bit_length() - 1),
             ptr(block_tables.data_ptr()), i64(block_tables.stride(0)),
             ptr(seq.data_ptr()), ptr(length.data_ptr()), ptr(start.data_ptr()),
             ptr(part.data_ptr()), i64(ps[0]), i64(ps[1]), i64(ps[2]),

@@ -28,8 +28,8 @@
 // Decoding a pair of codes: a byte permute puts each code in its own 16-bit lane with its
 // sign replicated over the byte above; a shift by 4 and a mask leave the bfloat16 of
 // e4m3 * 2^-120 (subnormals and zeros included, exactly); one bf16x2 multiply by the exact
-// power of two 2^(e - 7) applies the block's scale 2^(e - 127) (a second multiply for scale
-// bytes above 134, where 2^(e - 7) is past bfloat16's range).
+// power of two 2^(e - 7) applies the block's scale 2^(e - 127) (scale bytes above 134, where
+// 2^(e - 7) is past bfloat16's range, get a second multiply under one vote per tile).
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -133,31 +133,41 @@ __device__ __forceinline__ u32 e4m3_pair(u32 w, u32 selector) {
   return (r << 4) & 0x87F087F0u;
 }
 
-// The bfloat16 pair (2^x, 2^x) for an exponent x in [-133, 127] (zero below -133).
+// The bfloat16 pair (2^x, 2^x) for an exponent x in [-126, 127].
 __device__ __forceinline__ u32 pow2_pair(int x) {
-  u32 bits = x >= -126 ? (u32)(x + 127) << 7 : (x >= -133 ? 0x40u >> (-127 - x) : 0u);
+  const u32 bits = (u32)(x + 127) << 7;
   return bits | (bits << 16);
 }
 
-// Eight codes (one chunk of one key) times 2^(scale - 127), as far as one factor reaches
-// (scale bytes up to 134; ``rest_of_scale`` finishes the others): four bf16x2 registers,
+// The first factors of a word of four scale bytes: byte j becomes min(byte, 134) + 120, the
+// bfloat16 exponent field of 2^(min(byte, 134) - 7), which ``factor`` places in both lanes.
+__device__ __forceinline__ u32 factor_bytes(u32 scales) {
+  return __vadd4(__vminu4(scales, 0x86868686u), 0x78787878u);
+}
+
+template <int J>
+__device__ __forceinline__ u32 factor(u32 bytes) {
+  u32 r;  // byte J into bytes 0 and 2, zeros (byte 4 of the zero operand) above them
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(bytes), "n"(0x4040 | (J << 8) | J));
+  return r << 7;
+}
+
+// Eight codes (one chunk of one key) times the first factor ``f``: four bf16x2 registers,
 // codes in order (register r holds codes 2r, 2r + 1).
-__device__ __forceinline__ void decode8(uint2 codes, u32 scale, u32* out) {
+__device__ __forceinline__ void decode8(uint2 codes, u32 f, u32* out) {
   out[0] = e4m3_pair(codes.x, 0x9180u);  // prmt: byte 0, its sign; byte 1, its sign
   out[1] = e4m3_pair(codes.x, 0xB3A2u);
   out[2] = e4m3_pair(codes.y, 0x9180u);
   out[3] = e4m3_pair(codes.y, 0xB3A2u);
-  const int e = (int)scale - 7;  // 2^-120 from the code lanes, 2^(scale - 127) from the block
-  // scale byte 255 is E8M0's NaN
-  const u32 f = scale == 255u ? 0x7FC07FC0u : pow2_pair(e < 127 ? e : 127);
 #pragma unroll
   for (int r = 0; r < 4; ++r) out[r] = bf16x2_mul(out[r], f);
 }
 
-// The second factor of scale bytes 135..254, where 2^(scale - 7) is past bfloat16's range.
+// What the first factor left of scale bytes 135..254 (2^(byte - 134)); byte 255 is E8M0's
+// NaN.
 __device__ __forceinline__ void rest_of_scale(u32 scale, u32* out) {
-  if (scale > 134u && scale != 255u) {
-    const u32 f = pow2_pair((int)scale - 134);
+  if (scale > 134u) {
+    const u32 f = scale == 255u ? 0x7FC07FC0u : pow2_pair((int)scale - 134);
 #pragma unroll
     for (int r = 0; r < 4; ++r) out[r] = bf16x2_mul(out[r], f);
   }
@@ -184,7 +194,7 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, long long q_stride_h,
-              const unsigned char* __restrict__ cache, long long page_bytes, int page_size,
+              const unsigned char* __restrict__ cache, long long page_bytes, int page_shift,
               const int* __restrict__ block_tables, long long bt_stride,
               const int* __restrict__ tok_seq, const int* __restrict__ tok_len,
               const int* __restrict__ tok_start,
@@ -259,14 +269,14 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   // A tile's page index is loaded one iteration before its copies are issued: issuing
   // them stalls this thread until the index arrives, so it must already be there.
   auto page_of = [&](int tile) -> int {
-    return tile < num_tiles ? table[(lo + tile * TILE) / page_size] : 0;
+    return tile < num_tiles ? table[(lo + tile * TILE) >> page_shift] : 0;
   };
   const int key = tid >> 3, eighth = tid & 7;  // copies: eight threads per key of a tile
   auto issue = [&](int tile, int page) {
     if (tile < num_tiles) {
       const int pos = lo + tile * TILE;
       const unsigned char* src = cache + (long long)page * page_bytes
-                                 + (long long)(pos % page_size) * BPT;
+                                 + (long long)(pos & ((1 << page_shift) - 1)) * BPT;
       // keys outside [start, hi) are zero-filled: masked keys must not bring NaN bytes
       // (a slot never written) into the products, where 0 * NaN is NaN
       const int first = start - pos, last = hi - pos;
@@ -300,11 +310,11 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     for (int n = 0; n < 2; ++n) {
       const u32 rec = tb + (n * 8 + g) * BPT;
       scales[n] = lds32(rec + SCALE_OFF + warp * CHUNKS);
-#pragma unroll
-      for (int j = 0; j < CHUNKS; ++j) {
-        uint2 codes = lds64(rec + warp * 128 + j * 32 + c * 8);
-        decode8(codes, (scales[n] >> (8 * j)) & 0xFFu, kb[n][j]);
-      }
+      const u32 fb = factor_bytes(scales[n]);
+      decode8(lds64(rec + warp * 128 + c * 8), factor<0>(fb), kb[n][0]);
+      decode8(lds64(rec + warp * 128 + 32 + c * 8), factor<1>(fb), kb[n][1]);
+      decode8(lds64(rec + warp * 128 + 64 + c * 8), factor<2>(fb), kb[n][2]);
+      decode8(lds64(rec + warp * 128 + 96 + c * 8), factor<3>(fb), kb[n][3]);
     }
     // Scale bytes above 134 (values past 2^7 * 448) are rare: one vote per tile instead of a
     // second multiply per pair.
@@ -345,15 +355,24 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     }
     // online softmax over the tile's allowed keys (start <= position < hi)
     const int pos0 = lo + tile * TILE;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[n][i] *= qk_scale;
+    if (pos0 < start || pos0 + TILE > hi) {  // an edge tile (uniform over the CTA)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int pos = pos0 + 8 * n + 2 * c + i;
+          if (pos < start || pos >= hi) s[n][i] = s[n][2 + i] = NEG_INF;
+        }
+    }
     float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int pos = pos0 + 8 * n + 2 * c + i;
-        const bool ok = pos >= start && pos < hi;
-        s[n][i] = ok ? s[n][i] * qk_scale : NEG_INF;
-        s[n][2 + i] = ok ? s[n][2 + i] * qk_scale : NEG_INF;
         mx0 = fmaxf(mx0, s[n][i]);
         mx1 = fmaxf(mx1, s[n][2 + i]);
       }
