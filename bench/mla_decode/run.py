@@ -62,8 +62,8 @@ TUNE_CONFIGS: tuple[dict, ...] = (
 #: CUDA builds (MXFP8 records) the sweep times: tiles in flight x CTAs per SM compiled for.
 CUDA_TUNE: tuple[dict, ...] = tuple(
     {"kernel": "cuda", "cuda_build": {"stages": s, "min_blocks": b, "query_in_shared": q}}
-    for s, b, q in ((4, 2, False), (3, 3, False), (4, 3, False), (3, 3, True), (4, 3, True),
-                    (6, 3, True), (3, 4, True)))
+    for s, b, q in ((4, 2, False), (3, 3, False), (4, 3, False), (4, 3, True), (3, 4, True),
+                    (4, 4, True), (2, 4, True)))
 #: Split counts the sweep times at the default launch configuration (beside the kernel's
 #: choice), to check the split model (``triton_mla.split_cost``) against the clock.
 TUNE_SPLITS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 33)
@@ -339,9 +339,13 @@ def _kernel_text(cfg: dict) -> str:
 
     used = last_kernel() or "-"
     if used == "cuda":
+        from kernelbay_attn_flashmla.cuda_mla import DecodeBuild
+
+        default = DecodeBuild(0, 0, 0)
         build = cfg.get("cuda_build") or {}
-        used += (f" s{build.get('stages', 4)} b{build.get('min_blocks', 2)}"
-                 f"{' qs' if build.get('query_in_shared') else ''}")
+        used += (f" s{build.get('stages', default.stages)}"
+                 f" b{build.get('min_blocks', default.min_blocks)}"
+                 f"{' qs' if build.get('query_in_shared', default.query_in_shared) else ''}")
     return used
 
 

@@ -42,13 +42,13 @@ class DecodeBuild:
     rank: int
     bytes_per_token: int
     scale_offset: int
-    stages: int = 4
-    min_blocks: int = 2
-    query_in_shared: bool = False
+    stages: int = 3
+    min_blocks: int = 4
+    query_in_shared: bool = True
 
 
-def build_for(record: MLARecord, stages: int = 4, min_blocks: int = 2,
-              query_in_shared: bool = False) -> DecodeBuild:
+def build_for(record: MLARecord, stages: int = 3, min_blocks: int = 4,
+              query_in_shared: bool = True) -> DecodeBuild:
     """The build for ``record`` (offsets read from its descriptor) with ``stages`` tiles in
     flight (at least 2), registers capped for ``min_blocks`` CTAs per SM (1 to 4), and the
     query slice in shared memory instead of registers (``query_in_shared``)."""

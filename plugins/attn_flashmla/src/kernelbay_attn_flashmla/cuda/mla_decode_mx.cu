@@ -139,10 +139,15 @@ __device__ __forceinline__ u32 pow2_pair(int x) {
   return bits | (bits << 16);
 }
 
-// The first factors of a word of four scale bytes: byte j becomes min(byte, 134) + 120, the
-// bfloat16 exponent field of 2^(min(byte, 134) - 7), which ``factor`` places in both lanes.
-__device__ __forceinline__ u32 factor_bytes(u32 scales) {
-  return __vadd4(__vminu4(scales, 0x86868686u), 0x78787878u);
+// The first factors of a word of four scale bytes: byte j becomes byte + 120, the bfloat16
+// exponent field of 2^(byte - 7), which ``factor`` places in both lanes. Valid for bytes up
+// to 134 (no carry between bytes); ``large_scales`` finds the others.
+__device__ __forceinline__ u32 factor_bytes(u32 scales) { return scales + 0x78787878u; }
+
+// Nonzero when a byte of ``scales`` is 135 or more: its top bit set and its low seven bits
+// at least 7 (no carry between bytes: (b & 0x7f) + 0x79 <= 0xf8).
+__device__ __forceinline__ u32 large_scales(u32 scales) {
+  return ((scales & 0x7F7F7F7Fu) + 0x79797979u) & scales & 0x80808080u;
 }
 
 template <int J>
@@ -163,11 +168,13 @@ __device__ __forceinline__ void decode8(uint2 codes, u32 f, u32* out) {
   for (int r = 0; r < 4; ++r) out[r] = bf16x2_mul(out[r], f);
 }
 
-// What the first factor left of scale bytes 135..254 (2^(byte - 134)); byte 255 is E8M0's
-// NaN.
-__device__ __forceinline__ void rest_of_scale(u32 scale, u32* out) {
+// Eight codes times 2^(scale - 127) for any scale byte (two factors for bytes above 134,
+// where 2^(scale - 7) is past bfloat16's range; byte 255 is E8M0's NaN).
+__device__ __forceinline__ void decode8_any(uint2 codes, u32 scale, u32* out) {
+  const int e = (int)scale - 7;
+  decode8(codes, pow2_pair(e < 127 ? e : 127), out);
   if (scale > 134u) {
-    const u32 f = scale == 255u ? 0x7FC07FC0u : pow2_pair((int)scale - 134);
+    const u32 f = scale == 255u ? 0x7FC07FC0u : pow2_pair(e - 127);
 #pragma unroll
     for (int r = 0; r < 4; ++r) out[r] = bf16x2_mul(out[r], f);
   }
@@ -316,14 +323,17 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       decode8(lds64(rec + warp * 128 + 64 + c * 8), factor<2>(fb), kb[n][2]);
       decode8(lds64(rec + warp * 128 + 96 + c * 8), factor<3>(fb), kb[n][3]);
     }
-    // Scale bytes above 134 (values past 2^7 * 448) are rare: one vote per tile instead of a
-    // second multiply per pair.
-    const u32 big = __vsetgtu4(scales[0], 0x86868686u) | __vsetgtu4(scales[1], 0x86868686u);
-    if (__any_sync(0xffffffffu, big != 0u)) {
+    // Scale bytes above 134 (values past 2^7 * 448) are rare: one vote per tile, and the
+    // tile decoded again with two factors where a lane has one.
+    if (__any_sync(0xffffffffu, (large_scales(scales[0]) | large_scales(scales[1])) != 0u)) {
 #pragma unroll
-      for (int n = 0; n < 2; ++n)
+      for (int n = 0; n < 2; ++n) {
+        const u32 rec = tb + (n * 8 + g) * BPT;
 #pragma unroll
-        for (int j = 0; j < CHUNKS; ++j) rest_of_scale((scales[n] >> (8 * j)) & 0xFFu, kb[n][j]);
+        for (int j = 0; j < CHUNKS; ++j)
+          decode8_any(lds64(rec + warp * 128 + j * 32 + c * 8), (scales[n] >> (8 * j)) & 0xFFu,
+                      kb[n][j]);
+      }
     }
     // 2. partial scores of this warp's values: sc[n] = S[heads g / g + 8][keys 8n + 2c, +1]
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
