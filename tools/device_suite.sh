@@ -80,10 +80,9 @@ for s in "$@"; do
   case $s in
     profile) profile ;;
     mlacuda)  # the CUDA MXFP8 decode kernel: its GPU tests, then the MLA table with its sweep
-      section mla-cuda-tests 150 $py -m pytest -q -p no:cacheprovider -m gpu \
-        plugins/attn_flashmla/tests/test_cuda_mla.py
-      section mla-bench 240 $py bench/mla_decode/run.py --kinds bf16,mxfp8 --budget-s 150 \
-        --out /tmp/res/mla-bench ;;
+      section mla-cuda-tests 200 $py -m pytest -q -p no:cacheprovider -m gpu \
+        plugins/attn_flashmla/tests
+      section mla-bench 300 $py bench/mla_decode/run.py --budget-s 200 --out /tmp/res/mla-bench ;;
     mlaprof)  # Nsight Compute on the CUDA MXFP8 decode kernel at batch 64, 8k keys
       prof mla-cuda mla_decode_mx -- $py bench/mla_decode/run.py --batches 64 --contexts 8192 \
         --heads 16 --kinds mxfp8 --eager --rep 2 --no-tune --out /tmp/res/prof-mla ;;
