@@ -38,7 +38,9 @@ class MLATritonAttention(MLAReferenceAttention):
     reads records from the pages, dequantizes in registers, attends with all heads of a
     block (up to 32) in one program per KV tile, and splits long contexts over the SMs with
     a combine step; the write kernel quantizes latents into records bit for bit as the
-    reference codec. ``forward`` takes ``num_splits`` (None: chosen from batch x heads vs
+    reference codec. MXFP8 records of 512 values with bfloat16 queries (dense) decode through
+    a CUDA kernel compiled at run time by NVRTC (``cuda_mla``); without NVRTC, or where its
+    build fails, the Triton kernel serves them. ``forward`` takes ``num_splits`` (None: chosen from batch x heads vs
     SM count) and ``topk_indices`` like the reference.
     """
 
@@ -48,7 +50,8 @@ class MLATritonAttention(MLAReferenceAttention):
     # the splits' partials: a token's result depends on what else is in the batch.
     batch_invariant: ClassVar[bool] = False
     summary: ClassVar[str] = ("MLA decode over bf16/fp8/fp8-e8m0/mxfp8 KV records, Triton "
-                              "split-KV kernel, CUDA cc >= 9.0")
+                              "split-KV kernel (MXFP8: a CUDA kernel built by NVRTC), "
+                              "CUDA cc >= 9.0")
 
     @classmethod
     def can_implement(cls, request: AttentionRequest, device: DeviceCapability) -> Verdict:

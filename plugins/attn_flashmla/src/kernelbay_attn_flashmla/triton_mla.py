@@ -331,7 +331,8 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     launch configuration (for tuning; defaults depend on the latent width). ``kernel``
     (one of ``KERNELS``): ``"auto"`` runs the CUDA MXFP8 kernel (``cuda_mla``) where it
     applies and the Triton kernel elsewhere, ``"triton"`` always the Triton kernel,
-    ``"cuda"`` the CUDA kernel or a ``ValueError`` saying why it cannot; ``cuda_build``
+    ``"cuda"`` the CUDA kernel or a ``ValueError`` saying why it cannot (``"auto"`` with a
+    Triton launch option given runs the Triton kernel); ``cuda_build``
     (keywords of ``cuda_mla.build_for``: stages, min_blocks, query_in_shared) tunes the CUDA
     build. The per-token tables
     are reused while the same ``metadata`` object comes back (every layer of a step), so a
@@ -345,7 +346,10 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     rank = record.kv_lora_rank
     if kernel not in KERNELS:
         raise ValueError(f"mla_decode kernel={kernel!r}; valid: {list(KERNELS)}")
-    if kernel != "triton" and not _interpreting():
+    # Launch options of the Triton kernel name it: "auto" then runs what was asked for.
+    triton_options = (any(v is not None for v in (block_n, num_warps, chunked, grouped, l2_ahead))
+                      or f16_dot or not reg_prefetch or num_stages != 2)
+    if kernel == "cuda" or (kernel == "auto" and not triton_options and not _interpreting()):
         done = _decode_cuda(query, flat, page_bytes, record, page_size, metadata, scale,
                             num_splits, topk_indices is not None, sliding_window, num_sms,
                             forced=kernel == "cuda",
