@@ -131,17 +131,6 @@ def test_cuda_gemv_every_code_and_scale_exact() -> None:
     assert torch.equal(got, w.T.to(torch.bfloat16))
 
 
-def _cuobjdump() -> str | None:
-    import glob
-    import os
-
-    import triton
-
-    found = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
-                                   "bin", "cuobjdump"))
-    return found[0] if found else None
-
-
 @pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_build_compiles_and_defaults_do_not_spill(arch: str, tmp_path: Any,
@@ -149,8 +138,7 @@ def test_every_build_compiles_and_defaults_do_not_spill(arch: str, tmp_path: Any
     """The CUDA source compiles (NVRTC, no GPU needed) for every build the sweep and the
     defaults use, on both layouts; the default builds keep everything in registers (no local
     memory in ``cuobjdump``'s resource usage, when triton's copy of it is installed)."""
-    import subprocess
-
+    from kernelbay.testing.cubins import cubin_resources
     from kernelbay_quant_nvfp4.cuda_gemv import _source, build_options
     from kernelbay_quant_nvfp4.triton_configs import CANDIDATES
 
@@ -158,16 +146,12 @@ def test_every_build_compiles_and_defaults_do_not_spill(arch: str, tmp_path: Any
     builds = {config_for_m(m, n, k, 132) for m in (1, 16) for n in (8192, 28672)
               for k in (8192, 28672)}
     sweep = {replace(c.gemv, nt=nt) for c in CANDIDATES if c.gemv is not None for nt in (1, 2)}
-    tool = _cuobjdump()
     for build in sorted(builds | sweep, key=lambda b: b.name):
         cubin = compile_cubin(_source(), "nvfp4_gemv", arch, build_options(build))
         assert cubin[:4] == b"\x7fELF", build.name
-        if build in builds and tool is not None:
-            path = tmp_path / "k.cubin"
-            path.write_bytes(cubin)
-            usage = subprocess.run([tool, "-res-usage", str(path)], capture_output=True,
-                                   text=True, check=True).stdout
-            assert "STACK:0 " in usage and "LOCAL:0 " in usage, (build.name, usage)
+        usage = cubin_resources(cubin) if build in builds else None
+        assert usage is None or ("STACK:0 " in usage and "LOCAL:0 " in usage), (build.name,
+                                                                                usage)
 
 
 @pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
