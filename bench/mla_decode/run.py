@@ -61,9 +61,11 @@ TUNE_CONFIGS: tuple[dict, ...] = (
 )
 #: CUDA builds (MXFP8 records) the sweep times: tiles in flight x CTAs per SM compiled for.
 CUDA_TUNE: tuple[dict, ...] = tuple(
-    {"kernel": "cuda", "cuda_build": {"stages": s, "min_blocks": b, "query_in_shared": q}}
-    for s, b, q in ((4, 2, False), (3, 3, False), (4, 3, False), (4, 3, True), (3, 4, True),
-                    (4, 4, True), (2, 4, True)))
+    {"kernel": "cuda",
+     "cuda_build": {"stages": s, "min_blocks": b, "query_in_shared": q, "tile": t}}
+    for s, b, q, t in ((4, 2, False, 16), (3, 3, False, 16), (3, 4, True, 16),
+                       (2, 4, True, 16), (4, 4, True, 16), (2, 3, True, 32),
+                       (3, 3, True, 32), (2, 2, False, 32), (3, 2, True, 32)))
 #: Split counts the sweep times at the default launch configuration (beside the kernel's
 #: choice), to check the split model (``triton_mla.split_cost``) against the clock.
 TUNE_SPLITS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 33)
@@ -193,6 +195,9 @@ def main() -> int:
     parser.add_argument("--kernel", choices=["auto", "triton", "cuda"], default="auto",
                         help="decode kernel (auto: the CUDA kernel for MXFP8 records where it "
                              "applies, Triton elsewhere)")
+    parser.add_argument("--sweep", choices=["all", "cuda"], default="all",
+                        help="sweep entries: every kernel's, or the CUDA builds and split "
+                             "counts only")
     parser.add_argument("--no-tune", action="store_true",
                         help="skip the launch-configuration sweep (16 heads, batch 64, "
                              "context >= 8k, every kind)")
@@ -279,7 +284,8 @@ def main() -> int:
                         continue
                     sweep = [_tune_launch(tune, triton_mla.default_l2_ahead(record))
                              for tune in TUNE_CONFIGS
-                             if not (kind == "bf16" and tune.get("f16_dot"))]
+                             if not (kind == "bf16" and tune.get("f16_dot"))
+                             and args.sweep == "all"]
                     if kind == "mxfp8":
                         sweep += [_tune_launch(tune, 0) for tune in CUDA_TUNE]
                     sweep += [_tune_launch(dict(default, num_splits=n),
@@ -345,7 +351,8 @@ def _kernel_text(cfg: dict) -> str:
         build = cfg.get("cuda_build") or {}
         used += (f" s{build.get('stages', default.stages)}"
                  f" b{build.get('min_blocks', default.min_blocks)}"
-                 f"{' qs' if build.get('query_in_shared', default.query_in_shared) else ''}")
+                 f"{' qs' if build.get('query_in_shared', default.query_in_shared) else ''}"
+                 f" t{build.get('tile', default.tile)}")
     return used
 
 

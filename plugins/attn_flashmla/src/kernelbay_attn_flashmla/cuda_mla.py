@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 __all__ = ["HEADS", "TILE", "WARPS", "DecodeBuild", "broken_reason", "build_for", "build_options", "decode_kernel",
            "launch_decode", "mark_broken", "resident_programs", "shared_bytes", "unsupported"]
 
-#: Keys per tile (a tile lies in one page, so the page size must be a multiple).
+#: Keys per tile of the default build (a tile lies in one page, so the page size must be a
+#: multiple); builds take 16 or 32.
 TILE = 16
 #: Warps per CTA; warp w owns the record values [128 w, 128 w + 128).
 WARPS = 4
@@ -45,32 +46,37 @@ class DecodeBuild:
     stages: int = 3
     min_blocks: int = 4
     query_in_shared: bool = True
+    tile: int = TILE
 
 
 def build_for(record: MLARecord, stages: int = 3, min_blocks: int = 4,
-              query_in_shared: bool = True) -> DecodeBuild:
+              query_in_shared: bool = True, tile: int = TILE) -> DecodeBuild:
     """The build for ``record`` (offsets read from its descriptor) with ``stages`` tiles in
     flight (at least 2), registers capped for ``min_blocks`` CTAs per SM (1 to 4), and the
-    query slice in shared memory instead of registers (``query_in_shared``)."""
-    if stages < 2 or not 1 <= min_blocks <= 4:
-        raise ValueError(f"CUDA MLA decode build: stages={stages}, min_blocks={min_blocks}; "
-                         f"valid: stages >= 2, min_blocks in 1..4")
+    query slice in shared memory instead of registers (``query_in_shared``), ``tile`` keys
+    per barrier round (16 or 32)."""
+    if stages < 2 or not 1 <= min_blocks <= 4 or tile not in (16, 32):
+        raise ValueError(f"CUDA MLA decode build: stages={stages}, min_blocks={min_blocks}, "
+                         f"tile={tile}; valid: stages >= 2, min_blocks in 1..4, tile 16 or 32")
     return DecodeBuild(record.kv_lora_rank, record.bytes_per_token,
-                       record.field("scales").offset, stages, min_blocks, query_in_shared)
+                       record.field("scales").offset, stages, min_blocks, query_in_shared,
+                       tile)
 
 
 def build_options(build: DecodeBuild) -> list[str]:
     """NVRTC defines for ``build``."""
     return [f"-DDIM={DIM}", f"-DRANK={build.rank}", f"-DBPT={build.bytes_per_token}",
             f"-DSCALE_OFF={build.scale_offset}", f"-DSTAGES={build.stages}",
-            f"-DMIN_BLOCKS={build.min_blocks}", f"-DQSMEM={int(build.query_in_shared)}"]
+            f"-DMIN_BLOCKS={build.min_blocks}", f"-DQSMEM={int(build.query_in_shared)}",
+            f"-DTILE={build.tile}"]
 
 
 def shared_bytes(build: DecodeBuild) -> int:
     """Dynamic shared memory of one CTA: STAGES tiles of records, the warps' partial
     scores (32 lanes x 8 floats each) and, ``query_in_shared``, the warps' query slices."""
     query = WARPS * 8 * 32 * 16 if build.query_in_shared else 0  # 8 MMA steps x 32 lanes x 16 B
-    return build.stages * TILE * build.bytes_per_token + WARPS * 32 * 8 * 4 + query
+    return (build.stages * build.tile * build.bytes_per_token + WARPS * 32 * build.tile // 2 * 4
+            + query)
 
 
 @functools.cache
@@ -127,7 +133,7 @@ def broken_reason(device: int) -> str | None:
 
 
 def unsupported(query: torch.Tensor, record: MLARecord, page_size: int, page_bytes: int,
-                sparse: bool) -> str | None:
+                sparse: bool, scale: float = 1.0, tile: int = TILE) -> str | None:
     """Why this call cannot run the CUDA kernel (``None`` when it can)."""
     import torch
     from kernelbay.cuda_jit import nvrtc_available
@@ -146,9 +152,11 @@ def unsupported(query: torch.Tensor, record: MLARecord, page_size: int, page_byt
     index = query.device.index if query.device.index is not None else torch.cuda.current_device()
     if torch.cuda.get_device_capability(index) < (8, 0):
         return "compute capability below 8.0"
-    if page_size < TILE or page_size & (page_size - 1) or page_bytes % 16:
+    if page_size < tile or page_size & (page_size - 1) or page_bytes % 16:
         return (f"page_size {page_size} and page stride {page_bytes} B (needs a power of two "
-                f">= {TILE} keys and a multiple of 16 bytes)")
+                f">= {tile} keys and a multiple of 16 bytes)")
+    if not scale > 0:
+        return f"softmax scale {scale} (the CUDA kernel takes a positive scale)"
     if query.stride(-1) != 1 or query.stride(1) % 8 or query.stride(0) % 8 \
             or query.data_ptr() % 16:
         return "query rows not 16-byte aligned"

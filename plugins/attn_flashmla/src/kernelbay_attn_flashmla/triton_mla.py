@@ -467,7 +467,9 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
 
     from kernelbay_attn_flashmla import cuda_mla
 
-    reason = cuda_mla.unsupported(query, record, page_size, page_bytes, sparse)
+    compiled = cuda_mla.build_for(record, **build)
+    reason = cuda_mla.unsupported(query, record, page_size, page_bytes, sparse, float(scale),
+                                  compiled.tile)
     if reason is not None:
         if forced:
             raise ValueError(f"the CUDA MLA decode kernel cannot run this call: {reason}")
@@ -475,7 +477,6 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
     num_tokens, heads, _ = query.shape
     rank = record.kv_lora_rank
     device = query.device.index if query.device.index is not None else torch.cuda.current_device()
-    compiled = cuda_mla.build_for(record, **build)
     out = torch.empty(num_tokens, heads, rank, dtype=query.dtype, device=query.device)
     lse = torch.empty(num_tokens, heads, dtype=torch.float32, device=query.device)
     if num_tokens == 0:
@@ -492,7 +493,7 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
                 num_tokens, -(-heads // cuda_mla.HEADS),
                 metadata.block_tables.shape[1] * page_size,
                 num_sms if num_sms is not None else _sm_count(device), resident,
-                block_n=cuda_mla.TILE, bytes_per_key=record.bytes_per_token,
+                block_n=compiled.tile, bytes_per_key=record.bytes_per_token,
                 partial_bytes=cuda_mla.HEADS * rank * 4)
         if num_splits < 1:
             raise ValueError(f"num_splits must be >= 1, got {num_splits}")

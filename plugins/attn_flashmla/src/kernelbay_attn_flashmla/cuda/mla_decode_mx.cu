@@ -2,11 +2,11 @@
 //
 // Compiled at run time by NVRTC (kernelbay.cuda_jit; cuda_mla.build_options) with DIM (values
 // per record: latent then rope), RANK (latent width), BPT (bytes per record), SCALE_OFF (the
-// scale bytes' offset), STAGES, MIN_BLOCKS and QSMEM defined by the host.
+// scale bytes' offset), TILE, STAGES, MIN_BLOCKS and QSMEM defined by the host.
 //
 // One CTA serves one query token, one KV split and a block of 16 query heads, with four
 // warps; warp w owns the record values [128w, 128w + 128) (latent, and rope for the last
-// columns). Keys come in tiles of 16, copied from the pages into shared memory by cp.async
+// columns). Keys come in tiles of TILE (16 or 32), copied from the pages into shared memory by cp.async
 // STAGES - 1 tiles ahead (a tile lies in one page). Per tile, warp w:
 //   1. decodes its 128 values of each key into bfloat16 registers, already in the layout of
 //      mma.sync m16n8k16's B operand (k = value, n = key): lane (g, c) = (lane / 4, lane % 4)
@@ -56,8 +56,14 @@ typedef unsigned long long u64;
 #define QSMEM 0  // 1: the query slice waits in shared memory (32 registers fewer per thread)
 #endif
 
+#ifndef TILE
+#define TILE 16  // keys per tile: 16 or 32 (one barrier round each)
+#endif
+#if TILE != 16 && TILE != 32
+#error "TILE must be 16 or 32"
+#endif
 #define WARPS 4
-#define TILE 16
+#define G8 (TILE / 8)  // 8-key groups of a tile (the score product's n tiles)
 #define CHUNKS 4  // 32-value chunks per warp (128 values)
 #if DIM != WARPS * CHUNKS * 32
 #error "DIM must be 512: four warps of 128 values"
@@ -212,7 +218,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
               int num_heads, float scale, int num_splits) {
   extern __shared__ __align__(16) unsigned char smem[];
   const u32 tiles_base = (u32)__cvta_generic_to_shared(smem);
-  const u32 red_base = tiles_base + STAGES * TILE_BYTES;  // [WARPS][32 lanes][8] float32
+  const u32 red_base = tiles_base + STAGES * TILE_BYTES;  // [WARPS][32 lanes][4 G8] float32
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
@@ -239,7 +245,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   // The query slice of this warp in the permuted order: a[s][0..3] for MMA step s = 2j + h
   // (QSMEM: kept in shared memory, each lane's 16 bytes of a step side by side).
 #if QSMEM
-  const u32 q_slots = red_base + WARPS * 32 * 32 + (warp * 2 * CHUNKS * 32 + lane) * 16;
+  const u32 q_slots = red_base + WARPS * 32 * 16 * G8 + (warp * 2 * CHUNKS * 32 + lane) * 16;
 #endif
   u32 qa[QSMEM ? 1 : 2 * CHUNKS][4];
   {
@@ -278,7 +284,9 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   auto page_of = [&](int tile) -> int {
     return tile < num_tiles ? table[(lo + tile * TILE) >> page_shift] : 0;
   };
-  const int key = tid >> 3, eighth = tid & 7;  // copies: eight threads per key of a tile
+  // copies: 128 / TILE threads per key of a tile, each taking every (128 / TILE)-th chunk
+  constexpr int PER_KEY = WARPS * 32 / TILE;
+  const int key = tid / PER_KEY, eighth = tid % PER_KEY;
   auto issue = [&](int tile, int page) {
     if (tile < num_tiles) {
       const int pos = lo + tile * TILE;
@@ -291,9 +299,10 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       const unsigned char* from = src + key * BPT;
       const u32 bytes = key >= first && key < last ? 16u : 0u;
 #pragma unroll
-      for (int k = 0; k < (BPT / 16 + 7) / 8; ++k) {
-        const int chunk = eighth + 8 * k;
-        if ((BPT / 16) % 8 == 0 || chunk < BPT / 16) copy16(dst + chunk * 16, from + chunk * 16, bytes);
+      for (int k = 0; k < (BPT / 16 + PER_KEY - 1) / PER_KEY; ++k) {
+        const int chunk = eighth + PER_KEY * k;
+        if ((BPT / 16) % PER_KEY == 0 || chunk < BPT / 16)
+          copy16(dst + chunk * 16, from + chunk * 16, bytes);
       }
     }
     commit();  // an empty group past the end keeps the wait counts uniform
@@ -310,11 +319,11 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     next_page = page_of(tile + STAGES);
 
     const u32 tb = tiles_base + (tile % STAGES) * TILE_BYTES;
-    // 1. decode: kb[n][j][r], key g of half n (keys 8n + g), chunk j, register r
-    u32 kb[2][CHUNKS][4];
-    u32 scales[2];
+    // 1. decode: kb[n][j][r], key g of group n (keys 8n + g), chunk j, register r
+    u32 kb[G8][CHUNKS][4];
+    u32 scales[G8];
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int n = 0; n < G8; ++n) {
       const u32 rec = tb + (n * 8 + g) * BPT;
       scales[n] = lds32(rec + SCALE_OFF + warp * CHUNKS);
       const u32 fb = factor_bytes(scales[n]);
@@ -325,9 +334,12 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     }
     // Scale bytes above 134 (values past 2^7 * 448) are rare: one vote per tile, and the
     // tile decoded again with two factors where a lane has one.
-    if (__any_sync(0xffffffffu, (large_scales(scales[0]) | large_scales(scales[1])) != 0u)) {
+    u32 large = 0;
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+    for (int n = 0; n < G8; ++n) large |= large_scales(scales[n]);
+    if (__any_sync(0xffffffffu, large != 0u)) {
+#pragma unroll
+      for (int n = 0; n < G8; ++n) {
         const u32 rec = tb + (n * 8 + g) * BPT;
 #pragma unroll
         for (int j = 0; j < CHUNKS; ++j)
@@ -336,7 +348,9 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       }
     }
     // 2. partial scores of this warp's values: sc[n] = S[heads g / g + 8][keys 8n + 2c, +1]
-    float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    float sc[G8][4];
+#pragma unroll
+    for (int n = 0; n < G8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j)
 #pragma unroll
@@ -348,30 +362,31 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
         const u32* a = qa[2 * j + h];
 #endif
 #pragma unroll
-        for (int n = 0; n < 2; ++n) mma(sc[n], a, kb[n][j][2 * h], kb[n][j][2 * h + 1]);
+        for (int n = 0; n < G8; ++n) mma(sc[n], a, kb[n][j][2 * h], kb[n][j][2 * h + 1]);
       }
     // 3. the four warps' partial scores added in warp order
-    const u32 mine = red_base + (warp * 32 + lane) * 32;
-    sts128f(mine, sc[0][0], sc[0][1], sc[0][2], sc[0][3]);
-    sts128f(mine + 16, sc[1][0], sc[1][1], sc[1][2], sc[1][3]);
+    const u32 mine = red_base + (warp * 32 + lane) * 16 * G8;
+#pragma unroll
+    for (int n = 0; n < G8; ++n) sts128f(mine + 16 * n, sc[n][0], sc[n][1], sc[n][2], sc[n][3]);
     __syncthreads();
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    float s[G8][4];
+#pragma unroll
+    for (int n = 0; n < G8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) {
-      const u32 theirs = red_base + (w * 32 + lane) * 32;
-      float4 a = lds128f(theirs), b = lds128f(theirs + 16);
-      s[0][0] += a.x; s[0][1] += a.y; s[0][2] += a.z; s[0][3] += a.w;
-      s[1][0] += b.x; s[1][1] += b.y; s[1][2] += b.z; s[1][3] += b.w;
+      const u32 theirs = red_base + (w * 32 + lane) * 16 * G8;
+#pragma unroll
+      for (int n = 0; n < G8; ++n) {
+        const float4 a = lds128f(theirs + 16 * n);
+        s[n][0] += a.x; s[n][1] += a.y; s[n][2] += a.z; s[n][3] += a.w;
+      }
     }
-    // online softmax over the tile's allowed keys (start <= position < hi)
+    // online softmax over the tile's allowed keys (start <= position < hi), in raw score
+    // units until the exponent: exp2(s * qk_scale - m) is one FMA
     const int pos0 = lo + tile * TILE;
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s[n][i] *= qk_scale;
     if (pos0 < start || pos0 + TILE > hi) {  // an edge tile (uniform over the CTA)
 #pragma unroll
-      for (int n = 0; n < 2; ++n)
+      for (int n = 0; n < G8; ++n)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int pos = pos0 + 8 * n + 2 * c + i;
@@ -380,7 +395,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     }
     float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
-    for (int n = 0; n < 2; ++n)
+    for (int n = 0; n < G8; ++n)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         mx0 = fmaxf(mx0, s[n][i]);
@@ -391,25 +406,28 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
     }
-    const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+    // qk_scale > 0, so the scaled maximum is the maximum of the scaled scores
+    const float n0 = fmaxf(m0, mx0 * qk_scale), n1 = fmaxf(m1, mx1 * qk_scale);
     // a head with no allowed key yet keeps -inf: subtract 0 so that exp2 gives 0
     const float z0 = n0 == NEG_INF ? 0.f : n0, z1 = n1 == NEG_INF ? 0.f : n1;
     const float alpha0 = exp2f(m0 - z0), alpha1 = exp2f(m1 - z1);
     m0 = n0; m1 = n1;
-    float p[2][4];
+    float p[G8][4];
 #pragma unroll
-    for (int n = 0; n < 2; ++n)
+    for (int n = 0; n < G8; ++n)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        p[n][i] = exp2f(s[n][i] - z0);
-        p[n][2 + i] = exp2f(s[n][2 + i] - z1);
+        p[n][i] = exp2f(fmaf(s[n][i], qk_scale, -z0));
+        p[n][2 + i] = exp2f(fmaf(s[n][2 + i], qk_scale, -z1));
       }
-    l0 = l0 * alpha0 + p[0][0] + p[0][1] + p[1][0] + p[1][1];
-    l1 = l1 * alpha1 + p[0][2] + p[0][3] + p[1][2] + p[1][3];
-    // A operand of the value product: P[16 heads, 16 keys] (key order = score column order)
-    const u32 pa[4] = {pack_bf16(p[0][0], p[0][1]), pack_bf16(p[0][2], p[0][3]),
-                       pack_bf16(p[1][0], p[1][1]), pack_bf16(p[1][2], p[1][3])};
-    // 4-5. values: the latent chunks of this warp, each 8 x 8 block of keys x values transposed
+    float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+    for (int n = 0; n < G8; ++n) {
+      sum0 += p[n][0] + p[n][1];
+      sum1 += p[n][2] + p[n][3];
+    }
+    l0 = l0 * alpha0 + sum0;
+    l1 = l1 * alpha1 + sum1;
     // The running max rarely moves once a few tiles are in: rescale only when it did.
     if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
 #pragma unroll
@@ -420,12 +438,20 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
           acc[j][b][2] *= alpha1; acc[j][b][3] *= alpha1;
         }
     }
+    // 4-5. values, 16 keys per MMA: A = P[16 heads, keys 16k..] (key order = score column
+    // order), B = each 8 x 8 block of keys x values of the warp's latent chunks, transposed
 #pragma unroll
-    for (int j = 0; j < CHUNKS; ++j) {
-      if (warp * 128 + j * 32 < RANK) {
+    for (int k = 0; k < G8 / 2; ++k) {
+      const u32 pa[4] = {pack_bf16(p[2 * k][0], p[2 * k][1]), pack_bf16(p[2 * k][2], p[2 * k][3]),
+                         pack_bf16(p[2 * k + 1][0], p[2 * k + 1][1]),
+                         pack_bf16(p[2 * k + 1][2], p[2 * k + 1][3])};
 #pragma unroll
-        for (int b = 0; b < 4; ++b)
-          mma(acc[j][b], pa, transpose8x8(kb[0][j][b]), transpose8x8(kb[1][j][b]));
+      for (int j = 0; j < CHUNKS; ++j) {
+        if (warp * 128 + j * 32 < RANK) {
+#pragma unroll
+          for (int b = 0; b < 4; ++b)
+            mma(acc[j][b], pa, transpose8x8(kb[2 * k][j][b]), transpose8x8(kb[2 * k + 1][j][b]));
+        }
       }
     }
   }
