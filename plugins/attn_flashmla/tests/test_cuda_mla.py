@@ -60,6 +60,9 @@ def test_forcing_the_kernel_where_it_cannot_run_raises() -> None:
     case = _case(MXFP8, [5], [1], 16, 16, seed=0, device="cpu")
     with pytest.raises(ValueError, match=r"CUDA MLA decode kernel cannot run.*CUDA device"):
         mla_decode(case.query, case.cache, MXFP8, 16, case.meta, 0.1, kernel="cuda")
+    bf16 = _case(RECORDS["bf16"], [5], [1], 16, 16, seed=0, device="cpu")
+    with pytest.raises(ValueError, match=r"cannot run.*record kind 'bf16'"):
+        mla_decode(bf16.query, bf16.cache, RECORDS["bf16"], 16, bf16.meta, 0.1, kernel="cuda")
     with pytest.raises(ValueError, match=r"kernel=.cutlass.; valid"):
         mla_decode(case.query, case.cache, MXFP8, 16, case.meta, 0.1, kernel="cutlass")
 

@@ -467,13 +467,13 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
 
     from kernelbay_attn_flashmla import cuda_mla
 
-    compiled = cuda_mla.build_for(record, **build)
     reason = cuda_mla.unsupported(query, record, page_size, page_bytes, sparse, float(scale),
-                                  compiled.tile)
+                                  build.get("tile", cuda_mla.TILE))
     if reason is not None:
         if forced:
             raise ValueError(f"the CUDA MLA decode kernel cannot run this call: {reason}")
         return None
+    compiled = cuda_mla.build_for(record, **build)
     num_tokens, heads, _ = query.shape
     rank = record.kv_lora_rank
     device = query.device.index if query.device.index is not None else torch.cuda.current_device()
