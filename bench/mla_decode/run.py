@@ -360,8 +360,10 @@ def _tune_launch(tune: dict, l2_ahead: int) -> dict:
     """A sweep entry with the unnamed options at the kernel's defaults."""
     # the swept options are the Triton kernel's, so entries run it unless they name another
     # (the split sweep passes the run's own)
+    kernel = tune.get("kernel", "triton")
     base = dict(block_n=None, num_warps=None, chunked=None, grouped=False, reg_prefetch=True,
-                num_stages=2, l2_ahead=l2_ahead, f16_dot=False, kernel="triton")
+                num_stages=2, l2_ahead=l2_ahead if kernel == "triton" else None,
+                f16_dot=False, kernel="triton")
     return dict(base, **{k: v for k, v in tune.items() if v is not None or k not in base})
 
 
