@@ -61,11 +61,13 @@ TUNE_CONFIGS: tuple[dict, ...] = (
 )
 #: CUDA builds (MXFP8 records) the sweep times: tiles in flight x CTAs per SM compiled for.
 CUDA_TUNE: tuple[dict, ...] = tuple(
-    {"kernel": "cuda",
-     "cuda_build": {"stages": s, "min_blocks": b, "query_in_shared": q, "tile": t}}
-    for s, b, q, t in ((4, 2, False, 16), (3, 3, False, 16), (3, 4, True, 16),
-                       (2, 4, True, 16), (4, 4, True, 16), (2, 3, True, 32),
-                       (3, 3, True, 32), (2, 2, False, 32), (3, 2, True, 32)))
+    {"kernel": "cuda", "cuda_build": {"stages": s, "min_blocks": b, "query_in_shared": q,
+                                      "tile": t, "split_sum": x}}
+    for s, b, q, t, x in ((4, 2, False, 16, False), (3, 3, False, 16, False),
+                          (3, 4, True, 16, False), (2, 4, True, 16, False),
+                          (3, 4, True, 16, True), (2, 4, True, 16, True),
+                          (3, 3, False, 16, True), (2, 3, True, 32, False),
+                          (2, 3, True, 32, True)))
 #: Split counts the sweep times at the default launch configuration (beside the kernel's
 #: choice), to check the split model (``triton_mla.split_cost``) against the clock.
 TUNE_SPLITS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 33)
@@ -352,7 +354,8 @@ def _kernel_text(cfg: dict) -> str:
         used += (f" s{build.get('stages', default.stages)}"
                  f" b{build.get('min_blocks', default.min_blocks)}"
                  f"{' qs' if build.get('query_in_shared', default.query_in_shared) else ''}"
-                 f" t{build.get('tile', default.tile)}")
+                 f" t{build.get('tile', default.tile)}"
+                 f"{' ss' if build.get('split_sum', default.split_sum) else ''}")
     return used
 
 

@@ -70,8 +70,10 @@ def test_forcing_the_kernel_where_it_cannot_run_raises() -> None:
 # --- GPU ---------------------------------------------------------------------------------
 
 
-#: The default build and the other tile size (32 keys per barrier round).
-BUILDS = {"default": {}, "tile32": {"tile": 32, "stages": 2, "min_blocks": 3}}
+#: The default build, the other tile size (32 keys per barrier round) and the two-phase
+#: score sum.
+BUILDS = {"default": {}, "tile32": {"tile": 32, "stages": 2, "min_blocks": 3},
+          "split-sum": {"split_sum": True}}
 
 
 def _compare(case: Any, *, splits: int | None, window: int | None = None,

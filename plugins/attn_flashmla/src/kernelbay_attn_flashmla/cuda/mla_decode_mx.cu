@@ -2,7 +2,7 @@
 //
 // Compiled at run time by NVRTC (kernelbay.cuda_jit; cuda_mla.build_options) with DIM (values
 // per record: latent then rope), RANK (latent width), BPT (bytes per record), SCALE_OFF (the
-// scale bytes' offset), TILE, STAGES, MIN_BLOCKS and QSMEM defined by the host.
+// scale bytes' offset), TILE, STAGES, MIN_BLOCKS, QSMEM and SPLIT_SUM defined by the host.
 //
 // One CTA serves one query token, one KV split and a block of 16 query heads, with four
 // warps; warp w owns the record values [128w, 128w + 128) (latent, and rope for the last
@@ -51,6 +51,9 @@ typedef unsigned long long u64;
 #endif
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 2
+#endif
+#ifndef SPLIT_SUM
+#define SPLIT_SUM 0  // 1: the partial scores summed in two phases (see the tile loop)
 #endif
 #ifndef QSMEM
 #define QSMEM 0  // 1: the query slice waits in shared memory (32 registers fewer per thread)
@@ -118,6 +121,16 @@ __device__ __forceinline__ uint4 lds128(u32 addr) {
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
   return v;
+}
+
+__device__ __forceinline__ float2 lds64f(u32 addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ void sts64f(u32 addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" :: "r"(addr), "f"(a), "f"(b));
 }
 
 __device__ __forceinline__ void sts128f(u32 addr, float a, float b, float c, float d) {
@@ -218,7 +231,10 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
               int num_heads, float scale, int num_splits) {
   extern __shared__ __align__(16) unsigned char smem[];
   const u32 tiles_base = (u32)__cvta_generic_to_shared(smem);
-  const u32 red_base = tiles_base + STAGES * TILE_BYTES;  // [WARPS][32 lanes][4 G8] float32
+  // partial scores [WARPS][G8][32 lanes][4] float32 (lane-contiguous: no bank conflicts),
+  // then (SPLIT_SUM) their totals [G8][32 lanes][4]
+  const u32 red_base = tiles_base + STAGES * TILE_BYTES;
+  const u32 red_total = red_base + WARPS * G8 * 32 * 16;
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
@@ -245,7 +261,8 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   // The query slice of this warp in the permuted order: a[s][0..3] for MMA step s = 2j + h
   // (QSMEM: kept in shared memory, each lane's 16 bytes of a step side by side).
 #if QSMEM
-  const u32 q_slots = red_base + WARPS * 32 * 16 * G8 + (warp * 2 * CHUNKS * 32 + lane) * 16;
+  const u32 q_slots = red_total + (SPLIT_SUM ? G8 * 32 * 16 : 0)
+                      + (warp * 2 * CHUNKS * 32 + lane) * 16;
 #endif
   u32 qa[QSMEM ? 1 : 2 * CHUNKS][4];
   {
@@ -364,23 +381,51 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
 #pragma unroll
         for (int n = 0; n < G8; ++n) mma(sc[n], a, kb[n][j][2 * h], kb[n][j][2 * h + 1]);
       }
-    // 3. the four warps' partial scores added in warp order
-    const u32 mine = red_base + (warp * 32 + lane) * 16 * G8;
+    // 3. the four warps' partial scores added in warp order through shared memory
+#if SPLIT_SUM
+    // Two phases: warp w sums pairs w, w + 4, ... of every lane's 4 * G8 floats over the
+    // four partials and publishes them; then every warp reads the totals (half the shared
+    // memory reads of each warp reading every partial, one more barrier).
 #pragma unroll
-    for (int n = 0; n < G8; ++n) sts128f(mine + 16 * n, sc[n][0], sc[n][1], sc[n][2], sc[n][3]);
+    for (int n = 0; n < G8; ++n)
+      sts128f(red_base + ((warp * G8 + n) * 32 + lane) * 16, sc[n][0], sc[n][1], sc[n][2],
+              sc[n][3]);
+    __syncthreads();
+#pragma unroll
+    for (int q = warp; q < 2 * G8; q += WARPS) {
+      float x = 0.f, y = 0.f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) {
+        const float2 a = lds64f(red_base + ((w * G8 + q / 2) * 32 + lane) * 16 + 8 * (q % 2));
+        x += a.x; y += a.y;
+      }
+      sts64f(red_total + ((q / 2) * 32 + lane) * 16 + 8 * (q % 2), x, y);
+    }
+    __syncthreads();
+    float s[G8][4];
+#pragma unroll
+    for (int n = 0; n < G8; ++n) {
+      const float4 a = lds128f(red_total + (n * 32 + lane) * 16);
+      s[n][0] = a.x; s[n][1] = a.y; s[n][2] = a.z; s[n][3] = a.w;
+    }
+#else
+#pragma unroll
+    for (int n = 0; n < G8; ++n)
+      sts128f(red_base + ((warp * G8 + n) * 32 + lane) * 16, sc[n][0], sc[n][1], sc[n][2],
+              sc[n][3]);
     __syncthreads();
     float s[G8][4];
 #pragma unroll
     for (int n = 0; n < G8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) {
-      const u32 theirs = red_base + (w * 32 + lane) * 16 * G8;
 #pragma unroll
       for (int n = 0; n < G8; ++n) {
-        const float4 a = lds128f(theirs + 16 * n);
+        const float4 a = lds128f(red_base + ((w * G8 + n) * 32 + lane) * 16);
         s[n][0] += a.x; s[n][1] += a.y; s[n][2] += a.z; s[n][3] += a.w;
       }
     }
+#endif
     // online softmax over the tile's allowed keys (start <= position < hi), in raw score
     // units until the exponent: exp2(s * qk_scale - m) is one FMA
     const int pos0 = lo + tile * TILE;
