@@ -38,8 +38,10 @@ def test_source_compiles_without_local_memory(arch: str, tmp_path: Any,
             cubin = compile_cubin(cuda_mla._source(), "mla_decode_mx", arch,
                                   cuda_mla.build_options(build))
             assert cubin[:4] == b"\x7fELF"
-            # the default build keeps everything in registers (the others may spill a little)
-            usage = cubin_resources(cubin) if build == cuda_mla.build_for(record) else None
+            # the default build keeps everything in registers on sm_90, the architecture it is
+            # tuned for (other builds and sm_80 may spill a little)
+            default = build == cuda_mla.build_for(record) and arch == "sm_90"
+            usage = cubin_resources(cubin) if default else None
             assert usage is None or ("STACK:0 " in usage and "LOCAL:0 " in usage), usage
 
 
@@ -70,10 +72,10 @@ def test_forcing_the_kernel_where_it_cannot_run_raises() -> None:
 # --- GPU ---------------------------------------------------------------------------------
 
 
-#: The default build, the other tile size (32 keys per barrier round) and the two-phase
+#: The default build, the other tile size (32 keys per barrier round) and the one-phase
 #: score sum.
 BUILDS = {"default": {}, "tile32": {"tile": 32, "stages": 2, "min_blocks": 3},
-          "split-sum": {"split_sum": True}}
+          "one-phase-sum": {"split_sum": False}}
 
 
 def _compare(case: Any, *, splits: int | None, window: int | None = None,
