@@ -64,9 +64,10 @@ CUDA_TUNE: tuple[dict, ...] = tuple(
     {"kernel": "cuda", "cuda_build": {"stages": s, "min_blocks": b, "query_in_shared": q,
                                       "tile": t, "split_sum": x}}
     for s, b, q, t, x in ((4, 2, False, 16, False), (3, 3, False, 16, False),
-                          (3, 4, True, 16, False), (3, 4, True, 16, True),
-                          (2, 4, True, 16, True), (4, 4, True, 16, True),
-                          (3, 3, False, 16, True), (2, 3, True, 32, True)))
+                          (3, 4, True, 16, False), (2, 4, True, 16, False),
+                          (3, 4, True, 16, True), (2, 4, True, 16, True),
+                          (3, 3, False, 16, True), (2, 3, True, 32, False),
+                          (2, 3, True, 32, True)))
 #: Split counts the sweep times at the default launch configuration (beside the kernel's
 #: choice), to check the split model (``triton_mla.split_cost``) against the clock.
 TUNE_SPLITS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 33)

@@ -22,22 +22,8 @@ if TYPE_CHECKING:
     import torch
     from kernelbay.cuda_jit import Kernel
 
-__all__ = [
-    "HEADS",
-    "TILE",
-    "WARPS",
-    "DecodeBuild",
-    "broken_reason",
-    "build_for",
-    "build_options",
-    "decode_kernel",
-    "launch_decode",
-    "mark_broken",
-    "resident_programs",
-    "shared_bytes",
-    "shared_stride",
-    "unsupported",
-]
+__all__ = ["HEADS", "TILE", "WARPS", "DecodeBuild", "broken_reason", "build_for", "build_options", "decode_kernel",
+           "launch_decode", "mark_broken", "resident_programs", "shared_bytes", "unsupported"]
 
 #: Keys per tile of the default build (a tile lies in one page, so the page size must be a
 #: multiple); builds take 16 or 32.
@@ -80,21 +66,9 @@ def build_for(record: MLARecord, stages: int = 3, min_blocks: int = 4,
                        tile, split_sum)
 
 
-def shared_stride(bytes_per_token: int) -> int:
-    """A record's stride in shared memory: its size padded by 16-byte steps until the stride
-    is 8 or 24 words modulo the 32 banks, so that the eight keys a warp's lanes read at once
-    (four lanes each, 8 bytes apart) fall on distinct banks (528-byte MXFP8 records: 544;
-    unpadded, 132 words put keys g and g + 1 two lanes apart on the same bank)."""
-    stride = bytes_per_token
-    while (stride // 4) % 32 not in (8, 24):
-        stride += 16
-    return stride
-
-
 def build_options(build: DecodeBuild) -> list[str]:
     """NVRTC defines for ``build``."""
     return [f"-DDIM={DIM}", f"-DRANK={build.rank}", f"-DBPT={build.bytes_per_token}",
-            f"-DSBPT={shared_stride(build.bytes_per_token)}",
             f"-DSCALE_OFF={build.scale_offset}", f"-DSTAGES={build.stages}",
             f"-DMIN_BLOCKS={build.min_blocks}", f"-DQSMEM={int(build.query_in_shared)}",
             f"-DTILE={build.tile}", f"-DSPLIT_SUM={int(build.split_sum)}"]
@@ -106,8 +80,7 @@ def shared_bytes(build: DecodeBuild) -> int:
     query = WARPS * 8 * 32 * 16 if build.query_in_shared else 0  # 8 MMA steps x 32 lanes x 16 B
     scores = WARPS * 32 * build.tile // 2 * 4  # [warps][8-key groups][lanes][4] float32
     totals = scores // WARPS if build.split_sum else 0
-    return (build.stages * build.tile * shared_stride(build.bytes_per_token) + scores + totals
-            + query)
+    return build.stages * build.tile * build.bytes_per_token + scores + totals + query
 
 
 @functools.cache

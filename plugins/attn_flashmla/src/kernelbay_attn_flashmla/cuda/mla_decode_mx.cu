@@ -2,8 +2,7 @@
 //
 // Compiled at run time by NVRTC (kernelbay.cuda_jit; cuda_mla.build_options) with DIM (values
 // per record: latent then rope), RANK (latent width), BPT (bytes per record), SCALE_OFF (the
-// scale bytes' offset), SBPT (a record's stride in shared memory), TILE, STAGES, MIN_BLOCKS,
-// QSMEM and SPLIT_SUM defined by the host.
+// scale bytes' offset), TILE, STAGES, MIN_BLOCKS, QSMEM and SPLIT_SUM defined by the host.
 //
 // One CTA serves one query token, one KV split and a block of 16 query heads, with four
 // warps; warp w owns the record values [128w, 128w + 128) (latent, and rope for the last
@@ -78,13 +77,7 @@ typedef unsigned long long u64;
 #if BPT % 16
 #error "BPT must be a multiple of 16 (16-byte copies)"
 #endif
-#ifndef SBPT
-#define SBPT BPT  // a record's stride in shared memory (the host pads it, see cuda_mla)
-#endif
-#if SBPT % 16 || SBPT < BPT
-#error "SBPT must be a multiple of 16 and at least BPT"
-#endif
-#define TILE_BYTES (TILE * SBPT)
+#define TILE_BYTES (TILE * BPT)
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 #define NEG_INF __int_as_float(0xff800000)
@@ -319,7 +312,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       // keys outside [start, hi) are zero-filled: masked keys must not bring NaN bytes
       // (a slot never written) into the products, where 0 * NaN is NaN
       const int first = start - pos, last = hi - pos;
-      const u32 dst = tiles_base + (tile % STAGES) * TILE_BYTES + key * SBPT;
+      const u32 dst = tiles_base + (tile % STAGES) * TILE_BYTES + key * BPT;
       const unsigned char* from = src + key * BPT;
       const u32 bytes = key >= first && key < last ? 16u : 0u;
 #pragma unroll
@@ -348,7 +341,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     u32 scales[G8];
 #pragma unroll
     for (int n = 0; n < G8; ++n) {
-      const u32 rec = tb + (n * 8 + g) * SBPT;
+      const u32 rec = tb + (n * 8 + g) * BPT;
       scales[n] = lds32(rec + SCALE_OFF + warp * CHUNKS);
       const u32 fb = factor_bytes(scales[n]);
       decode8(lds64(rec + warp * 128 + c * 8), factor<0>(fb), kb[n][0]);
@@ -364,7 +357,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     if (__any_sync(0xffffffffu, large != 0u)) {
 #pragma unroll
       for (int n = 0; n < G8; ++n) {
-        const u32 rec = tb + (n * 8 + g) * SBPT;
+        const u32 rec = tb + (n * 8 + g) * BPT;
 #pragma unroll
         for (int j = 0; j < CHUNKS; ++j)
           decode8_any(lds64(rec + warp * 128 + j * 32 + c * 8), (scales[n] >> (8 * j)) & 0xFFu,
