@@ -69,6 +69,32 @@ def test_forcing_the_kernel_where_it_cannot_run_raises() -> None:
         mla_decode(case.query, case.cache, MXFP8, 16, case.meta, 0.1, kernel="cutlass")
 
 
+def test_a_build_failure_warns_once_and_leaves_the_call_to_triton(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the kernel does not build or load (an architecture NVRTC does not know, a driver
+    older than the cubin), the call warns, returns nothing (the Triton kernel then serves
+    it), and the device is marked so that later calls skip the CUDA kernel with that reason;
+    forced, the error propagates."""
+    from kernelbay.cuda_jit import CudaJitError
+    from kernelbay_attn_flashmla import triton_mla
+
+    def failing(*args: Any, **kwargs: Any) -> None:
+        raise CudaJitError("NVRTC could not compile mla_decode_mx for sm_99: unknown arch")
+
+    monkeypatch.setattr(cuda_mla, "_BROKEN", {})
+    monkeypatch.setattr(cuda_mla, "unsupported", lambda *a: None)
+    monkeypatch.setattr(cuda_mla, "launch_decode", failing)
+    case = _case(MXFP8, [40], [1], 16, 16, seed=1, device="cpu")
+    flat = case.cache.view(-1)
+    call = (case.query, flat, MXFP8.page_bytes(16), MXFP8, 16, case.meta, 0.1, 2, False, None,
+            None)
+    with pytest.raises(CudaJitError, match="unknown arch"):
+        triton_mla._decode_cuda(*call, forced=True, build={})
+    with pytest.warns(RuntimeWarning, match="CUDA MXFP8 decode kernel is off on cuda:0.*sm_99"):
+        assert triton_mla._decode_cuda(*call, forced=False, build={}) is None
+    assert "unknown arch" in str(cuda_mla.broken_reason(0))
+
+
 # --- GPU ---------------------------------------------------------------------------------
 
 

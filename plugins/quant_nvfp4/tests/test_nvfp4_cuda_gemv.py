@@ -154,27 +154,6 @@ def test_every_build_compiles_and_defaults_do_not_spill(arch: str, tmp_path: Any
                                                                                 usage)
 
 
-@pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
-def test_cubins_are_cached_and_compile_errors_carry_the_log(
-        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A second compile of the same source and options reads the cache (the file is there
-    and its bytes come back); a source that does not compile raises ``CudaJitError`` with
-    NVRTC's log, naming the program and the options, and leaves no file behind."""
-    import os
-
-    monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
-    src = 'extern "C" __global__ void k(float* p) { p[threadIdx.x] = 1.f; }'
-    first = compile_cubin(src, "probe", "sm_90")
-    cached = os.listdir(tmp_path / "cuda")
-    assert len(cached) == 1 and cached[0].startswith("probe-sm_90-")
-    (tmp_path / "cuda" / cached[0]).write_bytes(b"\x7fELF-marker")
-    assert compile_cubin(src, "probe", "sm_90") == b"\x7fELF-marker"
-    assert first[:4] == b"\x7fELF"
-    with pytest.raises(CudaJitError, match=r"could not compile broken for sm_90(.|\n)*undefined"):
-        compile_cubin('extern "C" __global__ void k() { undefined_name(); }', "broken", "sm_90")
-    assert len(os.listdir(tmp_path / "cuda")) == 1
-
-
 def test_a_build_failure_falls_back_to_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     """When the GEMV does not build or load (an architecture NVRTC does not know, a driver
     older than the cubin), the call warns once, returns nothing for the caller to fall back
@@ -196,17 +175,3 @@ def test_a_build_failure_falls_back_to_triton(monkeypatch: pytest.MonkeyPatch) -
                                       tensors["weight_scale_2"], None)
     assert got is None
     assert "unknown arch" in str(cuda_gemv.broken_reason(0))
-
-
-@pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
-def test_an_unwritable_cache_warns_and_still_compiles(tmp_path: Any,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """A cache folder that cannot be created costs a compile per process and a warning naming
-    the folder, never the kernel."""
-    blocker = tmp_path / "file"
-    blocker.write_text("not a folder")
-    monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(blocker))
-    src = 'extern "C" __global__ void k(float* p) { p[threadIdx.x] = 2.f; }'
-    with pytest.warns(RuntimeWarning, match="could not cache probe's cubin in .*file"):
-        cubin = compile_cubin(src, "probe", "sm_90")
-    assert cubin[:4] == b"\x7fELF"

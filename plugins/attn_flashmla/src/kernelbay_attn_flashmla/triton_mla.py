@@ -476,7 +476,7 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
     compiled = cuda_mla.build_for(record, **build)
     num_tokens, heads, _ = query.shape
     rank = record.kv_lora_rank
-    device = query.device.index if query.device.index is not None else torch.cuda.current_device()
+    device = query.device.index or 0  # CUDA tensors always carry their index
     out = torch.empty(num_tokens, heads, rank, dtype=query.dtype, device=query.device)
     lse = torch.empty(num_tokens, heads, dtype=torch.float32, device=query.device)
     if num_tokens == 0:

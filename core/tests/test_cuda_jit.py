@@ -1,0 +1,45 @@
+"""``kernelbay.cuda_jit`` without a GPU: NVRTC compiles, the disk cache, compile errors with
+the compiler's log, a cache folder that cannot be written. (Loading and launching need a
+GPU: the plugins' GPU tests run their kernels through it.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kernelbay.cuda_jit import CudaJitError, compile_cubin, nvrtc_available
+
+
+@pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
+def test_cubins_are_cached_and_compile_errors_carry_the_log(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second compile of the same source and options reads the cache (the file is there
+    and its bytes come back); a source that does not compile raises ``CudaJitError`` with
+    NVRTC's log, naming the program and the options, and leaves no file behind."""
+    import os
+
+    monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
+    src = 'extern "C" __global__ void k(float* p) { p[threadIdx.x] = 1.f; }'
+    first = compile_cubin(src, "probe", "sm_90")
+    cached = os.listdir(tmp_path / "cuda")
+    assert len(cached) == 1 and cached[0].startswith("probe-sm_90-")
+    (tmp_path / "cuda" / cached[0]).write_bytes(b"\x7fELF-marker")
+    assert compile_cubin(src, "probe", "sm_90") == b"\x7fELF-marker"
+    assert first[:4] == b"\x7fELF"
+    with pytest.raises(CudaJitError, match=r"could not compile broken for sm_90(.|\n)*undefined"):
+        compile_cubin('extern "C" __global__ void k() { undefined_name(); }', "broken", "sm_90")
+    assert len(os.listdir(tmp_path / "cuda")) == 1
+
+
+@pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
+def test_an_unwritable_cache_warns_and_still_compiles(tmp_path: Any,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache folder that cannot be created costs a compile per process and a warning naming
+    the folder, never the kernel."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(blocker))
+    src = 'extern "C" __global__ void k(float* p) { p[threadIdx.x] = 2.f; }'
+    with pytest.warns(RuntimeWarning, match="could not cache probe's cubin in .*file"):
+        cubin = compile_cubin(src, "probe", "sm_90")
+    assert cubin[:4] == b"\x7fELF"
