@@ -69,6 +69,25 @@ def test_forcing_the_kernel_where_it_cannot_run_raises() -> None:
         mla_decode(case.query, case.cache, MXFP8, 16, case.meta, 0.1, kernel="cutlass")
 
 
+def test_explain_names_the_decode_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelbay import AttentionRequest, cuda_jit, parse_device
+    from kernelbay_attn_flashmla.triton_backend import MLATritonAttention
+
+    def note(kind: str, nvrtc: str | None = "/lib/libnvrtc.so", **extra: Any) -> str:
+        monkeypatch.setattr(cuda_jit, "find_nvrtc", lambda: nvrtc)
+        request = AttentionRequest("mla", 16, 1, 192, 128, 448, 64, kv_cache=kind,
+                                   page_size=64, **extra)
+        verdict = MLATritonAttention.can_implement(request, parse_device("sm_90"))
+        assert verdict.accepted
+        return " ".join(verdict.notes)
+
+    assert "decode: CUDA MXFP8 kernel (NVRTC)" in note("mxfp8")
+    assert "no NVRTC on this machine" in note("mxfp8", nvrtc=None)
+    assert "float16 queries" in note("mxfp8", dtype="float16")
+    assert "sparse top-k" in note("mxfp8", sparse_topk=64)
+    assert "decode: Triton kernel" in note("fp8")
+
+
 def test_a_build_failure_warns_once_and_leaves_the_call_to_triton(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """When the kernel does not build or load (an architecture NVRTC does not know, a driver

@@ -20,8 +20,10 @@ if TYPE_CHECKING:
     import torch
     from kernelbay.device import DeviceCapability
 
+    from kernelbay_attn_flashmla.records import MLARecord
+
 __all__ = ["KERNEL_DTYPES", "MAX_KV_LORA_RANK", "MAX_ROPE_DIM", "MIN_KV_LORA_RANK",
-           "MLATritonAttention"]
+           "MLATritonAttention", "decode_kernel_note"]
 
 #: Query dtypes the kernel takes (its dots run in bfloat16 with float32 accumulation).
 KERNEL_DTYPES = ("bfloat16", "float16")
@@ -29,6 +31,34 @@ KERNEL_DTYPES = ("bfloat16", "float16")
 MIN_KV_LORA_RANK = 16
 MAX_KV_LORA_RANK = 1024
 MAX_ROPE_DIM = 256
+
+
+def decode_kernel_note(request: AttentionRequest, record: MLARecord,
+                       device: DeviceCapability) -> str:
+    """Which kernel decodes this layer's records on ``device`` (a note for ``explain
+    --verbose``): the CUDA MXFP8 kernel where its conditions hold here (records, dtype,
+    pages, dense, NVRTC found on this machine), else the Triton kernel and why."""
+    from kernelbay.cuda_jit import find_nvrtc
+
+    from kernelbay_attn_flashmla.cuda_mla import DIM, TILE
+
+    if record.kind != "mxfp8":
+        return "decode: Triton kernel"
+    why = ""
+    if record.latent_dim != DIM or record.kv_lora_rank % 32 or record.group_size != 32:
+        why = f"{record.dims_text} records (the CUDA kernel reads {DIM} values in groups of 32)"
+    elif request.dtype != "bfloat16":
+        why = f"{request.dtype} queries"
+    elif request.sparse_topk is not None:
+        why = "sparse top-k"
+    elif request.page_size < TILE:
+        why = f"page_size {request.page_size} < {TILE}"
+    elif device.platform != "cuda" or not device.cc_at_least(8, 0):
+        why = f"not on {device.platform} {device.arch}"
+    elif find_nvrtc() is None:
+        why = "no NVRTC on this machine"
+    return ("decode: CUDA MXFP8 kernel (NVRTC)" if not why
+            else f"decode: Triton kernel (the CUDA MXFP8 kernel: {why})")
 
 
 class MLATritonAttention(MLAReferenceAttention):
@@ -62,7 +92,7 @@ class MLATritonAttention(MLAReferenceAttention):
         record = record_for(r)
         assert not isinstance(record, str)  # the reference accepted it
         page_pow2 = r.page_size >= 1 and r.page_size & (r.page_size - 1) == 0
-        return Verdict.all(
+        verdict = Verdict.all(
             Verdict.check(device.cc_at_least(9, 0),
                           f"needs a CUDA device of compute capability >= 9.0, device is "
                           f"{device.platform} {device.arch}"
@@ -83,6 +113,9 @@ class MLATritonAttention(MLAReferenceAttention):
                           f"needs page_size a power of two (tiles index pages by shift), "
                           f"request has {r.page_size}"),
         )
+        if not verdict.accepted:
+            return verdict
+        return Verdict.all(verdict, Verdict.accept(decode_kernel_note(r, record, device)))
 
     def write_kv(self, cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None,
                  slot_mapping: torch.Tensor) -> None:
