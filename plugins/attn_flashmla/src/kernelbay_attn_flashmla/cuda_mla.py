@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     import torch
     from kernelbay.cuda_jit import Kernel
 
-__all__ = ["HEADS", "TILE", "WARPS", "DecodeBuild", "broken_reason", "build_for", "build_options", "decode_kernel",
-           "launch_decode", "mark_broken", "resident_programs", "shared_bytes", "unsupported"]
+__all__ = ["DIM", "HEADS", "TILE", "WARPS", "DecodeBuild", "broken_reason", "build_for",
+           "build_options", "decode_kernel", "launch_decode", "mark_broken", "resident_programs",
+           "shared_bytes", "unsupported"]
 
 #: Keys per tile of the default build (a tile lies in one page, so the page size must be a
 #: multiple); builds take 16 or 32.
@@ -38,7 +39,9 @@ HEADS = 16
 
 @dataclass(frozen=True)
 class DecodeBuild:
-    """One compiled variant: the record's geometry and the pipeline depth."""
+    """One compiled variant: the record's geometry (latent width, record size, scale bytes'
+    offset) and the launch shape (``build_for`` documents each option; the defaults were the
+    fastest on the H200, ``bench/mla_decode``)."""
 
     rank: int
     bytes_per_token: int
@@ -75,8 +78,9 @@ def build_options(build: DecodeBuild) -> list[str]:
 
 
 def shared_bytes(build: DecodeBuild) -> int:
-    """Dynamic shared memory of one CTA: STAGES tiles of records, the warps' partial
-    scores (32 lanes x 8 floats each) and, ``query_in_shared``, the warps' query slices."""
+    """Dynamic shared memory of one CTA: ``stages`` tiles of records, the warps' partial
+    scores (four floats per lane and 8-key group), with ``split_sum`` their totals, and with
+    ``query_in_shared`` the warps' query slices."""
     query = WARPS * 8 * 32 * 16 if build.query_in_shared else 0  # 8 MMA steps x 32 lanes x 16 B
     scores = WARPS * 32 * build.tile // 2 * 4  # [warps][8-key groups][lanes][4] float32
     totals = scores // WARPS if build.split_sum else 0

@@ -6,16 +6,17 @@
 //
 // One CTA serves one query token, one KV split and a block of 16 query heads, with four
 // warps; warp w owns the record values [128w, 128w + 128) (latent, and rope for the last
-// columns). Keys come in tiles of TILE (16 or 32), copied from the pages into shared memory by cp.async
-// STAGES - 1 tiles ahead (a tile lies in one page). Per tile, warp w:
+// columns). Keys come in tiles of TILE (16 or 32), copied from the pages into shared memory
+// by cp.async STAGES - 1 tiles ahead (a tile lies in one page). Per tile, warp w:
 //   1. decodes its 128 values of each key into bfloat16 registers, already in the layout of
 //      mma.sync m16n8k16's B operand (k = value, n = key): lane (g, c) = (lane / 4, lane % 4)
 //      takes key g (and 8 + g) and the eight values 32j + 8c .. + 7 of its chunk j, i.e. the
 //      value order inside each 16-value MMA step is permuted; the query is loaded with the
 //      same permutation, and a dot product does not care about the order;
-//   2. multiplies its query slice with them: partial scores [16 heads, 16 keys];
+//   2. multiplies its query slice with them: partial scores [16 heads, TILE keys];
 //   3. adds the four warps' partial scores through shared memory (warp order, so the result
-//      does not depend on scheduling); every warp then runs the same online softmax;
+//      does not depend on scheduling; SPLIT_SUM: each warp sums a quarter, then all read the
+//      totals); every warp then runs the same online softmax;
 //   4. transposes each 8 x 8 block of its decoded keys in registers (movmatrix), which turns
 //      the B operand of the score product (k = value, n = key) into the B operand of the value
 //      product (k = key, n = value): the keys are decoded once for both products and never
@@ -32,7 +33,6 @@
 // 2^(e - 7) is past bfloat16's range, get a second multiply under one vote per tile).
 
 typedef unsigned int u32;
-typedef unsigned long long u64;
 
 #ifndef DIM
 #define DIM 512
