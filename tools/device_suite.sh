@@ -89,7 +89,7 @@ for s in "$@"; do
       section mla-bench 200 $py bench/mla_decode/run.py --kinds bf16,mxfp8 --heads 16 \
         --contexts 8192,32768 --batches 16,64,128 --sweep cuda --budget-s 150 \
         --out /tmp/res/mla-bench ;;
-    mlaprof)  # Nsight Compute on the CUDA MXFP8 decode kernel at batch 64, 8k keys
+    mlacudaprof)  # Nsight Compute on the CUDA MXFP8 decode kernel at batch 64, 8k keys
       prof mla-cuda mla_decode_mx -- $py bench/mla_decode/run.py --batches 64 --contexts 8192 \
         --heads 16 --kinds mxfp8 --eager --rep 2 --no-tune --out /tmp/res/prof-mla ;;
     bi) bi_sweep ;;
@@ -218,12 +218,6 @@ for s in "$@"; do
     mxgpu)  # every GPU test of the MXFP4 plugin
       section mx-gpu 330 $py -m pytest -q -p no:cacheprovider -m gpu --timeout 320 \
         plugins/quant_mxfp4_rocm/tests ;;
-    mlaquick)  # the CUDA decode kernel's tests, then its builds on the memory-bound rows
-      section mla-cuda-tests 150 $py -m pytest -q -p no:cacheprovider -m gpu \
-        plugins/attn_flashmla/tests/test_cuda_mla.py
-      section mla-bench 200 $py bench/mla_decode/run.py --kinds bf16,mxfp8 --heads 16 \
-        --contexts 8192,32768 --batches 16,64,128 --sweep cuda --budget-s 150 \
-        --out /tmp/res/mla-bench ;;
     mlaprof)  # the MXFP8 MLA decode kernel in detail: stall reasons and where they happen
       prof mla-mxfp8-detail mla_decode_kernel --print-details all --section SourceCounters -- \
         $py bench/mla_decode/run.py --batches 64 --contexts 8192 --heads 16 --kinds mxfp8 \

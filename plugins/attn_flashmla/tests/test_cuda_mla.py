@@ -90,19 +90,20 @@ def test_explain_names_the_decode_kernel(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_a_build_failure_warns_once_and_leaves_the_call_to_triton(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """When the kernel does not build or load (an architecture NVRTC does not know, a driver
-    older than the cubin), the call warns, returns nothing (the Triton kernel then serves
-    it), and the device is marked so that later calls skip the CUDA kernel with that reason;
-    forced, the error propagates."""
+    """When a build does not compile or load (an architecture NVRTC does not know, more
+    shared memory than the device has, a driver older than the cubin), the call warns,
+    returns nothing (the Triton kernel then serves it), and that build is marked on that
+    device so that later calls skip it with the reason; other builds stay on. Forced, the
+    error propagates."""
     from kernelbay.cuda_jit import CudaJitError
     from kernelbay_attn_flashmla import triton_mla
 
-    def failing(*args: Any, **kwargs: Any) -> None:
+    def failing(build: Any, device: int) -> None:
         raise CudaJitError("NVRTC could not compile mla_decode_mx for sm_99: unknown arch")
 
     monkeypatch.setattr(cuda_mla, "_BROKEN", {})
     monkeypatch.setattr(cuda_mla, "unsupported", lambda *a: None)
-    monkeypatch.setattr(cuda_mla, "launch_decode", failing)
+    monkeypatch.setattr(cuda_mla, "decode_kernel", failing)
     case = _case(MXFP8, [40], [1], 16, 16, seed=1, device="cpu")
     flat = case.cache.view(-1)
     call = (case.query, flat, MXFP8.page_bytes(16), MXFP8, 16, case.meta, 0.1, 2, False, None,
@@ -111,7 +112,27 @@ def test_a_build_failure_warns_once_and_leaves_the_call_to_triton(
         triton_mla._decode_cuda(*call, forced=True, build={})
     with pytest.warns(RuntimeWarning, match="CUDA MXFP8 decode kernel is off on cuda:0.*sm_99"):
         assert triton_mla._decode_cuda(*call, forced=False, build={}) is None
-    assert "unknown arch" in str(cuda_mla.broken_reason(0))
+    assert "unknown arch" in str(cuda_mla.broken_reason(0, cuda_mla.build_for(MXFP8)))
+    assert cuda_mla.broken_reason(0, cuda_mla.build_for(MXFP8, tile=32)) is None
+    with pytest.raises(ValueError, match=r"its build failed on this device: .*unknown arch"):
+        triton_mla._decode_cuda(*call, forced=True, build={})
+
+
+def test_an_unaligned_cache_or_record_is_refused() -> None:
+    from kernelbay_attn_flashmla.records import MLARecord, RecordField
+
+    query = torch.zeros(1, 16, 512, dtype=torch.bfloat16)
+    pool = torch.zeros(4 * MXFP8.page_bytes(16) + 8, dtype=torch.uint8)
+    cache = pool[8:] if pool.data_ptr() % 16 == 0 else pool[:-8]
+    assert cache.data_ptr() % 16
+    reason = cuda_mla.unsupported(query, MXFP8, 16, MXFP8.page_bytes(16), False, 0.1, 16,
+                                  cache)
+    assert "not 16-byte aligned" in (reason or "")
+    # a hand-built MXFP8 record with its scales first: the kernel reads values from byte 0
+    moved = MLARecord("mxfp8", 448, 64, (RecordField("scales", 0, "float8_e8m0fnu", 16),
+                                         RecordField("values", 16, "float8_e4m3fn", 512)), 32)
+    assert "values do not start at byte 0" in (
+        cuda_mla.unsupported(query, moved, 16, moved.page_bytes(16), False) or "")
 
 
 # --- GPU ---------------------------------------------------------------------------------

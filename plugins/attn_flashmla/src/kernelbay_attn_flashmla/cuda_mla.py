@@ -122,35 +122,44 @@ def resident_programs(build: DecodeBuild, device: int) -> int:
                                                    233472)))
 
 
-#: Devices where building or loading the kernel failed, with the error.
-_BROKEN: dict[int, str] = {}
+#: Builds that failed to compile or load, by (device, build), with the error.
+_BROKEN: dict[tuple[int, DecodeBuild], str] = {}
 
 
-def mark_broken(device: int, reason: str) -> None:
-    """Stop using the kernel on CUDA ``device`` for the rest of the process, warning once."""
-    if device not in _BROKEN:
+def mark_broken(device: int, build: DecodeBuild, reason: str) -> None:
+    """Stop using ``build`` on CUDA ``device`` for the rest of the process (it did not
+    compile or load there: an architecture NVRTC does not know, more shared memory than the
+    device has, a driver older than the cubin), warning once."""
+    if (device, build) not in _BROKEN:
         warnings.warn(f"kernelbay-attn-flashmla: the CUDA MXFP8 decode kernel is off on "
-                      f"cuda:{device} ({reason}); the Triton kernel serves it",
+                      f"cuda:{device} for {build} ({reason}); the Triton kernel serves it",
                       RuntimeWarning, stacklevel=3)
-    _BROKEN[device] = reason
+    _BROKEN[(device, build)] = reason
 
 
-def broken_reason(device: int) -> str | None:
-    """Why the kernel is off on ``device`` (``mark_broken``), or ``None``."""
-    return _BROKEN.get(device)
+def broken_reason(device: int, build: DecodeBuild) -> str | None:
+    """Why ``build`` is off on ``device`` (``mark_broken``), or ``None``."""
+    return _BROKEN.get((device, build))
 
 
 def unsupported(query: torch.Tensor, record: MLARecord, page_size: int, page_bytes: int,
-                sparse: bool, scale: float = 1.0, tile: int = TILE) -> str | None:
-    """Why this call cannot run the CUDA kernel (``None`` when it can)."""
-    import torch
-    from kernelbay.cuda_jit import nvrtc_available
-
+                sparse: bool, scale: float = 1.0, tile: int = TILE,
+                cache: torch.Tensor | None = None) -> str | None:
+    """Why this call cannot run the CUDA kernel (``None`` when it can): the record, the
+    query, the device, the pages and ``cache`` (its 16-byte copies need an aligned base)."""
     if record.kind != "mxfp8":
         return f"record kind {record.kind!r}; the CUDA kernel reads 'mxfp8' records"
     if record.latent_dim != DIM or record.kv_lora_rank % 32 or record.group_size != 32:
         return (f"records of {record.dims_text} values in groups of {record.group_size}; "
                 f"the CUDA kernel reads {DIM} values (latent a multiple of 32) in groups of 32")
+    if record.field("values").offset != 0 or record.field("scales").offset % 4:
+        return ("an MXFP8 record whose values do not start at byte 0 or whose scales are not "
+                "4-byte aligned")
+    if cache is not None and cache.data_ptr() % 16:
+        return f"cache base address {cache.data_ptr():#x} not 16-byte aligned"
+    import torch
+    from kernelbay.cuda_jit import nvrtc_available
+
     if sparse:
         return "sparse top-k attention (the CUDA kernel is dense)"
     if not query.is_cuda or torch.version.hip is not None:
@@ -170,9 +179,6 @@ def unsupported(query: torch.Tensor, record: MLARecord, page_size: int, page_byt
         return "query rows not 16-byte aligned"
     if not nvrtc_available():
         return "NVRTC not installed"
-    reason = broken_reason(index)
-    if reason is not None:
-        return f"its build failed on this device: {reason}"
     return None
 
 

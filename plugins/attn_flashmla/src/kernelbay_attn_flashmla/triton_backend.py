@@ -37,13 +37,15 @@ def decode_kernel_note(request: AttentionRequest, record: MLARecord,
                        device: DeviceCapability) -> str:
     """Which kernel decodes this layer's records on ``device`` (a note for ``explain
     --verbose``): the CUDA MXFP8 kernel where its conditions hold here (records, dtype,
-    pages, dense, NVRTC found on this machine), else the Triton kernel and why."""
+    pages, dense, NVRTC found on this machine), else the Triton kernel and why. Per-call
+    conditions (the cache's alignment, a build that fails on the device) can still send a
+    call to the Triton kernel."""
+    if record.kind != "mxfp8":
+        return "decode: Triton kernel"
     from kernelbay.cuda_jit import find_nvrtc
 
     from kernelbay_attn_flashmla.cuda_mla import DIM, TILE
 
-    if record.kind != "mxfp8":
-        return "decode: Triton kernel"
     why = ""
     if record.latent_dim != DIM or record.kv_lora_rank % 32 or record.group_size != 32:
         why = f"{record.dims_text} records (the CUDA kernel reads {DIM} values in groups of 32)"

@@ -333,8 +333,8 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     applies and the Triton kernel elsewhere, ``"triton"`` always the Triton kernel,
     ``"cuda"`` the CUDA kernel or a ``ValueError`` saying why it cannot (``"auto"`` with a
     Triton launch option given runs the Triton kernel); ``cuda_build``
-    (keywords of ``cuda_mla.build_for``: stages, min_blocks, query_in_shared) tunes the CUDA
-    build. The per-token tables
+    (keywords of ``cuda_mla.build_for``: stages, min_blocks, query_in_shared, tile,
+    split_sum) tunes the CUDA build. The per-token tables
     are reused while the same ``metadata`` object comes back (every layer of a step), so a
     metadata object must not be changed in place after a call.
     """
@@ -378,7 +378,7 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
         num_topk = topk.shape[1]
     else:
         topk, num_topk = seq, 0
-    kernel = _kernels().mla_decode_kernel
+    decode = _kernels().mla_decode_kernel
 
     def args(part: Any, plse: Any, splits: int) -> tuple[Any, ...]:
         strides = ((part.stride(0), part.stride(1), part.stride(2), plse.stride(0),
@@ -400,7 +400,7 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                 # split count can count the programs an SM really holds. A triton without
                 # this warmup signature keeps the default count (the launch compiles).
                 try:
-                    compiled = kernel.warmup(*args(torch.float32, torch.float32, 2),
+                    compiled = decode.warmup(*args(torch.float32, torch.float32, 2),
                                              grid=(1,), **consts, num_warps=warps,
                                              num_stages=num_stages)
                 except (AttributeError, TypeError):
@@ -426,7 +426,7 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                            device=query.device)
         plse = torch.empty(num_tokens, num_splits, heads, dtype=torch.float32,
                            device=query.device)
-    kernel[(num_tokens * num_splits * head_blocks,)](
+    decode[(num_tokens * num_splits * head_blocks,)](
         *args(part, plse, num_splits), **consts, num_warps=warps, num_stages=num_stages)
     _LAST_SPLITS.update(splits=num_splits, resident=resident, kernel="triton")
     if num_splits > 1:
@@ -460,57 +460,64 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
                  num_splits: int | None, sparse: bool, sliding_window: int | None,
                  num_sms: int | None, *, forced: bool,
                  build: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
-    """``mla_decode`` through the CUDA MXFP8 kernel, or None where it does not apply (or its
-    build failed: it warns once and the Triton kernel serves the call); ``forced`` raises
-    instead of returning None."""
+    """``mla_decode`` through the CUDA MXFP8 kernel, or None where it does not apply (or the
+    build does not compile or load on this device: it warns once per build and the Triton
+    kernel serves the call); ``forced`` raises instead of returning None."""
     from kernelbay.cuda_jit import CudaJitError
 
     from kernelbay_attn_flashmla import cuda_mla
 
     reason = cuda_mla.unsupported(query, record, page_size, page_bytes, sparse, float(scale),
-                                  build.get("tile", cuda_mla.TILE))
-    if reason is not None:
+                                  build.get("tile", cuda_mla.TILE), flat)
+    compiled = cuda_mla.build_for(record, **build) if reason is None else None
+    device = query.device.index or 0  # CUDA tensors always carry their index
+    if compiled is not None:
+        broken = cuda_mla.broken_reason(device, compiled)
+        if broken is not None:
+            reason = f"its build failed on this device: {broken}"
+    if compiled is not None and reason is None:
+        try:  # compiled and loaded once per build and device (memoized)
+            cuda_mla.decode_kernel(compiled, device)
+        except CudaJitError as exc:
+            if forced:
+                raise
+            cuda_mla.mark_broken(device, compiled, str(exc))
+            return None
+    if reason is not None or compiled is None:
         if forced:
             raise ValueError(f"the CUDA MLA decode kernel cannot run this call: {reason}")
         return None
-    compiled = cuda_mla.build_for(record, **build)
     num_tokens, heads, _ = query.shape
     rank = record.kv_lora_rank
-    device = query.device.index or 0  # CUDA tensors always carry their index
     out = torch.empty(num_tokens, heads, rank, dtype=query.dtype, device=query.device)
     lse = torch.empty(num_tokens, heads, dtype=torch.float32, device=query.device)
     if num_tokens == 0:
         return out, lse
     seq, length, start, block_tables = _token_tables(metadata, num_tokens, sliding_window)
-    try:
-        resident = None
-        if num_splits is None:
-            key = (compiled, device)
-            if key not in _CUDA_RESIDENT:
-                _CUDA_RESIDENT[key] = cuda_mla.resident_programs(compiled, device)
-            resident = _CUDA_RESIDENT[key]
-            num_splits = choose_splits(
-                num_tokens, -(-heads // cuda_mla.HEADS),
-                metadata.block_tables.shape[1] * page_size,
-                num_sms if num_sms is not None else _sm_count(device), resident,
-                block_n=compiled.tile, bytes_per_key=record.bytes_per_token,
-                partial_bytes=cuda_mla.HEADS * rank * 4)
-        if num_splits < 1:
-            raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-        if num_splits == 1:
-            part, plse = out, lse
-        else:
-            part = torch.empty(num_tokens, num_splits, heads, rank, dtype=torch.float32,
-                               device=query.device)
-            plse = torch.empty(num_tokens, num_splits, heads, dtype=torch.float32,
-                               device=query.device)
-        cuda_mla.launch_decode(compiled, query, flat, page_bytes, page_size, block_tables, seq,
-                               length, start, part, plse, out, lse, float(scale), num_splits)
-    except CudaJitError as exc:
-        if forced:
-            raise
-        cuda_mla.mark_broken(device, str(exc))
-        return None
+    resident = None
+    if num_splits is None:
+        key = (compiled, device)
+        if key not in _CUDA_RESIDENT:
+            _CUDA_RESIDENT[key] = cuda_mla.resident_programs(compiled, device)
+        resident = _CUDA_RESIDENT[key]
+        num_splits = choose_splits(
+            num_tokens, -(-heads // cuda_mla.HEADS),
+            metadata.block_tables.shape[1] * page_size,
+            num_sms if num_sms is not None else _sm_count(device), resident,
+            block_n=compiled.tile, bytes_per_key=record.bytes_per_token,
+            partial_bytes=cuda_mla.HEADS * rank * 4)
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    if num_splits == 1:
+        part, plse = out, lse
+    else:
+        part = torch.empty(num_tokens, num_splits, heads, rank, dtype=torch.float32,
+                           device=query.device)
+        plse = torch.empty(num_tokens, num_splits, heads, dtype=torch.float32,
+                           device=query.device)
+    # a launch error, unlike a build that fails, is a real failure: it propagates
+    cuda_mla.launch_decode(compiled, query, flat, page_bytes, page_size, block_tables, seq,
+                           length, start, part, plse, out, lse, float(scale), num_splits)
     _LAST_SPLITS.update(splits=num_splits, resident=resident, kernel="cuda")
     if num_splits > 1:
         _combine(part, plse, out, lse, num_splits)

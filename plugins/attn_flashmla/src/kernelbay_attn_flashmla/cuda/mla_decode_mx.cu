@@ -28,7 +28,8 @@
 //
 // Decoding a pair of codes: a byte permute puts each code in its own 16-bit lane with its
 // sign replicated over the byte above; a shift by 4 and a mask leave the bfloat16 of
-// e4m3 * 2^-120 (subnormals and zeros included, exactly); one bf16x2 multiply by the exact
+// e4m3 * 2^-120 (subnormals and zeros included, exactly; the NaN codes 0x7f/0xff, which the
+// writer never stores outside NaN blocks, come out as +-480); one bf16x2 multiply by the exact
 // power of two 2^(e - 7) applies the block's scale 2^(e - 127) (scale bytes above 134, where
 // 2^(e - 7) is past bfloat16's range, get a second multiply under one vote per tile).
 
@@ -541,7 +542,8 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     if (warp == 0 && c == 0) {
       const float l = half ? l1 : l0;
       const float m = half ? m1 : m0;
-      const float lse = l > 0.f ? (m + __log2f(l)) * LN2 : NEG_INF;
+      // no key: -inf; a NaN sum (a NaN record) stays NaN, as in the reference
+      const float lse = l > 0.f || l != l ? (m + __log2f(l)) * LN2 : NEG_INF;
       plse[(long long)t * plse_stride_t + (long long)split * plse_stride_s + h] = lse;
     }
   }
