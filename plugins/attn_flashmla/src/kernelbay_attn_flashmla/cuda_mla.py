@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DIM", "HEADS", "TILE", "WARPS", "DecodeBuild", "broken_reason", "build_for",
            "build_options", "decode_kernel", "launch_decode", "mark_broken", "resident_programs",
-           "shared_bytes", "unsupported"]
+           "shared_bytes", "static_reason", "unsupported"]
 
 #: Keys per tile of the default build (a tile lies in one page, so the page size must be a
 #: multiple); builds take 16 or 32.
@@ -109,17 +109,12 @@ def decode_kernel(build: DecodeBuild, device: int) -> Kernel:
 
 def resident_programs(build: DecodeBuild, device: int) -> int:
     """CTAs of ``build`` one SM of ``device`` holds (its registers and shared memory)."""
-    import torch
-
-    from kernelbay_attn_flashmla.triton_mla import programs_per_sm
+    from kernelbay_attn_flashmla.triton_mla import device_programs_per_sm
 
     kernel = decode_kernel(build, device)
-    props = torch.cuda.get_device_properties(device)
-    return programs_per_sm(kernel.attribute("registers"),
-                           kernel.attribute("shared_bytes") + shared_bytes(build), WARPS,
-                           regs_per_sm=int(getattr(props, "regs_per_multiprocessor", 65536)),
-                           smem_per_sm=int(getattr(props, "shared_memory_per_multiprocessor",
-                                                   233472)))
+    return device_programs_per_sm(kernel.attribute("registers"),
+                                  kernel.attribute("shared_bytes") + shared_bytes(build),
+                                  WARPS, device)
 
 
 #: Builds that failed to compile or load, by (device, build), with the error.
@@ -142,11 +137,11 @@ def broken_reason(device: int, build: DecodeBuild) -> str | None:
     return _BROKEN.get((device, build))
 
 
-def unsupported(query: torch.Tensor, record: MLARecord, page_size: int, page_bytes: int,
-                sparse: bool, scale: float = 1.0, tile: int = TILE,
-                cache: torch.Tensor | None = None) -> str | None:
-    """Why this call cannot run the CUDA kernel (``None`` when it can): the record, the
-    query, the device, the pages and ``cache`` (its 16-byte copies need an aligned base)."""
+def static_reason(record: MLARecord, dtype: str, sparse: bool, page_size: int,
+                  tile: int = TILE) -> str | None:
+    """Why layers of this shape cannot run the CUDA kernel anywhere (``None`` when they can):
+    the record, the query dtype (``"bfloat16"``), sparse attention, the page size. Shared by
+    ``unsupported`` (per call) and the ``explain`` note (per layer)."""
     if record.kind != "mxfp8":
         return f"record kind {record.kind!r}; the CUDA kernel reads 'mxfp8' records"
     if record.latent_dim != DIM or record.kv_lora_rank % 32 or record.group_size != 32:
@@ -155,23 +150,36 @@ def unsupported(query: torch.Tensor, record: MLARecord, page_size: int, page_byt
     if record.field("values").offset != 0 or record.field("scales").offset % 4:
         return ("an MXFP8 record whose values do not start at byte 0 or whose scales are not "
                 "4-byte aligned")
+    if sparse:
+        return "sparse top-k attention (the CUDA kernel is dense)"
+    if dtype != "bfloat16":
+        return f"{dtype} queries (the CUDA kernel takes bfloat16)"
+    if page_size < tile or page_size & (page_size - 1):
+        return f"page_size {page_size} (needs a power of two >= {tile} keys)"
+    return None
+
+
+def unsupported(query: torch.Tensor, record: MLARecord, page_size: int, page_bytes: int,
+                sparse: bool, scale: float = 1.0, tile: int = TILE,
+                cache: torch.Tensor | None = None) -> str | None:
+    """Why this call cannot run the CUDA kernel (``None`` when it can): ``static_reason``,
+    then the cache (its 16-byte copies need an aligned base), the device, the page stride,
+    the scale, the query's alignment and NVRTC."""
+    reason = static_reason(record, str(query.dtype).removeprefix("torch."), sparse, page_size,
+                           tile)
+    if reason is not None:
+        return reason
     if cache is not None and cache.data_ptr() % 16:
         return f"cache base address {cache.data_ptr():#x} not 16-byte aligned"
     import torch
     from kernelbay.cuda_jit import nvrtc_available
 
-    if sparse:
-        return "sparse top-k attention (the CUDA kernel is dense)"
     if not query.is_cuda or torch.version.hip is not None:
         return f"query on {query.device} (needs a CUDA device)"
-    if query.dtype != torch.bfloat16:
-        return f"query dtype {query.dtype} (the CUDA kernel takes bfloat16)"
-    index = query.device.index if query.device.index is not None else torch.cuda.current_device()
-    if torch.cuda.get_device_capability(index) < (8, 0):
+    if torch.cuda.get_device_capability(query.device) < (8, 0):
         return "compute capability below 8.0"
-    if page_size < tile or page_size & (page_size - 1) or page_bytes % 16:
-        return (f"page_size {page_size} and page stride {page_bytes} B (needs a power of two "
-                f">= {tile} keys and a multiple of 16 bytes)")
+    if page_bytes % 16:
+        return f"page stride {page_bytes} B (needs a multiple of 16 bytes)"
     if not scale > 0:
         return f"softmax scale {scale} (the CUDA kernel takes a positive scale)"
     if query.stride(-1) != 1 or query.stride(1) % 8 or query.stride(0) % 8 \
@@ -185,37 +193,31 @@ def unsupported(query: torch.Tensor, record: MLARecord, page_size: int, page_byt
 def launch_decode(build: DecodeBuild, query: torch.Tensor, flat: torch.Tensor, page_bytes: int,
                   page_size: int, block_tables: torch.Tensor, seq: torch.Tensor,
                   length: torch.Tensor, start: torch.Tensor, part: torch.Tensor,
-                  plse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale: float,
-                  num_splits: int) -> None:
+                  plse: torch.Tensor, out: torch.Tensor, scale: float, num_splits: int) -> None:
     """One launch: the partials of every (head block, split, token) into ``part``/``plse``
-    when ``num_splits > 1``, else the output into ``out``/``lse`` (operands checked by
-    ``unsupported`` and made by ``triton_mla.mla_decode``)."""
+    when ``num_splits > 1``, else the output into ``out`` and its LSE into ``plse``
+    (operands checked by ``unsupported`` and made by ``triton_mla.mla_decode``)."""
     import ctypes
 
     import torch
 
     num_tokens, heads, _ = query.shape
-    device = query.device.index if query.device.index is not None else torch.cuda.current_device()
-    kernel = decode_kernel(build, device)
+    kernel = decode_kernel(build, query.device.index or 0)
     ptr = ctypes.c_void_p
     i64 = ctypes.c_longlong
     i32 = ctypes.c_int
-    if num_splits > 1:
-        ps = (part.stride(0), part.stride(1), part.stride(2))
-        ls = (plse.stride(0), plse.stride(1))
-        lse_ptr = plse.data_ptr()
-    else:
-        ps = (0, 0, 0)
-        ls = (lse.stride(0), 0)
-        lse_ptr = lse.data_ptr()
+    # one split: part and plse are the output and its LSE [T, H] (no split stride)
+    split = num_splits > 1
+    ps = (part.stride(0), part.stride(1), part.stride(2)) if split else (0, 0, 0)
+    ls = (plse.stride(0), plse.stride(1) if split else 0)
     args = [ptr(query.data_ptr()), i64(query.stride(0)), i64(query.stride(1)),
             ptr(flat.data_ptr()), i64(page_bytes), i32(page_size.bit_length() - 1),
             ptr(block_tables.data_ptr()), i64(block_tables.stride(0)),
             ptr(seq.data_ptr()), ptr(length.data_ptr()), ptr(start.data_ptr()),
             ptr(part.data_ptr()), i64(ps[0]), i64(ps[1]), i64(ps[2]),
-            ptr(lse_ptr), i64(ls[0]), i64(ls[1]),
+            ptr(plse.data_ptr()), i64(ls[0]), i64(ls[1]),
             ptr(out.data_ptr()), i64(out.stride(0)), i64(out.stride(1)),
             i32(heads), ctypes.c_float(scale), i32(num_splits)]
     grid = (-(-heads // HEADS) * num_splits * num_tokens, 1, 1)
-    kernel.launch(grid, (WARPS * 32, 1, 1), args, torch.cuda.current_stream(device).cuda_stream,
-                  shared_bytes(build))
+    kernel.launch(grid, (WARPS * 32, 1, 1), args,
+                  torch.cuda.current_stream(query.device).cuda_stream, shared_bytes(build))

@@ -44,20 +44,13 @@ def decode_kernel_note(request: AttentionRequest, record: MLARecord,
         return "decode: Triton kernel"
     from kernelbay.cuda_jit import find_nvrtc
 
-    from kernelbay_attn_flashmla.cuda_mla import DIM, TILE
+    from kernelbay_attn_flashmla.cuda_mla import static_reason
 
-    why = ""
-    if record.latent_dim != DIM or record.kv_lora_rank % 32 or record.group_size != 32:
-        why = f"{record.dims_text} records (the CUDA kernel reads {DIM} values in groups of 32)"
-    elif request.dtype != "bfloat16":
-        why = f"{request.dtype} queries"
-    elif request.sparse_topk is not None:
-        why = "sparse top-k"
-    elif request.page_size < TILE:
-        why = f"page_size {request.page_size} < {TILE}"
-    elif device.platform != "cuda" or not device.cc_at_least(8, 0):
+    why = static_reason(record, request.dtype, request.sparse_topk is not None,
+                        request.page_size)
+    if why is None and (device.platform != "cuda" or not device.cc_at_least(8, 0)):
         why = f"not on {device.platform} {device.arch}"
-    elif find_nvrtc() is None:
+    if why is None and find_nvrtc() is None:
         why = "no NVRTC on this machine"
     return ("decode: CUDA MXFP8 kernel (NVRTC)" if not why
             else f"decode: Triton kernel (the CUDA MXFP8 kernel: {why})")
@@ -72,8 +65,8 @@ class MLATritonAttention(MLAReferenceAttention):
     a combine step; the write kernel quantizes latents into records bit for bit as the
     reference codec. MXFP8 records of 512 values with bfloat16 queries (dense) decode through
     a CUDA kernel compiled at run time by NVRTC (``cuda_mla``); without NVRTC, or where its
-    build fails, the Triton kernel serves them. ``forward`` takes ``num_splits`` (None: chosen from batch x heads vs
-    SM count) and ``topk_indices`` like the reference.
+    build fails, the Triton kernel serves them. ``forward`` takes ``num_splits`` (None:
+    chosen from batch x heads vs SM count) and ``topk_indices`` like the reference.
     """
 
     name: ClassVar[str] = "mla-triton"

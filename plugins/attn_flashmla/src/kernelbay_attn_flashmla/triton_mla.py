@@ -22,9 +22,10 @@ from torch import Tensor
 from kernelbay_attn_flashmla import triton_kernels
 from kernelbay_attn_flashmla.records import MLARecord
 
-__all__ = ["KERNELS", "KernelFields", "choose_splits", "default_block_n", "default_l2_ahead", "default_warps",
-           "kernel_fields", "last_kernel", "last_splits", "launch_constants", "mla_decode", "mla_write",
-           "programs_per_sm", "resident_programs", "split_cost"]
+__all__ = ["KERNELS", "KernelFields", "choose_splits", "default_block_n", "default_l2_ahead",
+           "default_warps", "device_programs_per_sm", "kernel_fields", "last_kernel",
+           "last_splits", "launch_constants", "mla_decode", "mla_write", "programs_per_sm",
+           "resident_programs", "split_cost"]
 
 #: Record kind -> (KIND, nope scale mode, rope scale mode): 0 bf16, 1 fp32 group scales,
 #: 2 E8M0 group scales.
@@ -158,6 +159,13 @@ def resident_programs(compiled: Any, num_warps: int, device: torch.device) -> in
         return DEFAULT_RESIDENT
     if regs <= 0:
         return DEFAULT_RESIDENT
+    return device_programs_per_sm(regs, shared, num_warps, device)
+
+
+def device_programs_per_sm(regs: int, shared: int, num_warps: int,
+                           device: torch.device | int) -> int:
+    """``programs_per_sm`` with the register file, shared memory and threads of CUDA
+    ``device`` (sm_90's where torch does not report them)."""
     props = torch.cuda.get_device_properties(device)
     return programs_per_sm(regs, shared, num_warps,
                            regs_per_sm=int(getattr(props, "regs_per_multiprocessor", 65536)),
@@ -469,23 +477,23 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
 
     reason = cuda_mla.unsupported(query, record, page_size, page_bytes, sparse, float(scale),
                                   build.get("tile", cuda_mla.TILE), flat)
-    compiled = cuda_mla.build_for(record, **build) if reason is None else None
     device = query.device.index or 0  # CUDA tensors always carry their index
-    if compiled is not None:
+    compiled = None
+    if reason is None:
+        compiled = cuda_mla.build_for(record, **build)
         broken = cuda_mla.broken_reason(device, compiled)
         if broken is not None:
             reason = f"its build failed on this device: {broken}"
-    if compiled is not None and reason is None:
-        try:  # compiled and loaded once per build and device (memoized)
-            cuda_mla.decode_kernel(compiled, device)
-        except CudaJitError as exc:
-            if forced:
-                raise
-            cuda_mla.mark_broken(device, compiled, str(exc))
-            return None
     if reason is not None or compiled is None:
         if forced:
             raise ValueError(f"the CUDA MLA decode kernel cannot run this call: {reason}")
+        return None
+    try:  # compiled and loaded once per build and device (memoized)
+        cuda_mla.decode_kernel(compiled, device)
+    except CudaJitError as exc:
+        if forced:
+            raise
+        cuda_mla.mark_broken(device, compiled, str(exc))
         return None
     num_tokens, heads, _ = query.shape
     rank = record.kv_lora_rank
@@ -517,7 +525,7 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
                            device=query.device)
     # a launch error, unlike a build that fails, is a real failure: it propagates
     cuda_mla.launch_decode(compiled, query, flat, page_bytes, page_size, block_tables, seq,
-                           length, start, part, plse, out, lse, float(scale), num_splits)
+                           length, start, part, plse, out, float(scale), num_splits)
     _LAST_SPLITS.update(splits=num_splits, resident=resident, kernel="cuda")
     if num_splits > 1:
         _combine(part, plse, out, lse, num_splits)
