@@ -51,22 +51,25 @@ class DecodeBuild:
     query_in_shared: bool = True
     tile: int = TILE
     split_sum: bool = True
+    half_keys: bool = True
 
 
 def build_for(record: MLARecord, stages: int = 3, min_blocks: int = 4,
               query_in_shared: bool = True, tile: int = TILE,
-              split_sum: bool = True) -> DecodeBuild:
+              split_sum: bool = True, half_keys: bool = True) -> DecodeBuild:
     """The build for ``record`` (offsets read from its descriptor) with ``stages`` tiles in
     flight (at least 2), registers capped for ``min_blocks`` CTAs per SM (1 to 4), and the
     query slice in shared memory instead of registers (``query_in_shared``), ``tile`` keys
-    per barrier round (16 or 32), and the warps' partial scores summed in two phases
-    (``split_sum``: half the shared-memory reads, one more barrier per tile)."""
+    per barrier round (16 or 32), the warps' partial scores summed in two phases
+    (``split_sum``: half the shared-memory reads, one more barrier per tile), and the keys
+    decoded to float16 by the hardware conversion where the tile's scales allow it exactly
+    (``half_keys``: two instructions per code pair instead of four; bfloat16 otherwise)."""
     if stages < 2 or not 1 <= min_blocks <= 4 or tile not in (16, 32):
         raise ValueError(f"CUDA MLA decode build: stages={stages}, min_blocks={min_blocks}, "
                          f"tile={tile}; valid: stages >= 2, min_blocks in 1..4, tile 16 or 32")
     return DecodeBuild(record.kv_lora_rank, record.bytes_per_token,
                        record.field("scales").offset, stages, min_blocks, query_in_shared,
-                       tile, split_sum)
+                       tile, split_sum, half_keys)
 
 
 def build_options(build: DecodeBuild) -> list[str]:
@@ -74,17 +77,20 @@ def build_options(build: DecodeBuild) -> list[str]:
     return [f"-DDIM={DIM}", f"-DRANK={build.rank}", f"-DBPT={build.bytes_per_token}",
             f"-DSCALE_OFF={build.scale_offset}", f"-DSTAGES={build.stages}",
             f"-DMIN_BLOCKS={build.min_blocks}", f"-DQSMEM={int(build.query_in_shared)}",
-            f"-DTILE={build.tile}", f"-DSPLIT_SUM={int(build.split_sum)}"]
+            f"-DTILE={build.tile}", f"-DSPLIT_SUM={int(build.split_sum)}",
+            f"-DF16={int(build.half_keys)}"]
 
 
 def shared_bytes(build: DecodeBuild) -> int:
     """Dynamic shared memory of one CTA: ``stages`` tiles of records, the warps' partial
-    scores (four floats per lane and 8-key group), with ``split_sum`` their totals, and with
-    ``query_in_shared`` the warps' query slices."""
+    scores (four floats per lane and 8-key group), with ``split_sum`` their totals, with
+    ``query_in_shared`` the warps' query slices, and with ``half_keys`` the heads' score
+    factors."""
     query = WARPS * 8 * 32 * 16 if build.query_in_shared else 0  # 8 MMA steps x 32 lanes x 16 B
     scores = WARPS * 32 * build.tile // 2 * 4  # [warps][8-key groups][lanes][4] float32
     totals = scores // WARPS if build.split_sum else 0
-    return build.stages * build.tile * build.bytes_per_token + scores + totals + query
+    factors = HEADS * 4 if build.half_keys else 0  # the heads' score factors, float32
+    return build.stages * build.tile * build.bytes_per_token + scores + totals + query + factors
 
 
 @functools.cache

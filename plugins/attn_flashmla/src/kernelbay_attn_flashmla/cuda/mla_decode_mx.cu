@@ -60,6 +60,14 @@ typedef unsigned int u32;
 #define QSMEM 0  // 1: the query slice waits in shared memory (32 registers fewer per thread)
 #endif
 
+#ifndef F16
+#define F16 0  // 1: keys decoded by the hardware E4M3 -> float16 conversion (see the header)
+#endif
+#if F16 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+#undef F16
+#define F16 0  // the conversion needs sm_89: the bfloat16 decode on older GPUs
+#endif
+
 #ifndef TILE
 #define TILE 16  // keys per tile: 16 or 32 (one barrier round each)
 #endif
@@ -67,6 +75,7 @@ typedef unsigned int u32;
 #error "TILE must be 16 or 32"
 #endif
 #define WARPS 4
+#define HEADS_PER_CTA 16
 #define G8 (TILE / 8)  // 8-key groups of a tile (the score product's n tiles)
 #define CHUNKS 4  // 32-value chunks per warp (128 values)
 #if DIM != WARPS * CHUNKS * 32
@@ -110,6 +119,10 @@ __device__ __forceinline__ float4 lds128f(u32 addr) {
   asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
   return v;
+}
+
+__device__ __forceinline__ void sts32(u32 addr, u32 v) {
+  asm volatile("st.shared.u32 [%0], %1;" :: "r"(addr), "r"(v));
 }
 
 __device__ __forceinline__ void sts128(u32 addr, u32 a, u32 b, u32 c, u32 d) {
@@ -170,11 +183,51 @@ __device__ __forceinline__ u32 large_scales(u32 scales) {
   return ((scales & 0x7F7F7F7Fu) + 0x79797979u) & scales & 0x80808080u;
 }
 
-template <int J>
+// Byte J of ``bytes`` placed in both 16-bit lanes and shifted into their exponent field
+// (SHIFT 7: bfloat16, 10: float16).
+template <int J, int SHIFT = 7>
 __device__ __forceinline__ u32 factor(u32 bytes) {
   u32 r;  // byte J into bytes 0 and 2, zeros (byte 4 of the zero operand) above them
   asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(bytes), "n"(0x4040 | (J << 8) | J));
-  return r << 7;
+  return r << SHIFT;
+}
+
+// --- float16 decode (F16 builds) ---
+// Scale bytes e in [113, 134]: every code * 2^(e - 127) is exactly a float16 (e4m3 spans
+// 2^-9 .. 448 with four significant bits; float16 holds 2^-24 .. 65504 with eleven), and the
+// factor 2^(e - 127) is a normal float16. Nonzero when a byte of ``scales`` lies outside.
+__device__ __forceinline__ u32 outside_f16(u32 scales) {
+  // byte + 15 is in [0x80, 0x95] exactly for the range (a byte that wraps fails itself, so
+  // its carry into the next byte cannot hide it)
+  const u32 t = scales + 0x0F0F0F0Fu;
+  return (~t | ((t & 0x7F7F7F7Fu) + 0x6A6A6A6Au)) & 0x80808080u;
+}
+
+// The float16 exponent fields of 2^(e - 127), e - 112 per byte (bytes in [113, 134]).
+__device__ __forceinline__ u32 factor_bytes_f16(u32 scales) { return scales - 0x70707070u; }
+
+// Codes 0..3 of ``w`` as float16 pairs (0, 1) and (2, 3): the hardware conversion, exact
+// (NaN codes give NaN).
+__device__ __forceinline__ void e4m3x4_f16(u32 w, u32& lo, u32& hi) {
+  asm("{.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\t"
+      "cvt.rn.f16x2.e4m3x2 %1, h;}" : "=r"(lo), "=r"(hi) : "r"(w));
+}
+
+__device__ __forceinline__ u32 f16x2_mul(u32 a, u32 b) {
+  u32 out;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
+  return out;
+}
+
+// Eight codes (one chunk of one key) as float16, unscaled: four registers, codes in order.
+__device__ __forceinline__ void decode8_f16(uint2 codes, u32* out) {
+  e4m3x4_f16(codes.x, out[0], out[1]);
+  e4m3x4_f16(codes.y, out[2], out[3]);
+}
+
+// The float32 2^(e - 127) of an E8M0 byte (0: the subnormal 2^-127; 255: NaN).
+__device__ __forceinline__ float e8m0_float(u32 e) {
+  return e == 255u ? __int_as_float(0x7FC00000) : __int_as_float(e ? e << 23 : 0x00400000);
 }
 
 // Eight codes (one chunk of one key) times the first factor ``f``: four bf16x2 registers,
@@ -207,9 +260,43 @@ __device__ __forceinline__ void mma(float* d, const u32* a, u32 b0, u32 b1) {
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ void mma_f16(float* d, const u32* a, u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 pack_f16(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi);
+
+template <bool HALF>
+__device__ __forceinline__ u32 pack_t(float lo, float hi) {
+  return HALF ? pack_f16(lo, hi) : pack_bf16(lo, hi);
+}
+
+template <bool HALF>
+__device__ __forceinline__ void mma_t(float* d, const u32* a, u32 b0, u32 b1) {
+  if (HALF) mma_f16(d, a, b0, b1);
+  else mma(d, a, b0, b1);
+}
+
 __device__ __forceinline__ u32 transpose8x8(u32 x) {
   u32 y;
   asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// 2^x with results below 2^-126 flushed to zero (exp2f adds a range fix-up of three
+// instructions per call for them; a probability that small adds nothing to a float32 sum).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 
@@ -217,6 +304,62 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
   u32 r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
+}
+
+// The query slice: in shared memory (QSMEM: the lane's slot of MMA step 0; steps 512 B
+// apart) or in registers (qa[step]).
+#if QSMEM
+#define QUERY_ARGS q_slots
+typedef u32 QuerySlice;
+__device__ __forceinline__ void query_step(QuerySlice q_slots, int step, u32* a) {
+  const uint4 q = lds128(q_slots + step * 512);
+  a[0] = q.x; a[1] = q.y; a[2] = q.z; a[3] = q.w;
+}
+#else
+#define QUERY_ARGS qa
+typedef const u32 (*QuerySlice)[4];
+__device__ __forceinline__ void query_step(QuerySlice qa, int step, u32* a) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) a[i] = qa[step][i];
+}
+#endif
+
+// The score products of chunk j (MMA steps 2j, 2j + 1) added into d[n] (HALF: float16
+// keys and query, else bfloat16).
+template <bool HALF>
+__device__ __forceinline__ void chunk_scores(int j, float (*d)[4], const u32 (&kb)[G8][CHUNKS][4],
+                                             QuerySlice query) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    u32 a[4];
+    query_step(query, 2 * j + h, a);
+#pragma unroll
+    for (int n = 0; n < G8; ++n) mma_t<HALF>(d[n], a, kb[n][j][2 * h], kb[n][j][2 * h + 1]);
+  }
+}
+
+// 4-5. values, 16 keys per MMA: A = P[16 heads, keys 16k..] (key order = score column order,
+// in the keys' type), B = each 8 x 8 block of keys x values of the warp's latent chunks,
+// transposed.
+template <bool HALF>
+__device__ __forceinline__ void value_products(float (&acc)[CHUNKS][4][4], const float (&p)[G8][4],
+                                               const u32 (&kb)[G8][CHUNKS][4], int warp) {
+#pragma unroll
+  for (int k = 0; k < G8 / 2; ++k) {
+    const u32 pa[4] = {pack_t<HALF>(p[2 * k][0], p[2 * k][1]),
+                       pack_t<HALF>(p[2 * k][2], p[2 * k][3]),
+                       pack_t<HALF>(p[2 * k + 1][0], p[2 * k + 1][1]),
+                       pack_t<HALF>(p[2 * k + 1][2], p[2 * k + 1][3])};
+#pragma unroll
+    for (int j = 0; j < CHUNKS; ++j) {
+      if (warp * 128 + j * 32 < RANK) {
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+          mma_t<HALF>(acc[j][b], pa, transpose8x8(kb[2 * k][j][b]),
+                      transpose8x8(kb[2 * k + 1][j][b]));
+      }
+    }
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
@@ -266,22 +409,86 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
                       + (warp * 2 * CHUNKS * 32 + lane) * 16;
 #endif
   u32 qa[QSMEM ? 1 : 2 * CHUNKS][4];
+  // scores -> log2 units (F16: times 2^-shift of the head's query, kept in shared memory)
+  const float qk = scale * LOG2E;
+#if F16
+  const u32 qk_slots = red_total + (SPLIT_SUM ? G8 * 32 * 16 : 0)
+                       + (QSMEM ? WARPS * 2 * CHUNKS * 32 * 16 : 0);
+#endif
   {
     const unsigned short* q0 = query + (long long)t * q_stride_t + (long long)h0 * q_stride_h;
     const unsigned short* q1 = query + (long long)t * q_stride_t + (long long)h1 * q_stride_h;
+    uint4 r0[CHUNKS], r1[CHUNKS];
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
       const int col = warp * 128 + j * 32 + c * 8;
-      uint4 r0 = h0 < num_heads ? *(const uint4*)(q0 + col) : make_uint4(0, 0, 0, 0);
-      uint4 r1 = h1 < num_heads ? *(const uint4*)(q1 + col) : make_uint4(0, 0, 0, 0);
+      r0[j] = h0 < num_heads ? *(const uint4*)(q0 + col) : make_uint4(0, 0, 0, 0);
+      r1[j] = h1 < num_heads ? *(const uint4*)(q1 + col) : make_uint4(0, 0, 0, 0);
+    }
+#if F16
+    // Each head's query times the power of two 2^shift that brings its largest magnitude
+    // into [2^14, 2^15), then rounded to float16: exact for every element down to 2^-24
+    // of that maximum (a bfloat16 has 8 significant bits, a float16 11); the scores are
+    // scaled back by 2^-shift with the softmax scale.
+    u32 b0 = 0, b1 = 0;  // largest |q| as bfloat16 bits (NaN above infinity, as integers)
+#pragma unroll
+    for (int j = 0; j < CHUNKS; ++j) {
+      const u32 w0[4] = {r0[j].x, r0[j].y, r0[j].z, r0[j].w};
+      const u32 w1[4] = {r1[j].x, r1[j].y, r1[j].z, r1[j].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        b0 = max(b0, max(w0[i] & 0x7FFFu, (w0[i] >> 16) & 0x7FFFu));
+        b1 = max(b1, max(w1[i] & 0x7FFFu, (w1[i] >> 16) & 0x7FFFu));
+      }
+    }
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+      b0 = max(b0, __shfl_xor_sync(0xffffffffu, b0, o));
+      b1 = max(b1, __shfl_xor_sync(0xffffffffu, b1, o));
+    }
+    // the four warps' maxima meet in the (not yet used) score buffer
+    if (c == 0) {
+      sts32(red_base + (warp * HEADS_PER_CTA + g) * 4, b0);
+      sts32(red_base + (warp * HEADS_PER_CTA + g + 8) * 4, b1);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      b0 = max(b0, lds32(red_base + (w * HEADS_PER_CTA + g) * 4));
+      b1 = max(b1, lds32(red_base + (w * HEADS_PER_CTA + g + 8) * 4));
+    }
+    // biased exponent E of the maximum: shift 141 - E (clamped so 2^+-shift are normal
+    // floats; a zero or subnormal maximum takes the largest, infinity or NaN the smallest)
+    const int sh0 = min(max(141 - (int)(b0 >> 7), -120), 120);
+    const int sh1 = min(max(141 - (int)(b1 >> 7), -120), 120);
+    const float f0 = __int_as_float((sh0 + 127) << 23), f1 = __int_as_float((sh1 + 127) << 23);
+    // the heads' score factors wait in shared memory (two registers fewer in the tile loop;
+    // read after its first barrier)
+    if (warp == 0 && c == 0)
+      sts64f(qk_slots + g * 8, qk * __int_as_float((127 - sh0) << 23),
+             qk * __int_as_float((127 - sh1) << 23));
+    auto half_pair = [](u32 w, float f) {
+      return pack_f16(__uint_as_float(w << 16) * f, __uint_as_float(w & 0xFFFF0000u) * f);
+    };
+#pragma unroll
+    for (int j = 0; j < CHUNKS; ++j) {
+      r0[j] = make_uint4(half_pair(r0[j].x, f0), half_pair(r0[j].y, f0), half_pair(r0[j].z, f0),
+                         half_pair(r0[j].w, f0));
+      r1[j] = make_uint4(half_pair(r1[j].x, f1), half_pair(r1[j].y, f1), half_pair(r1[j].z, f1),
+                         half_pair(r1[j].w, f1));
+    }
+#endif
+#pragma unroll
+    for (int j = 0; j < CHUNKS; ++j) {
       // step 2j: values 0..3 of the lane's eight; step 2j + 1: values 4..7
 #if QSMEM
-      sts128(q_slots + (2 * j) * 512, r0.x, r1.x, r0.y, r1.y);
-      sts128(q_slots + (2 * j + 1) * 512, r0.z, r1.z, r0.w, r1.w);
+      sts128(q_slots + (2 * j) * 512, r0[j].x, r1[j].x, r0[j].y, r1[j].y);
+      sts128(q_slots + (2 * j + 1) * 512, r0[j].z, r1[j].z, r0[j].w, r1[j].w);
 #else
-      qa[2 * j][0] = r0.x; qa[2 * j][1] = r1.x; qa[2 * j][2] = r0.y; qa[2 * j][3] = r1.y;
-      qa[2 * j + 1][0] = r0.z; qa[2 * j + 1][1] = r1.z;
-      qa[2 * j + 1][2] = r0.w; qa[2 * j + 1][3] = r1.w;
+      qa[2 * j][0] = r0[j].x; qa[2 * j][1] = r1[j].x; qa[2 * j][2] = r0[j].y;
+      qa[2 * j][3] = r1[j].y;
+      qa[2 * j + 1][0] = r0[j].z; qa[2 * j + 1][1] = r1[j].z;
+      qa[2 * j + 1][2] = r0[j].w; qa[2 * j + 1][3] = r1[j].w;
 #endif
     }
   }
@@ -295,7 +502,6 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       for (int i = 0; i < 4; ++i) acc[j][b][i] = 0.f;
   float m0 = NEG_INF, m1 = NEG_INF;  // running max (log2 units) of heads g, g + 8
   float l0 = 0.f, l1 = 0.f;               // this lane's share of the running sums
-  const float qk_scale = scale * LOG2E;
 
   // A tile's page index is loaded one iteration before its copies are issued: issuing
   // them stalls this thread until the index arrives, so it must already be there.
@@ -305,41 +511,119 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   // copies: 128 / TILE threads per key of a tile, each taking every (128 / TILE)-th chunk
   constexpr int PER_KEY = WARPS * 32 / TILE;
   const int key = tid / PER_KEY, eighth = tid % PER_KEY;
-  auto issue = [&](int tile, int page) {
+  // This thread's byte offset inside a tile (the same in shared memory and in the page), so
+  // that each copy's two addresses are one register plus a constant.
+  const u32 thread_off = key * BPT + eighth * 16;
+  const int page_mask = (1 << page_shift) - 1;
+  auto issue = [&](int tile, int page, u32 slot) {
     if (tile < num_tiles) {
       const int pos = lo + tile * TILE;
-      const unsigned char* src = cache + (long long)page * page_bytes
-                                 + (long long)(pos & ((1 << page_shift) - 1)) * BPT;
+      const unsigned char* from = cache + (long long)page * page_bytes
+                                  + (u32)((pos & page_mask) * BPT) + thread_off;
       // keys outside [start, hi) are zero-filled: masked keys must not bring NaN bytes
       // (a slot never written) into the products, where 0 * NaN is NaN
-      const int first = start - pos, last = hi - pos;
-      const u32 dst = tiles_base + (tile % STAGES) * TILE_BYTES + key * BPT;
-      const unsigned char* from = src + key * BPT;
-      const u32 bytes = key >= first && key < last ? 16u : 0u;
+      const u32 bytes = key >= start - pos && key < hi - pos ? 16u : 0u;
+      const u32 dst = slot + thread_off;
 #pragma unroll
       for (int k = 0; k < (BPT / 16 + PER_KEY - 1) / PER_KEY; ++k) {
-        const int chunk = eighth + PER_KEY * k;
-        if ((BPT / 16) % PER_KEY == 0 || chunk < BPT / 16)
-          copy16(dst + chunk * 16, from + chunk * 16, bytes);
+        if ((BPT / 16) % PER_KEY == 0 || eighth + PER_KEY * k < BPT / 16)
+          copy16(dst + PER_KEY * 16 * k, from + PER_KEY * 16 * k, bytes);
       }
     }
     commit();  // an empty group past the end keeps the wait counts uniform
   };
 
+  // shared-memory slots of the tile read next and of the tile copied next (stage indices
+  // kept as addresses and advanced by one slot, wrapping: no division per tile)
+  const u32 last_slot = tiles_base + (STAGES - 1) * TILE_BYTES;
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) issue(s, page_of(s));
+  for (int s = 0; s < STAGES - 1; ++s) issue(s, page_of(s), tiles_base + s * TILE_BYTES);
   int next_page = page_of(STAGES - 1);
+  u32 read_slot = tiles_base, copy_slot = last_slot;
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     wait_groups<STAGES - 2>();
     __syncthreads();  // the tile's bytes from every thread's copies; the reduction buffer free
-    issue(tile + STAGES - 1, next_page);
+    issue(tile + STAGES - 1, next_page, copy_slot);
     next_page = page_of(tile + STAGES);
+    copy_slot = copy_slot == last_slot ? tiles_base : copy_slot + TILE_BYTES;
 
-    const u32 tb = tiles_base + (tile % STAGES) * TILE_BYTES;
+    const u32 tb = read_slot;
+    read_slot = read_slot == last_slot ? tiles_base : read_slot + TILE_BYTES;
     // 1. decode: kb[n][j][r], key g of group n (keys 8n + g), chunk j, register r
     u32 kb[G8][CHUNKS][4];
     u32 scales[G8];
+    // 2. partial scores of this warp's values: sc[n] = S[heads g / g + 8][keys 8n + 2c, +1]
+    float sc[G8][4];
+#pragma unroll
+    for (int n = 0; n < G8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+#if F16
+    // Float16 keys: one conversion per code pair and one multiply by the block's factor,
+    // where every scale byte of the warp's tile lies in [113, 134] (one vote per tile). A
+    // tile with others keeps the codes unscaled for the scores (each block's partial score
+    // times its scale in float32) and decodes the keys again to bfloat16 (any scale) for the
+    // value product.
+    u32 outside = 0;
+#pragma unroll
+    for (int n = 0; n < G8; ++n) {
+      scales[n] = lds32(tb + (n * 8 + g) * BPT + SCALE_OFF + warp * CHUNKS);
+      outside |= outside_f16(scales[n]);
+    }
+    const bool half_keys = !__any_sync(0xffffffffu, outside != 0u);
+#pragma unroll
+    for (int n = 0; n < G8; ++n) {
+      const u32 rec = tb + (n * 8 + g) * BPT + warp * 128 + c * 8;
+#pragma unroll
+      for (int j = 0; j < CHUNKS; ++j) decode8_f16(lds64(rec + 32 * j), kb[n][j]);
+    }
+    if (half_keys) {
+#pragma unroll
+      for (int n = 0; n < G8; ++n) {
+        const u32 fb = factor_bytes_f16(scales[n]);
+        const u32 f[CHUNKS] = {factor<0, 10>(fb), factor<1, 10>(fb), factor<2, 10>(fb),
+                               factor<3, 10>(fb)};
+#pragma unroll
+        for (int j = 0; j < CHUNKS; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) kb[n][j][r] = f16x2_mul(kb[n][j][r], f[j]);
+      }
+#pragma unroll
+      for (int j = 0; j < CHUNKS; ++j) chunk_scores<true>(j, sc, kb, QUERY_ARGS);
+    } else {
+      // one 8-key group at a time (registers): this lane's score columns are its keys
+      // 8n + 2c and 8n + 2c + 1
+#pragma unroll
+      for (int n = 0; n < G8; ++n) {
+        const u32 s0 = lds32(tb + (n * 8 + 2 * c) * BPT + SCALE_OFF + warp * CHUNKS);
+        const u32 s1 = lds32(tb + (n * 8 + 2 * c + 1) * BPT + SCALE_OFF + warp * CHUNKS);
+#pragma unroll
+        for (int j = 0; j < CHUNKS; ++j) {
+          float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            u32 a[4];
+            query_step(QUERY_ARGS, 2 * j + h, a);
+            mma_f16(part, a, kb[n][j][2 * h], kb[n][j][2 * h + 1]);
+          }
+          const float f0 = e8m0_float((s0 >> (8 * j)) & 0xFFu);
+          const float f1 = e8m0_float((s1 >> (8 * j)) & 0xFFu);
+          sc[n][0] = fmaf(part[0], f0, sc[n][0]);
+          sc[n][1] = fmaf(part[1], f1, sc[n][1]);
+          sc[n][2] = fmaf(part[2], f0, sc[n][2]);
+          sc[n][3] = fmaf(part[3], f1, sc[n][3]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < G8; ++n) {
+        const u32 rec = tb + (n * 8 + g) * BPT;
+        const u32 key_scales = lds32(rec + SCALE_OFF + warp * CHUNKS);  // again: fewer live registers
+#pragma unroll
+        for (int j = 0; j < CHUNKS; ++j)
+          decode8_any(lds64(rec + warp * 128 + c * 8 + 32 * j), (key_scales >> (8 * j)) & 0xFFu,
+                      kb[n][j]);
+      }
+    }
+#else
 #pragma unroll
     for (int n = 0; n < G8; ++n) {
       const u32 rec = tb + (n * 8 + g) * BPT;
@@ -365,23 +649,10 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
                       kb[n][j]);
       }
     }
-    // 2. partial scores of this warp's values: sc[n] = S[heads g / g + 8][keys 8n + 2c, +1]
-    float sc[G8][4];
 #pragma unroll
-    for (int n = 0; n < G8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
-#pragma unroll
-    for (int j = 0; j < CHUNKS; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#if QSMEM
-        const uint4 q = lds128(q_slots + (2 * j + h) * 512);
-        const u32 a[4] = {q.x, q.y, q.z, q.w};
-#else
-        const u32* a = qa[2 * j + h];
+    for (int j = 0; j < CHUNKS; ++j) chunk_scores<false>(j, sc, kb, QUERY_ARGS);
+    const bool half_keys = false;
 #endif
-#pragma unroll
-        for (int n = 0; n < G8; ++n) mma(sc[n], a, kb[n][j][2 * h], kb[n][j][2 * h + 1]);
-      }
     // 3. the four warps' partial scores added in warp order through shared memory
 #if SPLIT_SUM
     // Two phases: warp w sums pairs w, w + 4, ... of every lane's 4 * G8 floats over the
@@ -392,8 +663,10 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       sts128f(red_base + ((warp * G8 + n) * 32 + lane) * 16, sc[n][0], sc[n][1], sc[n][2],
               sc[n][3]);
     __syncthreads();
+    static_assert(2 * G8 % WARPS == 0, "every warp sums the same number of pairs");
 #pragma unroll
-    for (int q = warp; q < 2 * G8; q += WARPS) {
+    for (int r = 0; r < 2 * G8 / WARPS; ++r) {  // a fixed count: no loop over a warp index
+      const int q = warp + WARPS * r;
       float x = 0.f, y = 0.f;
 #pragma unroll
       for (int w = 0; w < WARPS; ++w) {
@@ -428,7 +701,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     }
 #endif
     // online softmax over the tile's allowed keys (start <= position < hi), in raw score
-    // units until the exponent: exp2(s * qk_scale - m) is one FMA
+    // units until the exponent: exp2(s * qk - m) is one FMA
     const int pos0 = lo + tile * TILE;
     if (pos0 < start || pos0 + TILE > hi) {  // an edge tile (uniform over the CTA)
 #pragma unroll
@@ -439,6 +712,12 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
           if (pos < start || pos >= hi) s[n][i] = s[n][2 + i] = NEG_INF;
         }
     }
+#if F16
+    const float2 qks = lds64f(qk_slots + g * 8);
+    const float qk0 = qks.x, qk1 = qks.y;
+#else
+    const float qk0 = qk, qk1 = qk;
+#endif
     float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
     for (int n = 0; n < G8; ++n)
@@ -452,19 +731,19 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
     }
-    // qk_scale > 0, so the scaled maximum is the maximum of the scaled scores
-    const float n0 = fmaxf(m0, mx0 * qk_scale), n1 = fmaxf(m1, mx1 * qk_scale);
+    // qk0, qk1 > 0, so the scaled maximum is the maximum of the scaled scores
+    const float n0 = fmaxf(m0, mx0 * qk0), n1 = fmaxf(m1, mx1 * qk1);
     // a head with no allowed key yet keeps -inf: subtract 0 so that exp2 gives 0
     const float z0 = n0 == NEG_INF ? 0.f : n0, z1 = n1 == NEG_INF ? 0.f : n1;
-    const float alpha0 = exp2f(m0 - z0), alpha1 = exp2f(m1 - z1);
+    const float alpha0 = exp2_ftz(m0 - z0), alpha1 = exp2_ftz(m1 - z1);
     m0 = n0; m1 = n1;
     float p[G8][4];
 #pragma unroll
     for (int n = 0; n < G8; ++n)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        p[n][i] = exp2f(fmaf(s[n][i], qk_scale, -z0));
-        p[n][2 + i] = exp2f(fmaf(s[n][2 + i], qk_scale, -z1));
+        p[n][i] = exp2_ftz(fmaf(s[n][i], qk0, -z0));
+        p[n][2 + i] = exp2_ftz(fmaf(s[n][2 + i], qk1, -z1));
       }
     float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
@@ -485,21 +764,10 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
         }
     }
     // 4-5. values, 16 keys per MMA: A = P[16 heads, keys 16k..] (key order = score column
-    // order), B = each 8 x 8 block of keys x values of the warp's latent chunks, transposed
-#pragma unroll
-    for (int k = 0; k < G8 / 2; ++k) {
-      const u32 pa[4] = {pack_bf16(p[2 * k][0], p[2 * k][1]), pack_bf16(p[2 * k][2], p[2 * k][3]),
-                         pack_bf16(p[2 * k + 1][0], p[2 * k + 1][1]),
-                         pack_bf16(p[2 * k + 1][2], p[2 * k + 1][3])};
-#pragma unroll
-      for (int j = 0; j < CHUNKS; ++j) {
-        if (warp * 128 + j * 32 < RANK) {
-#pragma unroll
-          for (int b = 0; b < 4; ++b)
-            mma(acc[j][b], pa, transpose8x8(kb[2 * k][j][b]), transpose8x8(kb[2 * k + 1][j][b]));
-        }
-      }
-    }
+    // order, in the keys' type), B = each 8 x 8 block of keys x values of the warp's latent
+    // chunks, transposed
+    if (half_keys) value_products<true>(acc, p, kb, warp);
+    else value_products<false>(acc, p, kb, warp);
   }
   wait_groups<0>();  // no copy left running when the CTA exits
 
