@@ -92,6 +92,10 @@ for s in "$@"; do
     mlacudaprof)  # Nsight Compute on the CUDA MXFP8 decode kernel at batch 64, 8k keys
       prof mla-cuda mla_decode_mx -- $py bench/mla_decode/run.py --batches 64 --contexts 8192 \
         --heads 16 --kinds mxfp8 --eager --rep 2 --no-tune --out /tmp/res/prof-mla ;;
+    mlacudastall)  # the CUDA MXFP8 decode kernel's stall reasons and their source lines
+      prof mla-cuda-stall mla_decode_mx --print-details all --section SourceCounters -- \
+        $py bench/mla_decode/run.py --batches 64 --contexts 8192 --heads 16 --kinds mxfp8 \
+        --eager --rep 2 --no-tune --out /tmp/res/prof-mla ;;
     bi) bi_sweep ;;
     tp2) two_gpus ;;
     gputests) gpu_tests ;;
