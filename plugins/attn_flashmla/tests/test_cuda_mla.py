@@ -146,7 +146,8 @@ def test_an_unaligned_cache_or_record_is_refused() -> None:
 #: The default build, the other tile size (32 keys per barrier round) and the one-phase
 #: score sum.
 BUILDS = {"default": {}, "tile32": {"tile": 32, "stages": 2, "min_blocks": 3},
-          "one-phase-sum": {"split_sum": False}, "bf16-keys": {"half_keys": False}}
+          "one-phase-sum": {"split_sum": False}, "bf16-keys": {"half_keys": False},
+          "query-in-registers": {"min_blocks": 3, "query_in_shared": False, "score_chains": 2}}
 
 
 def _compare(case: Any, *, splits: int | None, window: int | None = None,
@@ -228,7 +229,7 @@ def test_single_key_attention_decodes_every_code_exactly_on_gpu() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("build", ["default", "bf16-keys"])
+@pytest.mark.parametrize("build", ["default", "bf16-keys", "query-in-registers"])
 def test_full_tiles_decode_every_code_exactly_on_gpu(build: str) -> None:
     # Sixteen copies of one record per sequence (a whole tile, no masked key) with every
     # scale byte in the float16 decode's range [113, 134] and on both sides of it: with a
@@ -263,13 +264,13 @@ def test_full_tiles_decode_every_code_exactly_on_gpu(build: str) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("build", ["default", "bf16-keys"])
+@pytest.mark.parametrize("build", ["default", "bf16-keys", "query-in-registers"])
 def test_queries_of_extreme_magnitude_on_gpu(build: str) -> None:
-    # The float16 decode scales the CTA's query by a power of two into float16's range:
-    # heads of 2^100 and 2^-100 (past float16 both ways), a zero head and an ordinary one.
+    # The float16 decode scales each head's query by a power of two into float16's range:
+    # heads of 2^30 and 2^-30 (past float16 both ways) beside ordinary ones and a zero head.
     case = _case(MXFP8, [700, 40, 2100], [1, 1, 1], 16, 64, seed=25, device="cuda",
                  writer="triton")
-    for factor in (2.0 ** 100, 2.0 ** -100):
+    for factor in (2.0 ** 30, 2.0 ** -30):
         query = case.query.clone()
         query[:, 0] *= factor
         query[:, 3] = 0

@@ -52,24 +52,29 @@ class DecodeBuild:
     tile: int = TILE
     split_sum: bool = True
     half_keys: bool = True
+    score_chains: int = 1
 
 
 def build_for(record: MLARecord, stages: int = 3, min_blocks: int = 4,
               query_in_shared: bool = True, tile: int = TILE,
-              split_sum: bool = True, half_keys: bool = True) -> DecodeBuild:
+              split_sum: bool = True, half_keys: bool = True,
+              score_chains: int = 1) -> DecodeBuild:
     """The build for ``record`` (offsets read from its descriptor) with ``stages`` tiles in
     flight (at least 2), registers capped for ``min_blocks`` CTAs per SM (1 to 4), and the
     query slice in shared memory instead of registers (``query_in_shared``), ``tile`` keys
     per barrier round (16 or 32), the warps' partial scores summed in two phases
     (``split_sum``: half the shared-memory reads, one more barrier per tile), and the keys
     decoded to float16 by the hardware conversion where the tile's scales allow it exactly
-    (``half_keys``: two instructions per code pair instead of four; bfloat16 otherwise)."""
-    if stages < 2 or not 1 <= min_blocks <= 4 or tile not in (16, 32):
+    (``half_keys``: two instructions per code pair instead of four; bfloat16 otherwise), its
+    score product accumulated in ``score_chains`` (1 or 2) independent MMA chains (shorter
+    dependency chains, four registers more)."""
+    if stages < 2 or not 1 <= min_blocks <= 4 or tile not in (16, 32) or score_chains not in (1, 2):
         raise ValueError(f"CUDA MLA decode build: stages={stages}, min_blocks={min_blocks}, "
-                         f"tile={tile}; valid: stages >= 2, min_blocks in 1..4, tile 16 or 32")
+                         f"tile={tile}, score_chains={score_chains}; valid: stages >= 2, "
+                         f"min_blocks in 1..4, tile 16 or 32, score_chains 1 or 2")
     return DecodeBuild(record.kv_lora_rank, record.bytes_per_token,
                        record.field("scales").offset, stages, min_blocks, query_in_shared,
-                       tile, split_sum, half_keys)
+                       tile, split_sum, half_keys, score_chains)
 
 
 def build_options(build: DecodeBuild) -> list[str]:
@@ -78,7 +83,7 @@ def build_options(build: DecodeBuild) -> list[str]:
             f"-DSCALE_OFF={build.scale_offset}", f"-DSTAGES={build.stages}",
             f"-DMIN_BLOCKS={build.min_blocks}", f"-DQSMEM={int(build.query_in_shared)}",
             f"-DTILE={build.tile}", f"-DSPLIT_SUM={int(build.split_sum)}",
-            f"-DF16={int(build.half_keys)}"]
+            f"-DF16={int(build.half_keys)}", f"-DSCORE_CHAINS={build.score_chains}"]
 
 
 def shared_bytes(build: DecodeBuild) -> int:

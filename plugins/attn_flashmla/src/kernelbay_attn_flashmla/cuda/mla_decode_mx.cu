@@ -68,6 +68,10 @@ typedef unsigned int u32;
 #define F16 0  // the conversion needs sm_89: the bfloat16 decode on older GPUs
 #endif
 
+#ifndef SCORE_CHAINS
+#define SCORE_CHAINS 1  // 2: the float16 score product in two independent MMA chains
+#endif
+
 #ifndef TILE
 #define TILE 16  // keys per tile: 16 or 32 (one barrier round each)
 #endif
@@ -588,7 +592,26 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
           for (int r = 0; r < 4; ++r) kb[n][j][r] = f16x2_mul(kb[n][j][r], f[j]);
       }
 #pragma unroll
+#if SCORE_CHAINS == 2
+      {
+        // two accumulator sets (even and odd chunks): chains of four dependent MMAs, not eight
+        float sc2[G8][4];
+#pragma unroll
+        for (int n = 0; n < G8; ++n) sc2[n][0] = sc2[n][1] = sc2[n][2] = sc2[n][3] = 0.f;
+#pragma unroll
+        for (int j = 0; j < CHUNKS; j += 2) {
+          chunk_scores<true>(j, sc, kb, QUERY_ARGS);
+          chunk_scores<true>(j + 1, sc2, kb, QUERY_ARGS);
+        }
+#pragma unroll
+        for (int n = 0; n < G8; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) sc[n][i] += sc2[n][i];
+      }
+#else
+#pragma unroll
       for (int j = 0; j < CHUNKS; ++j) chunk_scores<true>(j, sc, kb, QUERY_ARGS);
+#endif
     } else {
       // one 8-key group at a time (registers): this lane's score columns are its keys
       // 8n + 2c and 8n + 2c + 1
