@@ -146,7 +146,8 @@ def test_an_unaligned_cache_or_record_is_refused() -> None:
 #: The default build, the other tile size (32 keys per barrier round) and the one-phase
 #: score sum.
 BUILDS = {"default": {}, "tile32": {"tile": 32, "stages": 2, "min_blocks": 3},
-          "one-phase-sum": {"split_sum": False}, "bf16-keys": {"half_keys": False},
+          "one-phase-sum": {"split_sum": False, "bulk_copy": False},
+          "bf16-keys": {"half_keys": False}, "thread-copies": {"bulk_copy": False},
           "query-in-registers": {"min_blocks": 3, "query_in_shared": False, "score_chains": 2}}
 
 

@@ -68,6 +68,17 @@ typedef unsigned int u32;
 #define F16 0  // the conversion needs sm_89: the bfloat16 decode on older GPUs
 #endif
 
+#ifndef BULK
+#define BULK 0  // 1: each tile copied by one bulk (TMA) copy completing on an mbarrier
+#endif
+#if BULK && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#undef BULK
+#define BULK 0  // bulk copies need sm_90: the per-thread copies on older GPUs
+#endif
+#if BULK && !SPLIT_SUM
+#error "BULK needs SPLIT_SUM (its first in-tile barrier frees the tile's slot for the next copy)"
+#endif
+
 #ifndef SCORE_CHAINS
 #define SCORE_CHAINS 1  // 2: the float16 score product in two independent MMA chains
 #endif
@@ -102,6 +113,35 @@ __device__ __forceinline__ void copy16(u32 dst, const void* src, u32 bytes) {
 }
 
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
+
+// --- bulk copies (BULK builds, sm_90) ---
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+
+// One arrival that also announces ``bytes`` of bulk copies completing on ``bar``.
+__device__ __forceinline__ void mbar_expect(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+
+// Until the phase of parity ``parity`` of ``bar`` has completed (its copies landed).
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  u32 done;
+  do {
+    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                 "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+               "[%3];" :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
 
 template <int N>
 __device__ __forceinline__ void wait_groups() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
@@ -415,9 +455,17 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   u32 qa[QSMEM ? 1 : 2 * CHUNKS][4];
   // scores -> log2 units (F16: times 2^-shift of the head's query, kept in shared memory)
   const float qk = scale * LOG2E;
-#if F16
   const u32 qk_slots = red_total + (SPLIT_SUM ? G8 * 32 * 16 : 0)
                        + (QSMEM ? WARPS * 2 * CHUNKS * 32 * 16 : 0);
+#if BULK
+  // one mbarrier per stage, after the heads' score factors
+  const u32 bars = qk_slots + (F16 ? HEADS_PER_CTA * 4 : 0);
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) mbar_init(bars + 8 * s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
 #endif
   {
     const unsigned short* q0 = query + (long long)t * q_stride_t + (long long)h0 * q_stride_h;
@@ -510,15 +558,54 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   // A tile's page index is loaded one iteration before its copies are issued: issuing
   // them stalls this thread until the index arrives, so it must already be there.
   auto page_of = [&](int tile) -> int {
-    return tile < num_tiles ? table[(lo + tile * TILE) >> page_shift] : 0;
+    return tile < num_tiles && (!BULK || tid == 0) ? table[(lo + tile * TILE) >> page_shift]
+                                                    : 0;
   };
+  const int page_mask = (1 << page_shift) - 1;
+  // shared-memory slot of the tile read next (advanced by one slot, wrapping: no division)
+  const u32 last_slot = tiles_base + (STAGES - 1) * TILE_BYTES;
+  u32 read_slot = tiles_base;
+#if BULK
+  // One thread copies the tile's keys in [start, hi) with one bulk copy completing on the
+  // stage's mbarrier; on an edge tile every thread first zeroes the other keys' bytes
+  // (masked keys must not bring NaN bytes -- a slot never written -- into the products,
+  // where 0 * NaN is NaN). The zeros are read at least one tile later, past its barriers.
+  auto issue = [&](int tile, int page, u32 slot, u32 bar) {
+    if (tile >= num_tiles) return;
+    const int pos = lo + tile * TILE;
+    const int k0 = max(start - pos, 0), k1 = min(hi - pos, TILE);
+    if (k0 > 0 || k1 < TILE) {
+      for (int off = tid * 16; off < TILE_BYTES; off += WARPS * 32 * 16) {
+        const int k = off / BPT;
+        if (k < k0 || k >= k1) sts128(slot + off, 0u, 0u, 0u, 0u);
+      }
+    }
+    if (tid == 0) {
+      // the slot's last reads were generic-proxy loads; the copy writes through the async one
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      if (k1 > k0) {
+        const u32 bytes = (u32)(k1 - k0) * BPT;
+        mbar_expect(bar, bytes);
+        bulk_copy(slot + k0 * BPT, cache + (long long)page * page_bytes
+                                   + (u32)(((pos & page_mask) + k0) * BPT), bytes, bar);
+      } else {
+        mbar_arrive(bar);
+      }
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < STAGES; ++s)
+    issue(s, page_of(s), tiles_base + s * TILE_BYTES, bars + 8 * s);
+  int next_page = page_of(STAGES);
+  __syncthreads();  // the first tiles' zeros
+  u32 read_bar = bars, read_phase = 0;
+#else
   // copies: 128 / TILE threads per key of a tile, each taking every (128 / TILE)-th chunk
   constexpr int PER_KEY = WARPS * 32 / TILE;
   const int key = tid / PER_KEY, eighth = tid % PER_KEY;
   // This thread's byte offset inside a tile (the same in shared memory and in the page), so
   // that each copy's two addresses are one register plus a constant.
   const u32 thread_off = key * BPT + eighth * 16;
-  const int page_mask = (1 << page_shift) - 1;
   auto issue = [&](int tile, int page, u32 slot) {
     if (tile < num_tiles) {
       const int pos = lo + tile * TILE;
@@ -536,21 +623,25 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     }
     commit();  // an empty group past the end keeps the wait counts uniform
   };
-
-  // shared-memory slots of the tile read next and of the tile copied next (stage indices
-  // kept as addresses and advanced by one slot, wrapping: no division per tile)
-  const u32 last_slot = tiles_base + (STAGES - 1) * TILE_BYTES;
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) issue(s, page_of(s), tiles_base + s * TILE_BYTES);
   int next_page = page_of(STAGES - 1);
-  u32 read_slot = tiles_base, copy_slot = last_slot;
+  u32 copy_slot = last_slot;  // the slot of the tile copied next
+#endif
 
   for (int tile = 0; tile < num_tiles; ++tile) {
+#if BULK
+    mbar_wait(read_bar, read_phase);  // the tile's bytes (no barrier: see the first one below)
+    const u32 tile_bar = read_bar;
+    read_bar = read_slot == last_slot ? bars : read_bar + 8;
+    read_phase ^= read_slot == last_slot ? 1u : 0u;
+#else
     wait_groups<STAGES - 2>();
     __syncthreads();  // the tile's bytes from every thread's copies; the reduction buffer free
     issue(tile + STAGES - 1, next_page, copy_slot);
     next_page = page_of(tile + STAGES);
     copy_slot = copy_slot == last_slot ? tiles_base : copy_slot + TILE_BYTES;
+#endif
 
     const u32 tb = read_slot;
     read_slot = read_slot == last_slot ? tiles_base : read_slot + TILE_BYTES;
@@ -686,6 +777,12 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       sts128f(red_base + ((warp * G8 + n) * 32 + lane) * 16, sc[n][0], sc[n][1], sc[n][2],
               sc[n][3]);
     __syncthreads();
+#if BULK
+    // every warp has read this tile's records (the decode is behind it): its slot takes the
+    // tile STAGES ahead
+    issue(tile + STAGES, next_page, tb, tile_bar);
+    next_page = page_of(tile + STAGES + 1);
+#endif
     static_assert(2 * G8 % WARPS == 0, "every warp sums the same number of pairs");
 #pragma unroll
     for (int r = 0; r < 2 * G8 / WARPS; ++r) {  // a fixed count: no loop over a warp index
@@ -792,7 +889,9 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     if (half_keys) value_products<true>(acc, p, kb, warp);
     else value_products<false>(acc, p, kb, warp);
   }
+#if !BULK
   wait_groups<0>();  // no copy left running when the CTA exits
+#endif
 
   // Totals over the quad; lane (g, c) owns columns 128w + 32j + 8c + 2 * (b) + i of block b
   // (block b = 2h + half: step 2j + h, register half) -- see the header.
