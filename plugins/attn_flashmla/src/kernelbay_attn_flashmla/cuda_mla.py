@@ -47,18 +47,18 @@ class DecodeBuild:
     bytes_per_token: int
     scale_offset: int
     stages: int = 3
-    min_blocks: int = 4
-    query_in_shared: bool = True
+    min_blocks: int = 3
+    query_in_shared: bool = False
     tile: int = TILE
     split_sum: bool = True
-    half_keys: bool = True
+    half_keys: bool = False
     score_chains: int = 1
     bulk_copy: bool = True
 
 
-def build_for(record: MLARecord, stages: int = 3, min_blocks: int = 4,
-              query_in_shared: bool = True, tile: int = TILE,
-              split_sum: bool = True, half_keys: bool = True,
+def build_for(record: MLARecord, stages: int = 3, min_blocks: int = 3,
+              query_in_shared: bool = False, tile: int = TILE,
+              split_sum: bool = True, half_keys: bool = False,
               score_chains: int = 1, bulk_copy: bool = True) -> DecodeBuild:
     """The build for ``record`` (offsets read from its descriptor) with ``stages`` tiles in
     flight (at least 2), registers capped for ``min_blocks`` CTAs per SM (1 to 4), and the

@@ -767,7 +767,16 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     for (int j = 0; j < CHUNKS; ++j) chunk_scores<false>(j, sc, kb, QUERY_ARGS);
     const bool half_keys = false;
 #endif
-    // 3. the four warps' partial scores added in warp order through shared memory
+    // 3. the four warps' partial scores added in warp order through shared memory, then
+    // multiplied by the heads' score factors (log2 units) once: exp2(s - max) below is then
+    // exactly 1 at the maximum (exp2(fma(s, factor, -max)) can exceed it by half an ulp of
+    // the maximum, past 2^128 for scores near 2^32)
+#if F16
+    const float2 qks = lds64f(qk_slots + g * 8);
+    const float qk0 = qks.x, qk1 = qks.y;
+#else
+    const float qk0 = qk, qk1 = qk;
+#endif
 #if SPLIT_SUM
     // Two phases: warp w sums pairs w, w + 4, ... of every lane's 4 * G8 floats over the
     // four partials and publishes them; then every warp reads the totals (half the shared
@@ -793,7 +802,8 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
         const float2 a = lds64f(red_base + ((w * G8 + q / 2) * 32 + lane) * 16 + 8 * (q % 2));
         x += a.x; y += a.y;
       }
-      sts64f(red_total + ((q / 2) * 32 + lane) * 16 + 8 * (q % 2), x, y);
+      const float f = q % 2 ? qk1 : qk0;  // pair q holds head g (even q) or g + 8
+      sts64f(red_total + ((q / 2) * 32 + lane) * 16 + 8 * (q % 2), x * f, y * f);
     }
     __syncthreads();
     float s[G8][4];
@@ -819,9 +829,12 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
         s[n][0] += a.x; s[n][1] += a.y; s[n][2] += a.z; s[n][3] += a.w;
       }
     }
+#pragma unroll
+    for (int n = 0; n < G8; ++n) {
+      s[n][0] *= qk0; s[n][1] *= qk0; s[n][2] *= qk1; s[n][3] *= qk1;
+    }
 #endif
-    // online softmax over the tile's allowed keys (start <= position < hi), in raw score
-    // units until the exponent: exp2(s * qk - m) is one FMA
+    // online softmax over the tile's allowed keys (start <= position < hi)
     const int pos0 = lo + tile * TILE;
     if (pos0 < start || pos0 + TILE > hi) {  // an edge tile (uniform over the CTA)
 #pragma unroll
@@ -832,12 +845,6 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
           if (pos < start || pos >= hi) s[n][i] = s[n][2 + i] = NEG_INF;
         }
     }
-#if F16
-    const float2 qks = lds64f(qk_slots + g * 8);
-    const float qk0 = qks.x, qk1 = qks.y;
-#else
-    const float qk0 = qk, qk1 = qk;
-#endif
     float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
     for (int n = 0; n < G8; ++n)
@@ -851,8 +858,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
     }
-    // qk0, qk1 > 0, so the scaled maximum is the maximum of the scaled scores
-    const float n0 = fmaxf(m0, mx0 * qk0), n1 = fmaxf(m1, mx1 * qk1);
+    const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
     // a head with no allowed key yet keeps -inf: subtract 0 so that exp2 gives 0
     const float z0 = n0 == NEG_INF ? 0.f : n0, z1 = n1 == NEG_INF ? 0.f : n1;
     const float alpha0 = exp2_ftz(m0 - z0), alpha1 = exp2_ftz(m1 - z1);
@@ -862,8 +868,8 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     for (int n = 0; n < G8; ++n)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        p[n][i] = exp2_ftz(fmaf(s[n][i], qk0, -z0));
-        p[n][2 + i] = exp2_ftz(fmaf(s[n][2 + i], qk1, -z1));
+        p[n][i] = exp2_ftz(s[n][i] - z0);
+        p[n][2 + i] = exp2_ftz(s[n][2 + i] - z1);
       }
     float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
