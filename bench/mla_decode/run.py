@@ -62,14 +62,12 @@ TUNE_CONFIGS: tuple[dict, ...] = (
 #: CUDA builds (MXFP8 records) the sweep times: tiles in flight x CTAs per SM compiled for.
 CUDA_TUNE: tuple[dict, ...] = tuple(
     {"kernel": "cuda", "cuda_build": {"stages": s, "min_blocks": b, "query_in_shared": q,
-                                      "tile": 16, "half_keys": h, "score_chains": c,
-                                      "bulk_copy": k}}
-    for s, b, q, h, c, k in ((3, 4, True, False, 1, False), (3, 4, True, True, 1, False),
-                             (3, 3, False, True, 2, False), (2, 3, False, True, 2, False),
-                             (3, 4, True, True, 1, True), (2, 4, True, True, 1, True),
-                             (4, 4, True, True, 1, True), (3, 3, False, True, 2, True),
-                             (2, 3, False, True, 2, True), (4, 3, False, True, 2, True),
-                             (3, 3, False, False, 1, True)))
+                                      "tile": t, "bulk_copy": k}}
+    for s, b, q, t, k in ((3, 4, True, 16, False), (3, 3, False, 16, False),
+                          (3, 4, True, 16, True), (2, 4, True, 16, True),
+                          (2, 3, False, 16, True), (3, 3, False, 16, True),
+                          (4, 3, False, 16, True), (3, 2, False, 32, True),
+                          (2, 3, True, 32, True)))
 #: Split counts the sweep times at the default launch configuration (beside the kernel's
 #: choice), to check the split model (``triton_mla.split_cost``) against the clock.
 TUNE_SPLITS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 33)
@@ -358,8 +356,6 @@ def _kernel_text(cfg: dict) -> str:
                  f"{' qs' if build.get('query_in_shared', default.query_in_shared) else ''}"
                  f" t{build.get('tile', default.tile)}"
                  f"{' ss' if build.get('split_sum', default.split_sum) else ''}"
-                 f"{' f16' if build.get('half_keys', default.half_keys) else ' bf16'}"
-                 f" c{build.get('score_chains', default.score_chains)}"
                  f"{' tma' if build.get('bulk_copy', default.bulk_copy) else ''}")
     return used
 

@@ -2,12 +2,16 @@
 //
 // Compiled at run time by NVRTC (kernelbay.cuda_jit; cuda_mla.build_options) with DIM (values
 // per record: latent then rope), RANK (latent width), BPT (bytes per record), SCALE_OFF (the
-// scale bytes' offset), TILE, STAGES, MIN_BLOCKS, QSMEM and SPLIT_SUM defined by the host.
+// scale bytes' offset), TILE, STAGES, MIN_BLOCKS, QSMEM, SPLIT_SUM and BULK defined by the
+// host.
 //
 // One CTA serves one query token, one KV split and a block of 16 query heads, with four
 // warps; warp w owns the record values [128w, 128w + 128) (latent, and rope for the last
-// columns). Keys come in tiles of TILE (16 or 32), copied from the pages into shared memory
-// by cp.async STAGES - 1 tiles ahead (a tile lies in one page). Per tile, warp w:
+// columns). Keys come in tiles of TILE (16 or 32) (a tile lies in one page), copied from the
+// pages into shared memory STAGES tiles ahead by one bulk (TMA) copy each, which completes on
+// the stage's mbarrier (BULK, sm_90: one instruction per tile instead of a 16-byte cp.async
+// per thread and chunk, whose requests loaded the L1 pipeline this kernel is bound by), or
+// STAGES - 1 tiles ahead by cp.async. Per tile, warp w:
 //   1. decodes its 128 values of each key into bfloat16 registers, already in the layout of
 //      mma.sync m16n8k16's B operand (k = value, n = key): lane (g, c) = (lane / 4, lane % 4)
 //      takes key g (and 8 + g) and the eight values 32j + 8c .. + 7 of its chunk j, i.e. the
@@ -16,7 +20,8 @@
 //   2. multiplies its query slice with them: partial scores [16 heads, TILE keys];
 //   3. adds the four warps' partial scores through shared memory (warp order, so the result
 //      does not depend on scheduling; SPLIT_SUM: each warp sums a quarter, then all read the
-//      totals); every warp then runs the same online softmax;
+//      totals) and scales them to log2 units once; every warp then runs the same online
+//      softmax;
 //   4. transposes each 8 x 8 block of its decoded keys in registers (movmatrix), which turns
 //      the B operand of the score product (k = value, n = key) into the B operand of the value
 //      product (k = key, n = value): the keys are decoded once for both products and never
@@ -60,13 +65,6 @@ typedef unsigned int u32;
 #define QSMEM 0  // 1: the query slice waits in shared memory (32 registers fewer per thread)
 #endif
 
-#ifndef F16
-#define F16 0  // 1: keys decoded by the hardware E4M3 -> float16 conversion (see the header)
-#endif
-#if F16 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
-#undef F16
-#define F16 0  // the conversion needs sm_89: the bfloat16 decode on older GPUs
-#endif
 
 #ifndef BULK
 #define BULK 0  // 1: each tile copied by one bulk (TMA) copy completing on an mbarrier
@@ -79,10 +77,6 @@ typedef unsigned int u32;
 #error "BULK needs SPLIT_SUM (its first in-tile barrier frees the tile's slot for the next copy)"
 #endif
 
-#ifndef SCORE_CHAINS
-#define SCORE_CHAINS 1  // 2: the float16 score product in two independent MMA chains
-#endif
-
 #ifndef TILE
 #define TILE 16  // keys per tile: 16 or 32 (one barrier round each)
 #endif
@@ -90,7 +84,6 @@ typedef unsigned int u32;
 #error "TILE must be 16 or 32"
 #endif
 #define WARPS 4
-#define HEADS_PER_CTA 16
 #define G8 (TILE / 8)  // 8-key groups of a tile (the score product's n tiles)
 #define CHUNKS 4  // 32-value chunks per warp (128 values)
 #if DIM != WARPS * CHUNKS * 32
@@ -165,10 +158,6 @@ __device__ __forceinline__ float4 lds128f(u32 addr) {
   return v;
 }
 
-__device__ __forceinline__ void sts32(u32 addr, u32 v) {
-  asm volatile("st.shared.u32 [%0], %1;" :: "r"(addr), "r"(v));
-}
-
 __device__ __forceinline__ void sts128(u32 addr, u32 a, u32 b, u32 c, u32 d) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" :: "r"(addr), "r"(a), "r"(b), "r"(c),
                "r"(d));
@@ -227,51 +216,11 @@ __device__ __forceinline__ u32 large_scales(u32 scales) {
   return ((scales & 0x7F7F7F7Fu) + 0x79797979u) & scales & 0x80808080u;
 }
 
-// Byte J of ``bytes`` placed in both 16-bit lanes and shifted into their exponent field
-// (SHIFT 7: bfloat16, 10: float16).
-template <int J, int SHIFT = 7>
+template <int J>
 __device__ __forceinline__ u32 factor(u32 bytes) {
   u32 r;  // byte J into bytes 0 and 2, zeros (byte 4 of the zero operand) above them
   asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(bytes), "n"(0x4040 | (J << 8) | J));
-  return r << SHIFT;
-}
-
-// --- float16 decode (F16 builds) ---
-// Scale bytes e in [113, 134]: every code * 2^(e - 127) is exactly a float16 (e4m3 spans
-// 2^-9 .. 448 with four significant bits; float16 holds 2^-24 .. 65504 with eleven), and the
-// factor 2^(e - 127) is a normal float16. Nonzero when a byte of ``scales`` lies outside.
-__device__ __forceinline__ u32 outside_f16(u32 scales) {
-  // byte + 15 is in [0x80, 0x95] exactly for the range (a byte that wraps fails itself, so
-  // its carry into the next byte cannot hide it)
-  const u32 t = scales + 0x0F0F0F0Fu;
-  return (~t | ((t & 0x7F7F7F7Fu) + 0x6A6A6A6Au)) & 0x80808080u;
-}
-
-// The float16 exponent fields of 2^(e - 127), e - 112 per byte (bytes in [113, 134]).
-__device__ __forceinline__ u32 factor_bytes_f16(u32 scales) { return scales - 0x70707070u; }
-
-// Codes 0..3 of ``w`` as float16 pairs (0, 1) and (2, 3): the hardware conversion, exact
-// (NaN codes give NaN).
-__device__ __forceinline__ void e4m3x4_f16(u32 w, u32& lo, u32& hi) {
-  asm("{.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\t"
-      "cvt.rn.f16x2.e4m3x2 %1, h;}" : "=r"(lo), "=r"(hi) : "r"(w));
-}
-
-__device__ __forceinline__ u32 f16x2_mul(u32 a, u32 b) {
-  u32 out;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
-  return out;
-}
-
-// Eight codes (one chunk of one key) as float16, unscaled: four registers, codes in order.
-__device__ __forceinline__ void decode8_f16(uint2 codes, u32* out) {
-  e4m3x4_f16(codes.x, out[0], out[1]);
-  e4m3x4_f16(codes.y, out[2], out[3]);
-}
-
-// The float32 2^(e - 127) of an E8M0 byte (0: the subnormal 2^-127; 255: NaN).
-__device__ __forceinline__ float e8m0_float(u32 e) {
-  return e == 255u ? __int_as_float(0x7FC00000) : __int_as_float(e ? e << 23 : 0x00400000);
+  return r << 7;
 }
 
 // Eight codes (one chunk of one key) times the first factor ``f``: four bf16x2 registers,
@@ -302,32 +251,6 @@ __device__ __forceinline__ void mma(float* d, const u32* a, u32 b0, u32 b1) {
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void mma_f16(float* d, const u32* a, u32 b0, u32 b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ u32 pack_f16(float lo, float hi) {
-  u32 r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-__device__ __forceinline__ u32 pack_bf16(float lo, float hi);
-
-template <bool HALF>
-__device__ __forceinline__ u32 pack_t(float lo, float hi) {
-  return HALF ? pack_f16(lo, hi) : pack_bf16(lo, hi);
-}
-
-template <bool HALF>
-__device__ __forceinline__ void mma_t(float* d, const u32* a, u32 b0, u32 b1) {
-  if (HALF) mma_f16(d, a, b0, b1);
-  else mma(d, a, b0, b1);
 }
 
 __device__ __forceinline__ u32 transpose8x8(u32 x) {
@@ -368,9 +291,7 @@ __device__ __forceinline__ void query_step(QuerySlice qa, int step, u32* a) {
 }
 #endif
 
-// The score products of chunk j (MMA steps 2j, 2j + 1) added into d[n] (HALF: float16
-// keys and query, else bfloat16).
-template <bool HALF>
+// The score products of chunk j (MMA steps 2j, 2j + 1) added into d[n].
 __device__ __forceinline__ void chunk_scores(int j, float (*d)[4], const u32 (&kb)[G8][CHUNKS][4],
                                              QuerySlice query) {
 #pragma unroll
@@ -378,29 +299,25 @@ __device__ __forceinline__ void chunk_scores(int j, float (*d)[4], const u32 (&k
     u32 a[4];
     query_step(query, 2 * j + h, a);
 #pragma unroll
-    for (int n = 0; n < G8; ++n) mma_t<HALF>(d[n], a, kb[n][j][2 * h], kb[n][j][2 * h + 1]);
+    for (int n = 0; n < G8; ++n) mma(d[n], a, kb[n][j][2 * h], kb[n][j][2 * h + 1]);
   }
 }
 
-// 4-5. values, 16 keys per MMA: A = P[16 heads, keys 16k..] (key order = score column order,
-// in the keys' type), B = each 8 x 8 block of keys x values of the warp's latent chunks,
-// transposed.
-template <bool HALF>
+// 4-5. values, 16 keys per MMA: A = P[16 heads, keys 16k..] (key order = score column
+// order), B = each 8 x 8 block of keys x values of the warp's latent chunks, transposed.
 __device__ __forceinline__ void value_products(float (&acc)[CHUNKS][4][4], const float (&p)[G8][4],
                                                const u32 (&kb)[G8][CHUNKS][4], int warp) {
 #pragma unroll
   for (int k = 0; k < G8 / 2; ++k) {
-    const u32 pa[4] = {pack_t<HALF>(p[2 * k][0], p[2 * k][1]),
-                       pack_t<HALF>(p[2 * k][2], p[2 * k][3]),
-                       pack_t<HALF>(p[2 * k + 1][0], p[2 * k + 1][1]),
-                       pack_t<HALF>(p[2 * k + 1][2], p[2 * k + 1][3])};
+    const u32 pa[4] = {pack_bf16(p[2 * k][0], p[2 * k][1]), pack_bf16(p[2 * k][2], p[2 * k][3]),
+                       pack_bf16(p[2 * k + 1][0], p[2 * k + 1][1]),
+                       pack_bf16(p[2 * k + 1][2], p[2 * k + 1][3])};
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
       if (warp * 128 + j * 32 < RANK) {
 #pragma unroll
         for (int b = 0; b < 4; ++b)
-          mma_t<HALF>(acc[j][b], pa, transpose8x8(kb[2 * k][j][b]),
-                      transpose8x8(kb[2 * k + 1][j][b]));
+          mma(acc[j][b], pa, transpose8x8(kb[2 * k][j][b]), transpose8x8(kb[2 * k + 1][j][b]));
       }
     }
   }
@@ -453,13 +370,11 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
                       + (warp * 2 * CHUNKS * 32 + lane) * 16;
 #endif
   u32 qa[QSMEM ? 1 : 2 * CHUNKS][4];
-  // scores -> log2 units (F16: times 2^-shift of the head's query, kept in shared memory)
-  const float qk = scale * LOG2E;
-  const u32 qk_slots = red_total + (SPLIT_SUM ? G8 * 32 * 16 : 0)
-                       + (QSMEM ? WARPS * 2 * CHUNKS * 32 * 16 : 0);
+  const float qk = scale * LOG2E;  // scores -> log2 units
 #if BULK
-  // one mbarrier per stage, after the heads' score factors
-  const u32 bars = qk_slots + (F16 ? HEADS_PER_CTA * 4 : 0);
+  // one mbarrier per stage, after the query slices
+  const u32 bars = red_total + (SPLIT_SUM ? G8 * 32 * 16 : 0)
+                   + (QSMEM ? WARPS * 2 * CHUNKS * 32 * 16 : 0);
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) mbar_init(bars + 8 * s, 1);
@@ -477,59 +392,6 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       r0[j] = h0 < num_heads ? *(const uint4*)(q0 + col) : make_uint4(0, 0, 0, 0);
       r1[j] = h1 < num_heads ? *(const uint4*)(q1 + col) : make_uint4(0, 0, 0, 0);
     }
-#if F16
-    // Each head's query times the power of two 2^shift that brings its largest magnitude
-    // into [2^14, 2^15), then rounded to float16: exact for every element down to 2^-24
-    // of that maximum (a bfloat16 has 8 significant bits, a float16 11); the scores are
-    // scaled back by 2^-shift with the softmax scale.
-    u32 b0 = 0, b1 = 0;  // largest |q| as bfloat16 bits (NaN above infinity, as integers)
-#pragma unroll
-    for (int j = 0; j < CHUNKS; ++j) {
-      const u32 w0[4] = {r0[j].x, r0[j].y, r0[j].z, r0[j].w};
-      const u32 w1[4] = {r1[j].x, r1[j].y, r1[j].z, r1[j].w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        b0 = max(b0, max(w0[i] & 0x7FFFu, (w0[i] >> 16) & 0x7FFFu));
-        b1 = max(b1, max(w1[i] & 0x7FFFu, (w1[i] >> 16) & 0x7FFFu));
-      }
-    }
-#pragma unroll
-    for (int o = 1; o < 4; o <<= 1) {
-      b0 = max(b0, __shfl_xor_sync(0xffffffffu, b0, o));
-      b1 = max(b1, __shfl_xor_sync(0xffffffffu, b1, o));
-    }
-    // the four warps' maxima meet in the (not yet used) score buffer
-    if (c == 0) {
-      sts32(red_base + (warp * HEADS_PER_CTA + g) * 4, b0);
-      sts32(red_base + (warp * HEADS_PER_CTA + g + 8) * 4, b1);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) {
-      b0 = max(b0, lds32(red_base + (w * HEADS_PER_CTA + g) * 4));
-      b1 = max(b1, lds32(red_base + (w * HEADS_PER_CTA + g + 8) * 4));
-    }
-    // biased exponent E of the maximum: shift 141 - E (clamped so 2^+-shift are normal
-    // floats; a zero or subnormal maximum takes the largest, infinity or NaN the smallest)
-    const int sh0 = min(max(141 - (int)(b0 >> 7), -120), 120);
-    const int sh1 = min(max(141 - (int)(b1 >> 7), -120), 120);
-    const float f0 = __int_as_float((sh0 + 127) << 23), f1 = __int_as_float((sh1 + 127) << 23);
-    // the heads' score factors wait in shared memory (two registers fewer in the tile loop;
-    // read after its first barrier)
-    if (warp == 0 && c == 0)
-      sts64f(qk_slots + g * 8, qk * __int_as_float((127 - sh0) << 23),
-             qk * __int_as_float((127 - sh1) << 23));
-    auto half_pair = [](u32 w, float f) {
-      return pack_f16(__uint_as_float(w << 16) * f, __uint_as_float(w & 0xFFFF0000u) * f);
-    };
-#pragma unroll
-    for (int j = 0; j < CHUNKS; ++j) {
-      r0[j] = make_uint4(half_pair(r0[j].x, f0), half_pair(r0[j].y, f0), half_pair(r0[j].z, f0),
-                         half_pair(r0[j].w, f0));
-      r1[j] = make_uint4(half_pair(r1[j].x, f1), half_pair(r1[j].y, f1), half_pair(r1[j].z, f1),
-                         half_pair(r1[j].w, f1));
-    }
-#endif
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
       // step 2j: values 0..3 of the lane's eight; step 2j + 1: values 4..7
@@ -652,92 +514,6 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     float sc[G8][4];
 #pragma unroll
     for (int n = 0; n < G8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
-#if F16
-    // Float16 keys: one conversion per code pair and one multiply by the block's factor,
-    // where every scale byte of the warp's tile lies in [113, 134] (one vote per tile). A
-    // tile with others keeps the codes unscaled for the scores (each block's partial score
-    // times its scale in float32) and decodes the keys again to bfloat16 (any scale) for the
-    // value product.
-    u32 outside = 0;
-#pragma unroll
-    for (int n = 0; n < G8; ++n) {
-      scales[n] = lds32(tb + (n * 8 + g) * BPT + SCALE_OFF + warp * CHUNKS);
-      outside |= outside_f16(scales[n]);
-    }
-    const bool half_keys = !__any_sync(0xffffffffu, outside != 0u);
-#pragma unroll
-    for (int n = 0; n < G8; ++n) {
-      const u32 rec = tb + (n * 8 + g) * BPT + warp * 128 + c * 8;
-#pragma unroll
-      for (int j = 0; j < CHUNKS; ++j) decode8_f16(lds64(rec + 32 * j), kb[n][j]);
-    }
-    if (half_keys) {
-#pragma unroll
-      for (int n = 0; n < G8; ++n) {
-        const u32 fb = factor_bytes_f16(scales[n]);
-        const u32 f[CHUNKS] = {factor<0, 10>(fb), factor<1, 10>(fb), factor<2, 10>(fb),
-                               factor<3, 10>(fb)};
-#pragma unroll
-        for (int j = 0; j < CHUNKS; ++j)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) kb[n][j][r] = f16x2_mul(kb[n][j][r], f[j]);
-      }
-#pragma unroll
-#if SCORE_CHAINS == 2
-      {
-        // two accumulator sets (even and odd chunks): chains of four dependent MMAs, not eight
-        float sc2[G8][4];
-#pragma unroll
-        for (int n = 0; n < G8; ++n) sc2[n][0] = sc2[n][1] = sc2[n][2] = sc2[n][3] = 0.f;
-#pragma unroll
-        for (int j = 0; j < CHUNKS; j += 2) {
-          chunk_scores<true>(j, sc, kb, QUERY_ARGS);
-          chunk_scores<true>(j + 1, sc2, kb, QUERY_ARGS);
-        }
-#pragma unroll
-        for (int n = 0; n < G8; ++n)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) sc[n][i] += sc2[n][i];
-      }
-#else
-#pragma unroll
-      for (int j = 0; j < CHUNKS; ++j) chunk_scores<true>(j, sc, kb, QUERY_ARGS);
-#endif
-    } else {
-      // one 8-key group at a time (registers): this lane's score columns are its keys
-      // 8n + 2c and 8n + 2c + 1
-#pragma unroll
-      for (int n = 0; n < G8; ++n) {
-        const u32 s0 = lds32(tb + (n * 8 + 2 * c) * BPT + SCALE_OFF + warp * CHUNKS);
-        const u32 s1 = lds32(tb + (n * 8 + 2 * c + 1) * BPT + SCALE_OFF + warp * CHUNKS);
-#pragma unroll
-        for (int j = 0; j < CHUNKS; ++j) {
-          float part[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            u32 a[4];
-            query_step(QUERY_ARGS, 2 * j + h, a);
-            mma_f16(part, a, kb[n][j][2 * h], kb[n][j][2 * h + 1]);
-          }
-          const float f0 = e8m0_float((s0 >> (8 * j)) & 0xFFu);
-          const float f1 = e8m0_float((s1 >> (8 * j)) & 0xFFu);
-          sc[n][0] = fmaf(part[0], f0, sc[n][0]);
-          sc[n][1] = fmaf(part[1], f1, sc[n][1]);
-          sc[n][2] = fmaf(part[2], f0, sc[n][2]);
-          sc[n][3] = fmaf(part[3], f1, sc[n][3]);
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < G8; ++n) {
-        const u32 rec = tb + (n * 8 + g) * BPT;
-        const u32 key_scales = lds32(rec + SCALE_OFF + warp * CHUNKS);  // again: fewer live registers
-#pragma unroll
-        for (int j = 0; j < CHUNKS; ++j)
-          decode8_any(lds64(rec + warp * 128 + c * 8 + 32 * j), (key_scales >> (8 * j)) & 0xFFu,
-                      kb[n][j]);
-      }
-    }
-#else
 #pragma unroll
     for (int n = 0; n < G8; ++n) {
       const u32 rec = tb + (n * 8 + g) * BPT;
@@ -764,19 +540,11 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       }
     }
 #pragma unroll
-    for (int j = 0; j < CHUNKS; ++j) chunk_scores<false>(j, sc, kb, QUERY_ARGS);
-    const bool half_keys = false;
-#endif
+    for (int j = 0; j < CHUNKS; ++j) chunk_scores(j, sc, kb, QUERY_ARGS);
     // 3. the four warps' partial scores added in warp order through shared memory, then
-    // multiplied by the heads' score factors (log2 units) once: exp2(s - max) below is then
-    // exactly 1 at the maximum (exp2(fma(s, factor, -max)) can exceed it by half an ulp of
-    // the maximum, past 2^128 for scores near 2^32)
-#if F16
-    const float2 qks = lds64f(qk_slots + g * 8);
-    const float qk0 = qks.x, qk1 = qks.y;
-#else
-    const float qk0 = qk, qk1 = qk;
-#endif
+    // scaled to log2 units once: exp2(s - max) below is then exactly 1 at the maximum
+    // (exp2(fma(s, qk, -max)) can exceed it by half an ulp of the maximum, past 2^128 for
+    // scores near 2^32)
 #if SPLIT_SUM
     // Two phases: warp w sums pairs w, w + 4, ... of every lane's 4 * G8 floats over the
     // four partials and publishes them; then every warp reads the totals (half the shared
@@ -802,8 +570,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
         const float2 a = lds64f(red_base + ((w * G8 + q / 2) * 32 + lane) * 16 + 8 * (q % 2));
         x += a.x; y += a.y;
       }
-      const float f = q % 2 ? qk1 : qk0;  // pair q holds head g (even q) or g + 8
-      sts64f(red_total + ((q / 2) * 32 + lane) * 16 + 8 * (q % 2), x * f, y * f);
+      sts64f(red_total + ((q / 2) * 32 + lane) * 16 + 8 * (q % 2), x * qk, y * qk);
     }
     __syncthreads();
     float s[G8][4];
@@ -831,7 +598,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     }
 #pragma unroll
     for (int n = 0; n < G8; ++n) {
-      s[n][0] *= qk0; s[n][1] *= qk0; s[n][2] *= qk1; s[n][3] *= qk1;
+      s[n][0] *= qk; s[n][1] *= qk; s[n][2] *= qk; s[n][3] *= qk;
     }
 #endif
     // online softmax over the tile's allowed keys (start <= position < hi)
@@ -892,8 +659,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     // 4-5. values, 16 keys per MMA: A = P[16 heads, keys 16k..] (key order = score column
     // order, in the keys' type), B = each 8 x 8 block of keys x values of the warp's latent
     // chunks, transposed
-    if (half_keys) value_products<true>(acc, p, kb, warp);
-    else value_products<false>(acc, p, kb, warp);
+    value_products(acc, p, kb, warp);
   }
 #if !BULK
   wait_groups<0>();  // no copy left running when the CTA exits
