@@ -347,16 +347,16 @@ def _kernel_text(cfg: dict) -> str:
 
     used = last_kernel() or "-"
     if used == "cuda":
-        from kernelbay_attn_flashmla.cuda_mla import DecodeBuild
+        from dataclasses import asdict
 
-        default = DecodeBuild(0, 0, 0)
-        build = cfg.get("cuda_build") or {}
-        used += (f" s{build.get('stages', default.stages)}"
-                 f" b{build.get('min_blocks', default.min_blocks)}"
-                 f"{' qs' if build.get('query_in_shared', default.query_in_shared) else ''}"
-                 f" t{build.get('tile', default.tile)}"
-                 f"{' ss' if build.get('split_sum', default.split_sum) else ''}"
-                 f"{' tma' if build.get('bulk_copy', default.bulk_copy) else ''}")
+        from kernelbay_attn_flashmla.cuda_mla import DecodeBuild, preferred_build
+
+        # what mla_decode builds: build_for's defaults, the page size's preference, the call's
+        build = {**asdict(DecodeBuild(0, 0, 0)), **preferred_build(PAGE),
+                 **(cfg.get("cuda_build") or {})}
+        used += (f" s{build['stages']} b{build['min_blocks']}"
+                 f"{' qs' if build['query_in_shared'] else ''} t{build['tile']}"
+                 f"{' ss' if build['split_sum'] else ''}{' tma' if build['bulk_copy'] else ''}")
     return used
 
 

@@ -14,7 +14,7 @@ import functools
 import importlib.resources
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kernelbay_attn_flashmla.records import MLARecord
 
@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from kernelbay.cuda_jit import Kernel
 
 __all__ = ["DIM", "HEADS", "TILE", "WARPS", "DecodeBuild", "broken_reason", "build_for",
-           "build_options", "decode_kernel", "launch_decode", "mark_broken", "resident_programs",
-           "shared_bytes", "static_reason", "unsupported"]
+           "build_options", "decode_kernel", "launch_decode", "mark_broken", "preferred_build",
+           "resident_programs", "shared_bytes", "static_reason", "unsupported"]
 
 #: Keys per tile of the default build (a tile lies in one page, so the page size must be a
 #: multiple); builds take 16 or 32.
@@ -74,6 +74,15 @@ def build_for(record: MLARecord, stages: int = 3, min_blocks: int = 3,
     return DecodeBuild(record.kv_lora_rank, record.bytes_per_token,
                        record.field("scales").offset, stages, min_blocks, query_in_shared,
                        tile, split_sum, bulk_copy)
+
+
+def preferred_build(page_size: int) -> dict[str, Any]:
+    """The ``build_for`` options ``mla_decode`` uses unless the caller names others: 32-key
+    tiles (two stages, the query slices in shared memory, three CTAs per SM) where a page
+    holds whole ones, else ``build_for``'s 16-key defaults. Both from the H200 sweep
+    (``bench/mla_decode --sweep cuda``): 32-key tiles halve the per-key barriers and softmax
+    steps and give the score product four independent MMA chains."""
+    return {"tile": 32, "stages": 2, "query_in_shared": True} if page_size % 32 == 0 else {}
 
 
 def build_options(build: DecodeBuild) -> list[str]:

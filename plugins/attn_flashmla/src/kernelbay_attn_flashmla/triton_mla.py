@@ -475,6 +475,7 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
 
     from kernelbay_attn_flashmla import cuda_mla
 
+    build = {**cuda_mla.preferred_build(page_size), **build}
     reason = cuda_mla.unsupported(query, record, page_size, page_bytes, sparse, float(scale),
                                   build.get("tile", cuda_mla.TILE), flat)
     device = query.device.index or 0  # CUDA tensors always carry their index
