@@ -349,11 +349,11 @@ def _kernel_text(cfg: dict) -> str:
     if used == "cuda":
         from dataclasses import asdict
 
-        from kernelbay_attn_flashmla.cuda_mla import DecodeBuild, preferred_build
+        from kernelbay_attn_flashmla.cuda_mla import build_for, call_build
+        from kernelbay_attn_flashmla.records import RECORDS
 
-        # what mla_decode builds: build_for's defaults, the page size's preference, the call's
-        build = {**asdict(DecodeBuild(0, 0, 0)), **preferred_build(PAGE),
-                 **(cfg.get("cuda_build") or {})}
+        # what mla_decode builds for this call (the CUDA kernel reads MXFP8 records only)
+        build = asdict(build_for(RECORDS["mxfp8"], **call_build(PAGE, cfg.get("cuda_build"))))
         used += (f" s{build['stages']} b{build['min_blocks']}"
                  f"{' qs' if build['query_in_shared'] else ''} t{build['tile']}"
                  f"{' ss' if build['split_sum'] else ''}{' tma' if build['bulk_copy'] else ''}")

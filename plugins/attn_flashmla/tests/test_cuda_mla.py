@@ -1,7 +1,8 @@
 """The CUDA MXFP8 decode kernel (``cuda_mla``) against the torch reference.
 
-CPU: NVRTC compiles the source for sm_80 and sm_90 (no local memory), and the cases the
-kernel does not take are refused with their reason. GPU: decoding through single-key
+CPU: NVRTC compiles the source for sm_80 and sm_90 (on sm_90 the 16-key build with no local
+memory, the 32-key one with at most 24 bytes), calls get the build they name or the page
+size's preferred one, and the cases the kernel does not take are refused with their reason. GPU: decoding through single-key
 attention is exact for every E4M3 code under every kind of scale byte; decode, prefill,
 sliding windows, split counts, head counts and never-written (NaN) slots match the reference.
 """
@@ -36,6 +37,7 @@ def test_source_compiles_without_local_memory(arch: str, tmp_path: Any,
     monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
     for record in (MXFP8, record_for_dims("mxfp8", 480, 32)):
         for build in (cuda_mla.build_for(record), cuda_mla.build_for(record, 4, 2, False),
+                      cuda_mla.build_for(record, split_sum=False),
                       cuda_mla.build_for(record, **cuda_mla.preferred_build(64))):
             cubin = compile_cubin(cuda_mla._source(), "mla_decode_mx", arch,
                                   cuda_mla.build_options(build))
@@ -51,6 +53,18 @@ def test_source_compiles_without_local_memory(arch: str, tmp_path: Any,
             elif build.tile == 32:
                 stack = re.search(r"STACK:(\d+) ", usage)
                 assert stack and int(stack.group(1)) <= 24 and "LOCAL:0 " in usage, usage
+
+
+def test_calls_get_the_build_they_name_or_the_preferred_one() -> None:
+    assert cuda_mla.call_build(64, None) == cuda_mla.preferred_build(64)
+    assert cuda_mla.preferred_build(64)["tile"] == 32 and cuda_mla.call_build(16, {}) == {}
+    # a partial choice is taken over build_for's (16-key) defaults, never mixed with the
+    # preference; bulk copies follow the two-phase sum unless named
+    assert cuda_mla.call_build(64, {"stages": 4}) == {"stages": 4}
+    build = cuda_mla.build_for(MXFP8, **cuda_mla.call_build(64, {"split_sum": False}))
+    assert build.tile == 16 and not build.bulk_copy
+    with pytest.raises(ValueError, match="bulk_copy only with split_sum"):
+        cuda_mla.build_for(MXFP8, split_sum=False, bulk_copy=True)
 
 
 def test_refusals_name_the_reason() -> None:
@@ -147,14 +161,12 @@ def test_an_unaligned_cache_or_record_is_refused() -> None:
 
 
 #: The build mla_decode prefers for the page size (32-key tiles on pages of 32 keys or more,
-#: else 16), the 16-key build, the one-phase score sum, the query in shared memory with four
-#: CTAs per SM, and the per-thread copies.
-TILE16 = {"tile": 16, "stages": 3, "query_in_shared": False}
+#: else 16), the 16-key build, the one-phase score sum (per-thread copies), the query in
+#: shared memory with four CTAs per SM, and 32-key tiles by per-thread copies.
 BUILDS: dict[str, dict[str, Any]] = {
-    "default": {}, "tile16": TILE16,
-    "one-phase-sum": {**TILE16, "split_sum": False, "bulk_copy": False},
-    "query-in-shared": {**TILE16, "min_blocks": 4, "query_in_shared": True},
-    "thread-copies": {"bulk_copy": False}}
+    "default": {}, "tile16": {"tile": 16}, "one-phase-sum": {"split_sum": False},
+    "query-in-shared": {"min_blocks": 4, "query_in_shared": True},
+    "thread-copies-32": {**cuda_mla.preferred_build(64), "bulk_copy": False}}
 
 
 def _compare(case: Any, *, splits: int | None, window: int | None = None,
@@ -187,7 +199,8 @@ def test_decode_matches_reference_on_gpu(heads: int, build: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("build", sorted(BUILDS))
 def test_prefill_window_pages_and_unwritten_slots_on_gpu(build: str) -> None:
-    for page in (16, 64):  # 16-key tiles on the first, the preferred 32-key ones on the other
+    # the default build: 16-key tiles on the first page size, its 32-key ones on the other
+    for page in ((32, 64) if BUILDS[build].get("tile") == 32 else (16, 64)):
         case = _case(MXFP8, [300, 2000, 33], [17, 40, 33], 16, page, seed=22, device="cuda",
                      writer="triton")
         # slots never written hold NaN codes and scales: masked keys must not read them
@@ -236,16 +249,18 @@ def test_single_key_attention_decodes_every_code_exactly_on_gpu() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("build", ["default", "thread-copies"])
-def test_full_tiles_decode_every_code_exactly_on_gpu(build: str) -> None:
-    # Sixteen copies of one record per sequence (a whole tile, no masked key) with every
-    # scale byte in the float16 decode's range [113, 134] and on both sides of it: with a
-    # zero query each key has probability 1/16, and the sum of the sixteen equal products is
-    # the decoded value exactly, whichever decode the tile took.
+@pytest.mark.parametrize(("build", "page"), [("default", 16), ("default", 32),
+                                             ("tile16", 32), ("thread-copies-32", 32)])
+def test_full_tiles_decode_every_code_exactly_on_gpu(build: str, page: int) -> None:
+    # A page of copies of one record per sequence (whole tiles, no masked key: the copies'
+    # and the decode's main path) with typical scale bytes and, in half of the sequences,
+    # one block with a tiny or a large byte (135 is the first needing a second factor): with
+    # a zero query each key has probability 1/page, and the sum of the equal products is the
+    # decoded value exactly.
     from kernelbay_attn_flashmla.mla import token_view
     from kernelbay_attn_flashmla.triton_mla import mla_decode
 
-    page, seqs = 16, 48
+    seqs = 48
     gen = torch.Generator().manual_seed(24)
     codes = torch.randint(0, 256, (seqs, 512), generator=gen, dtype=torch.int32).to(torch.uint8)
     codes[:, :256] = torch.arange(256, dtype=torch.int32).to(torch.uint8)
@@ -267,15 +282,15 @@ def test_full_tiles_decode_every_code_exactly_on_gpu(build: str) -> None:
     want = (codes.view(torch.float8_e4m3fn).float() * factor).to(torch.bfloat16)[:, :448]
     got = out.cpu()
     assert torch.equal(got, want[:, None, :].expand_as(got))
-    torch.testing.assert_close(lse.cpu(), torch.full((seqs, 16), math.log(16.0)))
+    torch.testing.assert_close(lse.cpu(), torch.full((seqs, 16), math.log(float(page))))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("build", ["default", "query-in-shared", "thread-copies", "triton"])
+@pytest.mark.parametrize("build", ["default", "tile16", "thread-copies-32", "triton"])
 def test_queries_of_extreme_magnitude_on_gpu(build: str) -> None:
-    # The float16 decode scales each head's query by a power of two into float16's range:
-    # heads of 2^30 and 2^-30 (past float16 both ways) beside ordinary ones and a zero head.
-    # Scores near 2^36 also check that the largest probability is exactly 1 (no overflow).
+    # Heads of 2^30 and 2^-30 beside ordinary ones and a zero head: scores near 2^36 check
+    # that the largest probability is exactly 1 (exp2 of a fused s * c - max exceeded it
+    # by half an ulp of the maximum, infinite there), tiny ones that nothing underflows.
     case = _case(MXFP8, [700, 40, 2100], [1, 1, 1], 16, 64, seed=25, device="cuda",
                  writer="triton")
     for factor in (2.0 ** 30, 2.0 ** -30):

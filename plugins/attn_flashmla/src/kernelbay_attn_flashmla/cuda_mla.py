@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from kernelbay.cuda_jit import Kernel
 
 __all__ = ["DIM", "HEADS", "TILE", "WARPS", "DecodeBuild", "broken_reason", "build_for",
-           "build_options", "decode_kernel", "launch_decode", "mark_broken", "preferred_build",
+           "build_options", "call_build", "decode_kernel", "launch_decode", "mark_broken", "preferred_build",
            "resident_programs", "shared_bytes", "static_reason", "unsupported"]
 
 #: Keys per tile of the default build (a tile lies in one page, so the page size must be a
@@ -40,8 +40,8 @@ HEADS = 16
 @dataclass(frozen=True)
 class DecodeBuild:
     """One compiled variant: the record's geometry (latent width, record size, scale bytes'
-    offset) and the launch shape (``build_for`` documents each option; the defaults were the
-    fastest on the H200, ``bench/mla_decode``)."""
+    offset) and the launch shape (``build_for`` documents each option; the defaults are the
+    fastest 16-key build on the H200, ``preferred_build`` the build calls get by default)."""
 
     rank: int
     bytes_per_token: int
@@ -56,15 +56,18 @@ class DecodeBuild:
 
 def build_for(record: MLARecord, stages: int = 3, min_blocks: int = 3,
               query_in_shared: bool = False, tile: int = TILE,
-              split_sum: bool = True, bulk_copy: bool = True) -> DecodeBuild:
+              split_sum: bool = True, bulk_copy: bool | None = None) -> DecodeBuild:
     """The build for ``record`` (offsets read from its descriptor) with ``stages`` tiles in
     flight (at least 2), registers capped for ``min_blocks`` CTAs per SM (1 to 4), and the
     query slice in shared memory instead of registers (``query_in_shared``), ``tile`` keys
     per barrier round (16 or 32), the warps' partial scores summed in two phases
     (``split_sum``: half the shared-memory reads, one more barrier per tile), and each tile
     copied by one bulk (TMA) copy completing on an mbarrier (``bulk_copy``, sm_90, needs
-    ``split_sum``; older GPUs take the other path) instead of 16-byte copies by every thread
-    (whose requests load the SM's L1 pipeline, the kernel's bottleneck)."""
+    ``split_sum``, which it follows when not given; older GPUs take the other path) instead
+    of 16-byte copies by every thread (whose requests load the SM's L1 pipeline, the
+    kernel's bottleneck)."""
+    if bulk_copy is None:
+        bulk_copy = split_sum
     if stages < 2 or not 1 <= min_blocks <= 4 or tile not in (16, 32) or (bulk_copy
                                                                              and not split_sum):
         raise ValueError(f"CUDA MLA decode build: stages={stages}, min_blocks={min_blocks}, "
@@ -77,12 +80,19 @@ def build_for(record: MLARecord, stages: int = 3, min_blocks: int = 3,
 
 
 def preferred_build(page_size: int) -> dict[str, Any]:
-    """The ``build_for`` options ``mla_decode`` uses unless the caller names others: 32-key
-    tiles (two stages, the query slices in shared memory, three CTAs per SM) where a page
-    holds whole ones, else ``build_for``'s 16-key defaults. Both from the H200 sweep
-    (``bench/mla_decode --sweep cuda``): 32-key tiles halve the per-key barriers and softmax
-    steps and give the score product four independent MMA chains."""
+    """The ``build_for`` options of calls that name none: 32-key tiles (two stages, the query
+    slices in shared memory, three CTAs per SM) where a page holds whole ones, else
+    ``build_for``'s 16-key defaults. Both from the H200 sweep (``bench/mla_decode --sweep
+    cuda``): 32-key tiles halve the per-key barriers and softmax steps and give the score
+    product four independent MMA chains."""
     return {"tile": 32, "stages": 2, "query_in_shared": True} if page_size % 32 == 0 else {}
+
+
+def call_build(page_size: int, options: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``build_for`` options of one call: the caller's ``options`` as given (over
+    ``build_for``'s defaults, the 16-key build) when it names any, else
+    ``preferred_build(page_size)``; a preference is never mixed into a partial choice."""
+    return dict(options) if options else preferred_build(page_size)
 
 
 def build_options(build: DecodeBuild) -> list[str]:

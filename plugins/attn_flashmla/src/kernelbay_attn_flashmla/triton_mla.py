@@ -342,7 +342,8 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     ``"cuda"`` the CUDA kernel or a ``ValueError`` saying why it cannot (``"auto"`` with a
     Triton launch option given runs the Triton kernel); ``cuda_build``
     (keywords of ``cuda_mla.build_for``: stages, min_blocks, query_in_shared, tile,
-    split_sum) tunes the CUDA build. The per-token tables
+    split_sum, bulk_copy; none: ``cuda_mla.preferred_build`` for the page size) tunes the
+    CUDA build. The per-token tables
     are reused while the same ``metadata`` object comes back (every layer of a step), so a
     metadata object must not be changed in place after a call.
     """
@@ -475,7 +476,7 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
 
     from kernelbay_attn_flashmla import cuda_mla
 
-    build = {**cuda_mla.preferred_build(page_size), **build}
+    build = cuda_mla.call_build(page_size, build)
     reason = cuda_mla.unsupported(query, record, page_size, page_bytes, sparse, float(scale),
                                   build.get("tile", cuda_mla.TILE), flat)
     device = query.device.index or 0  # CUDA tensors always carry their index

@@ -78,7 +78,7 @@ typedef unsigned int u32;
 #endif
 
 #ifndef TILE
-#define TILE 16  // keys per tile: 16 or 32 (one barrier round each)
+#define TILE 16  // keys per tile: 16 or 32 (one round of the tile loop's barriers each)
 #endif
 #if TILE != 16 && TILE != 32
 #error "TILE must be 16 or 32"
@@ -441,6 +441,8 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
         const int k = off / BPT;
         if (k < k0 || k >= k1) sts128(slot + off, 0u, 0u, 0u, 0u);
       }
+      // a later bulk copy into these bytes goes through the async proxy
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }
     if (tid == 0) {
       // the slot's last reads were generic-proxy loads; the copy writes through the async one
@@ -449,7 +451,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
         const u32 bytes = (u32)(k1 - k0) * BPT;
         mbar_expect(bar, bytes);
         bulk_copy(slot + k0 * BPT, cache + (long long)page * page_bytes
-                                   + (u32)(((pos & page_mask) + k0) * BPT), bytes, bar);
+                                   + (long long)((pos & page_mask) + k0) * BPT, bytes, bar);
       } else {
         mbar_arrive(bar);
       }
@@ -472,7 +474,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     if (tile < num_tiles) {
       const int pos = lo + tile * TILE;
       const unsigned char* from = cache + (long long)page * page_bytes
-                                  + (u32)((pos & page_mask) * BPT) + thread_off;
+                                  + (long long)(pos & page_mask) * BPT + thread_off;
       // keys outside [start, hi) are zero-filled: masked keys must not bring NaN bytes
       // (a slot never written) into the products, where 0 * NaN is NaN
       const u32 bytes = key >= start - pos && key < hi - pos ? 16u : 0u;
@@ -656,10 +658,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
           acc[j][b][2] *= alpha1; acc[j][b][3] *= alpha1;
         }
     }
-    // 4-5. values, 16 keys per MMA: A = P[16 heads, keys 16k..] (key order = score column
-    // order, in the keys' type), B = each 8 x 8 block of keys x values of the warp's latent
-    // chunks, transposed
-    value_products(acc, p, kb, warp);
+    value_products(acc, p, kb, warp);  // 4-5.
   }
 #if !BULK
   wait_groups<0>();  // no copy left running when the CTA exits
