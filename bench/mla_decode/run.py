@@ -62,12 +62,12 @@ TUNE_CONFIGS: tuple[dict, ...] = (
 #: CUDA builds (MXFP8 records) the sweep times: tiles in flight x CTAs per SM compiled for.
 CUDA_TUNE: tuple[dict, ...] = tuple(
     {"kernel": "cuda", "cuda_build": {"stages": s, "min_blocks": b, "query_in_shared": q,
-                                      "tile": t, "bulk_copy": k, "split_sum": x}}
-    for s, b, q, t, k, x in ((3, 4, True, 16, False, True), (3, 3, False, 16, False, True),
-                             (3, 3, False, 16, True, True), (3, 3, False, 16, True, False),
-                             (3, 4, True, 16, True, False), (3, 2, False, 32, True, True),
-                             (2, 3, True, 32, True, True), (2, 3, True, 32, True, False),
-                             (2, 2, False, 32, True, False)))
+                                      "tile": t, "bulk_copy": k}}
+    for s, b, q, t, k in ((3, 4, True, 16, False), (3, 3, False, 16, False),
+                          (3, 4, True, 16, True), (2, 4, True, 16, True),
+                          (2, 3, False, 16, True), (3, 3, False, 16, True),
+                          (4, 3, False, 16, True), (3, 2, False, 32, True),
+                          (2, 3, True, 32, True)))
 #: Split counts the sweep times at the default launch configuration (beside the kernel's
 #: choice), to check the split model (``triton_mla.split_cost``) against the clock.
 TUNE_SPLITS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 33)

@@ -37,9 +37,7 @@ def test_source_compiles_without_local_memory(arch: str, tmp_path: Any,
     monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
     for record in (MXFP8, record_for_dims("mxfp8", 480, 32)):
         for build in (cuda_mla.build_for(record), cuda_mla.build_for(record, 4, 2, False),
-                      cuda_mla.build_for(record, split_sum=False, bulk_copy=False),
-                      cuda_mla.build_for(record, tile=32, stages=2, query_in_shared=True,
-                                         split_sum=False),
+                      cuda_mla.build_for(record, split_sum=False),
                       cuda_mla.build_for(record, **cuda_mla.preferred_build(64))):
             cubin = compile_cubin(cuda_mla._source(), "mla_decode_mx", arch,
                                   cuda_mla.build_options(build))
@@ -61,12 +59,12 @@ def test_calls_get_the_build_they_name_or_the_preferred_one() -> None:
     assert cuda_mla.call_build(64, None) == cuda_mla.preferred_build(64)
     assert cuda_mla.preferred_build(64)["tile"] == 32 and cuda_mla.call_build(16, {}) == {}
     # a partial choice is taken over build_for's (16-key) defaults, never mixed with the
-    # preference
+    # preference; bulk copies follow the two-phase sum unless named
     assert cuda_mla.call_build(64, {"stages": 4}) == {"stages": 4}
     build = cuda_mla.build_for(MXFP8, **cuda_mla.call_build(64, {"split_sum": False}))
-    assert build.tile == 16 and build.bulk_copy and not build.split_sum
-    with pytest.raises(ValueError, match="tile=24"):
-        cuda_mla.build_for(MXFP8, tile=24)
+    assert build.tile == 16 and not build.bulk_copy
+    with pytest.raises(ValueError, match="bulk_copy only with split_sum"):
+        cuda_mla.build_for(MXFP8, split_sum=False, bulk_copy=True)
 
 
 def test_refusals_name_the_reason() -> None:
@@ -163,13 +161,10 @@ def test_an_unaligned_cache_or_record_is_refused() -> None:
 
 
 #: The build mla_decode prefers for the page size (32-key tiles on pages of 32 keys or more,
-#: else 16), the 16-key build, the one-phase score sum (bulk copies, alternating score
-#: buffers; and with per-thread copies), the query in shared memory with four CTAs per SM,
-#: and 32-key tiles by per-thread copies.
+#: else 16), the 16-key build, the one-phase score sum (per-thread copies), the query in
+#: shared memory with four CTAs per SM, and 32-key tiles by per-thread copies.
 BUILDS: dict[str, dict[str, Any]] = {
-    "default": {}, "tile16": {"tile": 16},
-    "one-phase-sum-32": {**cuda_mla.preferred_build(64), "split_sum": False},
-    "one-phase-sum-copies": {"split_sum": False, "bulk_copy": False},
+    "default": {}, "tile16": {"tile": 16}, "one-phase-sum": {"split_sum": False},
     "query-in-shared": {"min_blocks": 4, "query_in_shared": True},
     "thread-copies-32": {**cuda_mla.preferred_build(64), "bulk_copy": False}}
 

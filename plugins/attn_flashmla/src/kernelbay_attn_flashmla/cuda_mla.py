@@ -56,19 +56,24 @@ class DecodeBuild:
 
 def build_for(record: MLARecord, stages: int = 3, min_blocks: int = 3,
               query_in_shared: bool = False, tile: int = TILE,
-              split_sum: bool = True, bulk_copy: bool = True) -> DecodeBuild:
+              split_sum: bool = True, bulk_copy: bool | None = None) -> DecodeBuild:
     """The build for ``record`` (offsets read from its descriptor) with ``stages`` tiles in
     flight (at least 2), registers capped for ``min_blocks`` CTAs per SM (1 to 4), and the
     query slice in shared memory instead of registers (``query_in_shared``), ``tile`` keys
-    per tile (16 or 32), the warps' partial scores summed in two phases (``split_sum``: half
-    the shared-memory reads, one more barrier per tile; else every warp reads all four
-    partials, from one of two alternating buffers), and each tile copied by one bulk (TMA)
-    copy completing on an mbarrier (``bulk_copy``, sm_90; older GPUs take the other path)
-    instead of 16-byte copies by every thread (whose requests load the SM's L1 pipeline, the
-    kernel's bottleneck; they also need one more barrier per tile)."""
-    if stages < 2 or not 1 <= min_blocks <= 4 or tile not in (16, 32):
+    per barrier round (16 or 32), the warps' partial scores summed in two phases
+    (``split_sum``: half the shared-memory reads, one more barrier per tile), and each tile
+    copied by one bulk (TMA) copy completing on an mbarrier (``bulk_copy``, sm_90, needs
+    ``split_sum``, which it follows when not given; older GPUs take the other path) instead
+    of 16-byte copies by every thread (whose requests load the SM's L1 pipeline, the
+    kernel's bottleneck)."""
+    if bulk_copy is None:
+        bulk_copy = split_sum
+    if stages < 2 or not 1 <= min_blocks <= 4 or tile not in (16, 32) or (bulk_copy
+                                                                             and not split_sum):
         raise ValueError(f"CUDA MLA decode build: stages={stages}, min_blocks={min_blocks}, "
-                         f"tile={tile}; valid: stages >= 2, min_blocks in 1..4, tile 16 or 32")
+                         f"tile={tile}, bulk_copy={bulk_copy}, split_sum={split_sum}; valid: "
+                         f"stages >= 2, min_blocks in 1..4, tile 16 or 32, bulk_copy only with "
+                         f"split_sum")
     return DecodeBuild(record.kv_lora_rank, record.bytes_per_token,
                        record.field("scales").offset, stages, min_blocks, query_in_shared,
                        tile, split_sum, bulk_copy)
@@ -101,13 +106,12 @@ def build_options(build: DecodeBuild) -> list[str]:
 
 def shared_bytes(build: DecodeBuild) -> int:
     """Dynamic shared memory of one CTA: ``stages`` tiles of records, the warps' partial
-    scores (four floats per lane and 8-key group), with ``split_sum`` their totals (else a
-    second buffer of partial scores), with
+    scores (four floats per lane and 8-key group), with ``split_sum`` their totals, with
     ``query_in_shared`` the warps' query slices, and with ``bulk_copy`` one mbarrier per
     stage."""
     query = WARPS * 8 * 32 * 16 if build.query_in_shared else 0  # 8 MMA steps x 32 lanes x 16 B
     scores = WARPS * 32 * build.tile // 2 * 4  # [warps][8-key groups][lanes][4] float32
-    totals = scores // WARPS if build.split_sum else scores  # or the second buffer
+    totals = scores // WARPS if build.split_sum else 0
     barriers = 8 * build.stages if build.bulk_copy else 0  # one mbarrier per stage
     return build.stages * build.tile * build.bytes_per_token + scores + totals + query + barriers
 

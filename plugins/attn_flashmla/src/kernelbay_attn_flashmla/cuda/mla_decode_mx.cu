@@ -73,6 +73,9 @@ typedef unsigned int u32;
 #undef BULK
 #define BULK 0  // bulk copies need sm_90: the per-thread copies on older GPUs
 #endif
+#if BULK && !SPLIT_SUM
+#error "BULK needs SPLIT_SUM (its first in-tile barrier frees the tile's slot for the next copy)"
+#endif
 
 #ifndef TILE
 #define TILE 16  // keys per tile: 16 or 32 (one round of the tile loop's barriers each)
@@ -334,12 +337,9 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   extern __shared__ __align__(16) unsigned char smem[];
   const u32 tiles_base = (u32)__cvta_generic_to_shared(smem);
   // partial scores [WARPS][G8][32 lanes][4] float32 (lane-contiguous: no bank conflicts),
-  // then (SPLIT_SUM) their totals [G8][32 lanes][4]; the one-phase sum alternates two
-  // buffers of partial scores between tiles (a warp may write the next tile's partials while
-  // another still reads this tile's: there is one barrier per tile)
-  constexpr u32 RED_BYTES = WARPS * G8 * 32 * 16;
+  // then (SPLIT_SUM) their totals [G8][32 lanes][4]
   const u32 red_base = tiles_base + STAGES * TILE_BYTES;
-  const u32 red_total = red_base + (SPLIT_SUM ? 1 : 2) * RED_BYTES;
+  const u32 red_total = red_base + WARPS * G8 * 32 * 16;
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
@@ -582,15 +582,11 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       s[n][0] = a.x; s[n][1] = a.y; s[n][2] = a.z; s[n][3] = a.w;
     }
 #else
-    const u32 red = red_base + (tile & 1) * RED_BYTES;
 #pragma unroll
     for (int n = 0; n < G8; ++n)
-      sts128f(red + ((warp * G8 + n) * 32 + lane) * 16, sc[n][0], sc[n][1], sc[n][2], sc[n][3]);
+      sts128f(red_base + ((warp * G8 + n) * 32 + lane) * 16, sc[n][0], sc[n][1], sc[n][2],
+              sc[n][3]);
     __syncthreads();
-#if BULK
-    issue(tile + STAGES, next_page, tb, tile_bar);  // as in the two-phase sum
-    next_page = page_of(tile + STAGES + 1);
-#endif
     float s[G8][4];
 #pragma unroll
     for (int n = 0; n < G8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
@@ -598,7 +594,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     for (int w = 0; w < WARPS; ++w) {
 #pragma unroll
       for (int n = 0; n < G8; ++n) {
-        const float4 a = lds128f(red + ((w * G8 + n) * 32 + lane) * 16);
+        const float4 a = lds128f(red_base + ((w * G8 + n) * 32 + lane) * 16);
         s[n][0] += a.x; s[n][1] += a.y; s[n][2] += a.z; s[n][3] += a.w;
       }
     }
