@@ -55,15 +55,11 @@ def test_refusals_name_the_operand() -> None:
 
 
 def test_shared_memory_and_defaults() -> None:
-    """The pipeline's slots (16 + 4 bytes per lane, row, tile, warp and stage; with bulk copies
-    an 8-byte mbarrier per warp and stage) or the partial sums, whichever is larger; the
-    defaults fit two CTAs in an sm_90 SM (227 KB)."""
-    assert shared_bytes(GemvConfig(2, 1, 8, 4, 2)) == 8 * 4 * 2 * 2 * 640 + 8 * 4 * 8
-    assert shared_bytes(GemvConfig(2, 1, 8, 4, 2, bulk=False)) == 8 * 4 * 2 * 2 * 640
-    assert shared_bytes(GemvConfig(2, 1, 8, 4, 2, tiled=False)) == 8 * 4 * 2 * 2 * 640
-    assert shared_bytes(GemvConfig(1, 2, 1, 2, 1, bulk=False)) == max(1 * 2 * 1 * 2 * 640,
-                                                                      16 * 16 * 4)
-    assert shared_bytes(GemvConfig(1, 1, 2, 4, 1, wn=4)) == 8 * 4 * 1 * 2 * 640 + 8 * 4 * 8
+    """The pipeline's slots (16 + 4 bytes per lane, row, tile, warp and stage) or the partial
+    sums, whichever is larger; the defaults fit two CTAs in an sm_90 SM (227 KB)."""
+    assert shared_bytes(GemvConfig(2, 1, 8, 4, 2)) == 8 * 4 * 2 * 2 * 640
+    assert shared_bytes(GemvConfig(1, 2, 1, 2, 1)) == max(1 * 2 * 1 * 2 * 640, 16 * 16 * 4)
+    assert shared_bytes(GemvConfig(1, 1, 2, 4, 1, wn=4)) == 8 * 4 * 1 * 2 * 640
     for m in (1, 8, 9, 16):
         for n in (4096, 8192, 28672):
             config = config_for_m(m, n, 8192, 132)
@@ -79,7 +75,6 @@ def test_shared_memory_and_defaults() -> None:
 @pytest.mark.parametrize("config", [None, GemvConfig(1, 1, 8, 6, 2), GemvConfig(2, 2, 4, 4, 2),
                                     GemvConfig(4, 1, 8, 4, 1), GemvConfig(1, 2, 16, 2, 1),
                                     GemvConfig(1, 2, 2, 4, 2, wn=4),
-                                    GemvConfig(2, 1, 8, 4, 2, bulk=False),
                                     GemvConfig(2, 2, 4, 4, 2, tiled=False)],
                          ids=lambda c: "default" if c is None else c.name)
 @pytest.mark.parametrize(("n", "k"), [(16, 128), (48, 384), (1008, 3200), (304, 8192)])

@@ -52,17 +52,12 @@ class GemvConfig:
     #: Warps side by side over rows (each ``tm`` tiles) sharing a K part, so that their
     #: activation loads hit the same L1 lines.
     wn: int = 1
-    #: On the tiles layout and sm_90: each warp's chunk copied by two bulk (TMA) copies per
-    #: tile completing on an mbarrier, instead of a 16-byte and a 4-byte copy per lane, row
-    #: and tile (whose requests load the SM's L1 pipeline).
-    bulk: bool = True
 
     @property
     def name(self) -> str:
         kind = "ct" if self.tiled else "cu"
-        tail = "" if self.bulk or not self.tiled else "-cpa"
         return (f"{kind}-t{self.tm}n{self.nt}w{self.wn}x{self.wk}s{self.stages}"
-                f"b{self.min_blocks}{tail}")
+                f"b{self.min_blocks}")
 
 
 def stored_rows(words: torch.Tensor, tiled: bool) -> int:
@@ -72,12 +67,9 @@ def stored_rows(words: torch.Tensor, tiled: bool) -> int:
 
 def shared_bytes(config: GemvConfig) -> int:
     """Dynamic shared memory of one CTA: the pipeline's slots (16-byte words and 4-byte codes
-    of two rows per tile, per lane, warp and stage; with bulk copies on the tiles layout one
-    mbarrier per warp and stage after them) or the warps' partial sums, the larger."""
+    of two rows per tile, per lane, warp and stage) or the warps' partial sums, the larger."""
     warps = config.wn * config.wk
     pipeline = warps * config.stages * config.tm * 2 * (512 + 128)
-    if config.bulk and config.tiled:
-        pipeline += warps * config.stages * 8
     partial = warps * config.tm * 16 * config.nt * 8 * 4
     return max(pipeline, partial)
 
@@ -92,11 +84,9 @@ def config_for_m(m: int, n: int = 0, k: int = 0, sms: int = 132) -> GemvConfig:
     8192 39.4 against 41.9, 8192 x 28672 36.8 against 38.1 for the eight-warp build)."""
     nt = 1 if m <= 8 else 2
     ctas = -(-n // 32)
-    # two token tiles keep per-lane copies: with bulk copies the build spills at 128 registers
-    bulk = nt == 1
     if ctas <= 2 * sms * 1.1 and k >= 16384:
-        return GemvConfig(2, nt, 8, 4, 2, bulk=bulk)
-    return GemvConfig(2, nt, 4, 4, 4, bulk=bulk)
+        return GemvConfig(2, nt, 8, 4, 2)
+    return GemvConfig(2, nt, 4, 4, 4)
 
 
 @functools.cache
@@ -108,8 +98,7 @@ def build_options(config: GemvConfig) -> list[str]:
     """The NVRTC options (macros) of a build."""
     return [f"-DTM={config.tm}", f"-DNT={config.nt}", f"-DWK={config.wk}",
             f"-DSTAGES={config.stages}", f"-DMIN_BLOCKS={config.min_blocks}",
-            f"-DTILED={int(config.tiled)}", f"-DWN={config.wn}",
-            f"-DBULK={int(config.bulk and config.tiled)}"]
+            f"-DTILED={int(config.tiled)}", f"-DWN={config.wn}"]
 
 
 @functools.cache

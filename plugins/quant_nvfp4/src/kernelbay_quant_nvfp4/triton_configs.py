@@ -161,14 +161,12 @@ def _hw(name: str, block_m: int, block_n: int, block_k: int, warps: int, stages:
     return KernelConfig(name, "fused", block_m, block_n, block_k, split_k, warps, stages)
 
 
-def _cuda(tm: int, wk: int, stages: int, min_blocks: int, tiled: bool, wn: int,
-          bulk: bool = True) -> KernelConfig:
-    """A CUDA GEMV candidate (its token tiles follow M, so the name leaves them out; ``-cpa``:
-    per-lane copies on the tiles layout instead of bulk copies)."""
+def _cuda(tm: int, wk: int, stages: int, min_blocks: int, tiled: bool, wn: int
+          ) -> KernelConfig:
+    """A CUDA GEMV candidate (its token tiles follow M, so the name leaves them out)."""
     kind, path = ("ct", "cuda-tiles") if tiled else ("cu", "cuda")
-    tail = "" if bulk or not tiled else "-cpa"
-    return KernelConfig(f"{kind}-t{tm}w{wn}x{wk}s{stages}b{min_blocks}{tail}", path,
-                        gemv=GemvConfig(tm, 1, wk, stages, min_blocks, tiled, wn, bulk))
+    return KernelConfig(f"{kind}-t{tm}w{wn}x{wk}s{stages}b{min_blocks}", path,
+                        gemv=GemvConfig(tm, 1, wk, stages, min_blocks, tiled, wn))
 
 
 #: Alternatives the benchmark tries per shape (``--configs all``); BLOCK_M is lowered to
@@ -210,8 +208,6 @@ CANDIDATES: tuple[KernelConfig, ...] = (
           (1, 8, 6, 2, True, 1), (2, 16, 4, 1, True, 1), (4, 4, 4, 2, True, 1),
           (1, 2, 6, 2, True, 4), (1, 4, 4, 1, True, 4), (2, 2, 4, 2, True, 4),
           (2, 4, 4, 1, True, 2), (1, 4, 8, 1, True, 4), (2, 1, 6, 2, True, 8))),
-    *(_cuda(tm, wk, st, mb, True, wn, bulk=False) for tm, wk, st, mb, wn in (
-          (2, 8, 4, 2, 1), (2, 4, 4, 4, 1))),
     # The repacked word layout (``kernelbay.formats.e2m1_words``): natural K order, no
     # activation permutation, no 16-bit repacking; the K loop of pr-16x128x128 has 4.3 SASS
     # instructions per element against 4.8 for pw-16x64x256-p3 (LOP3 128, shifts 96, no PRMT).

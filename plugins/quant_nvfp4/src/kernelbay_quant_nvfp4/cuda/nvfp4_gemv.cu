@@ -53,13 +53,6 @@ typedef unsigned short u16;
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 2
 #endif
-#ifndef BULK
-#define BULK 0  // 1: each warp's chunk copied by bulk (TMA) copies completing on an mbarrier
-#endif
-#if BULK && (!TILED || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900))
-#undef BULK
-#define BULK 0  // bulk copies need the contiguous tiles layout and sm_90
-#endif
 
 // Asynchronous copies into this lane's own shared-memory slots (no other lane reads them,
 // so waiting for the lane's own copy groups is enough).
@@ -72,29 +65,6 @@ __device__ __forceinline__ void copy4(u32 dst, const void* src) {
 }
 
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
-
-// --- bulk copies (BULK builds) ---
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-  u32 done;
-  do {
-    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                 "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  } while (!done);
-}
-
-__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-               "[%3];" :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
 
 template <int N>
 __device__ __forceinline__ void wait_groups() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
@@ -211,35 +181,6 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
   const u32 cslot = base + WN * WK * (STAGES * TM * 2 * 512) + warp * (STAGES * TM * 2 * 128)
                     + lane * 4;
 
-#if BULK
-  // The warp's chunk of a stage is two contiguous runs per tile in the tiles layout (1 KB of
-  // words, 128 bytes of codes), copied by lane 0 in one bulk copy each; the words land where
-  // every lane's own copy would have put them, the codes once (not per lane pair), and the
-  // stage's mbarrier tells every lane when they are there.
-  const u32 cbulk = base + WN * WK * (STAGES * TM * 2 * 512) + warp * (STAGES * TM * 128);
-  const u32 bars = base + WN * WK * (STAGES * TM * 2 * (512 + 128)) + warp * (STAGES * 8);
-  if (lane == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) mbar_init(bars + 8 * s, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncwarp();
-  auto fetch = [&](int i) {
-    __syncwarp();  // every lane has read the stage's previous chunk
-    if (lane == 0) {
-      const int stage = i % STAGES;
-      const u32 bar = bars + 8 * stage;
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      mbar_expect(bar, TM * (1024 + 128));
-#pragma unroll
-      for (int t = 0; t < TM; ++t) {
-        // lane 0's pointers are the runs' starts (its offsets inside them are zero)
-        bulk_copy(wslot + (stage * TM + t) * 2 * 512, wp[t][0] + i * word_step, 1024, bar);
-        bulk_copy(cbulk + (stage * TM + t) * 128, cp[t][0] + i * code_step, 128, bar);
-      }
-    }
-  };
-#else
   // Copies of chunk j_begin + i (i relative to the pointers) into stage i % STAGES.
   auto fetch = [&](int i) {
     const int stage = i % STAGES;
@@ -253,7 +194,6 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
       }
     }
   };
-#endif
 
   auto load_x = [&](uint4 (&xv)[NT][4], int i) {
 #pragma unroll
@@ -284,11 +224,7 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
 #pragma unroll
     for (int d = 0; d < STAGES; ++d) {
       if (i0 + d < count) {
-#if BULK
-        mbar_wait(bars + 8 * d, (i0 / STAGES) & 1);
-#else
         wait_groups<STAGES - 2>();
-#endif
         uint4 w[TM][2];
         u32 code[TM][2];
 #pragma unroll
@@ -297,12 +233,7 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
           for (int h = 0; h < 2; ++h) {
             const int slot = (d * TM + t) * 2 + h;
             w[t][h] = lds128(wslot + slot * 512);
-#if BULK
-            code[t][h] = lds32(cbulk + (d * TM + t) * 128 + h * 64 + g * 8 + (c >> 1) * 4)
-                         >> code_shift;
-#else
             code[t][h] = lds32(cslot + slot * 128) >> code_shift;
-#endif
           }
         }
         if (i0 + d + 1 < count) load_x(xv[(d + 1) % 2], d + 1);
