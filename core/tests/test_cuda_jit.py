@@ -43,3 +43,25 @@ def test_an_unwritable_cache_warns_and_still_compiles(tmp_path: Any,
     with pytest.warns(RuntimeWarning, match="could not cache probe's cubin in .*file"):
         cubin = compile_cubin(src, "probe", "sm_90")
     assert cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
+def test_sources_include_the_core_header_which_is_part_of_the_key(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``#include "kernelbay/ptx.cuh"`` resolves without a toolkit (the header comes from the
+    package, in memory), and a changed header is a different cubin, not a stale cache hit."""
+    import os
+
+    from kernelbay import cuda_jit
+
+    monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
+    src = ('#include "kernelbay/ptx.cuh"\n'
+           'extern "C" __global__ void k(u32* p) { p[threadIdx.x] = lds32(0u); commit(); }')
+    assert compile_cubin(src, "probe", "sm_80")[:4] == b"\x7fELF"
+    assert "cp.async.cg.shared.global" in cuda_jit.headers()["kernelbay/ptx.cuh"]
+    changed = {name: text + "\n// changed\n" for name, text in cuda_jit.headers().items()}
+    monkeypatch.setattr(cuda_jit, "headers", lambda: changed)
+    compile_cubin(src, "probe", "sm_80")
+    assert len(os.listdir(tmp_path / "cuda")) == 2
+    with pytest.raises(CudaJitError, match=r"missing\.cuh"):
+        compile_cubin('#include "kernelbay/missing.cuh"\n', "probe", "sm_80")

@@ -7,8 +7,11 @@ kernelbay`` or during discovery: a method imports it when it builds. Both librar
 ``lib64``). Loading goes through ``ctypes`` only, so this module neither links against torch
 nor needs ``nvcc``.
 
-The cache key is the source, the options, the architecture and the NVRTC version; a cubin is
-written to a temporary file and renamed, so concurrent processes never read half a file.
+Every source may ``#include "kernelbay/ptx.cuh"`` (PTX wrappers for asynchronous and bulk
+copies, mbarriers, shared-memory loads and stores; ``HEADERS``), handed to NVRTC from memory.
+The cache key is the source, the headers, the options, the architecture and the NVRTC
+version; a cubin is written to a temporary file and renamed, so concurrent processes never
+read half a file.
 """
 
 from __future__ import annotations
@@ -29,8 +32,11 @@ from typing import Any
 
 from kernelbay.cache import cache_dir as _cache_root
 
-__all__ = ["CudaJitError", "Kernel", "cache_dir", "compile_cubin", "find_nvrtc", "load_kernel",
-           "nvrtc_available"]
+__all__ = ["HEADERS", "CudaJitError", "Kernel", "cache_dir", "compile_cubin", "find_nvrtc",
+           "headers", "load_kernel", "nvrtc_available"]
+
+#: The headers every compile can include, by include name, and their files in this package.
+HEADERS = {"kernelbay/ptx.cuh": "ptx.cuh"}
 
 
 class CudaJitError(RuntimeError):
@@ -99,12 +105,26 @@ def nvrtc_version() -> tuple[int, int]:
     return major.value, minor.value
 
 
+@functools.cache
+def headers() -> dict[str, str]:
+    """The text of each of ``HEADERS`` by include name (read once from the package)."""
+    from importlib import resources
+
+    folder = resources.files("kernelbay") / "cuda"
+    return {include: (folder / file).read_text() for include, file in HEADERS.items()}
+
+
 def compile_cubin(source: str, name: str, arch: str, options: Sequence[str] = ()) -> bytes:
-    """``source`` compiled by NVRTC for ``arch`` (``"sm_90"``): the cubin's bytes, from the
-    disk cache when the same source, options, architecture and NVRTC were built before.
-    ``CudaJitError`` with the compiler's log when it does not compile."""
+    """``source`` compiled by NVRTC for ``arch`` (``"sm_90"``), with ``HEADERS`` includable:
+    the cubin's bytes, from the disk cache when the same source, headers, options,
+    architecture and NVRTC were built before. ``CudaJitError`` with the compiler's log when
+    it does not compile."""
     opts = [f"--gpu-architecture={arch}", "--std=c++17", *options]
-    key = hashlib.sha256("\0".join([source, name, *opts, str(nvrtc_version())]).encode())
+    includes = headers()
+    parts = [source, name, *opts, str(nvrtc_version())]
+    for include, text in sorted(includes.items()):
+        parts += [include, text]
+    key = hashlib.sha256("\0".join(parts).encode())
     path = os.path.join(cache_dir(), f"{name}-{arch}-{key.hexdigest()[:24]}.cubin")
     try:
         with open(path, "rb") as f:
@@ -113,8 +133,11 @@ def compile_cubin(source: str, name: str, arch: str, options: Sequence[str] = ()
         pass
     lib = _nvrtc()
     prog = ctypes.c_void_p()
+    texts = (ctypes.c_char_p * len(includes))(*[t.encode() for t in includes.values()])
+    names = (ctypes.c_char_p * len(includes))(*[n.encode() for n in includes])
     _nvrtc_check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(),
-                                        f"{name}.cu".encode(), 0, None, None), "create")
+                                        f"{name}.cu".encode(), len(includes), texts, names),
+                 "create")
     try:
         argv = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
         result = lib.nvrtcCompileProgram(prog, len(opts), argv)

@@ -38,7 +38,7 @@
 // power of two 2^(e - 7) applies the block's scale 2^(e - 127) (scale bytes above 134, where
 // 2^(e - 7) is past bfloat16's range, get a second multiply under one vote per tile).
 
-typedef unsigned int u32;
+#include "kernelbay/ptx.cuh"  // u32, copies, mbarriers, shared loads and stores
 
 #ifndef DIM
 #define DIM 512
@@ -99,91 +99,6 @@ typedef unsigned int u32;
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 #define NEG_INF __int_as_float(0xff800000)
-
-__device__ __forceinline__ void copy16(u32 dst, const void* src, u32 bytes) {
-  // bytes 0: nothing read, the slot zero-filled (keys past the split's end)
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(bytes));
-}
-
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
-
-// --- bulk copies (BULK builds, sm_90) ---
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
-}
-
-// One arrival that also announces ``bytes`` of bulk copies completing on ``bar``.
-__device__ __forceinline__ void mbar_expect(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(u32 bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
-}
-
-// Until the phase of parity ``parity`` of ``bar`` has completed (its copies landed).
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-  u32 done;
-  do {
-    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                 "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  } while (!done);
-}
-
-__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-               "[%3];" :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void wait_groups() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
-
-__device__ __forceinline__ uint2 lds64(u32 addr) {
-  uint2 v;
-  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr));
-  return v;
-}
-
-__device__ __forceinline__ u32 lds32(u32 addr) {
-  u32 v;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
-  return v;
-}
-
-__device__ __forceinline__ float4 lds128f(u32 addr) {
-  float4 v;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
-  return v;
-}
-
-__device__ __forceinline__ void sts128(u32 addr, u32 a, u32 b, u32 c, u32 d) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" :: "r"(addr), "r"(a), "r"(b), "r"(c),
-               "r"(d));
-}
-
-__device__ __forceinline__ uint4 lds128(u32 addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
-
-__device__ __forceinline__ float2 lds64f(u32 addr) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
-  return v;
-}
-
-__device__ __forceinline__ void sts64f(u32 addr, float a, float b) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" :: "r"(addr), "f"(a), "f"(b));
-}
-
-__device__ __forceinline__ void sts128f(u32 addr, float a, float b, float c, float d) {
-  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" :: "r"(addr), "f"(a), "f"(b), "f"(c),
-               "f"(d));
-}
 
 __device__ __forceinline__ u32 bf16x2_mul(u32 a, u32 b) {
   u32 out;
@@ -482,7 +397,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
 #pragma unroll
       for (int k = 0; k < (BPT / 16 + PER_KEY - 1) / PER_KEY; ++k) {
         if ((BPT / 16) % PER_KEY == 0 || eighth + PER_KEY * k < BPT / 16)
-          copy16(dst + PER_KEY * 16 * k, from + PER_KEY * 16 * k, bytes);
+          copy16_fill(dst + PER_KEY * 16 * k, from + PER_KEY * 16 * k, bytes);
       }
     }
     commit();  // an empty group past the end keeps the wait counts uniform

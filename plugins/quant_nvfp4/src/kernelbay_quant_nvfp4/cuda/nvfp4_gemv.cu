@@ -26,7 +26,7 @@
 // does not depend on scheduling), times weight_scale_2 * 2^8 (the decoded lanes are
 // e2m1 * S * 2^-8), plus the bias, rounded once to bf16.
 
-typedef unsigned int u32;
+#include "kernelbay/ptx.cuh"  // u32, copies, shared loads
 typedef unsigned short u16;
 
 #ifndef TM
@@ -54,33 +54,8 @@ typedef unsigned short u16;
 #define MIN_BLOCKS 2
 #endif
 
-// Asynchronous copies into this lane's own shared-memory slots (no other lane reads them,
-// so waiting for the lane's own copy groups is enough).
-__device__ __forceinline__ void copy16(u32 dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src));
-}
-
-__device__ __forceinline__ void copy4(u32 dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(dst), "l"(src));
-}
-
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
-
-template <int N>
-__device__ __forceinline__ void wait_groups() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
-
-__device__ __forceinline__ uint4 lds128(u32 addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
-
-__device__ __forceinline__ u32 lds32(u32 addr) {
-  u32 v;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
-  return v;
-}
+// Asynchronous copies (kernelbay/ptx.cuh) go into this lane's own shared-memory slots (no
+// other lane reads them, so waiting for the lane's own copy groups is enough).
 
 __device__ __forceinline__ uint4 load_cached(const void* p) {
   uint4 v;
