@@ -82,17 +82,16 @@ __device__ __forceinline__ uint4 lds128(u32 addr) {
   return v;
 }
 
+// The same loads as floats (bit casts: no instruction).
 __device__ __forceinline__ float2 lds64f(u32 addr) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
-  return v;
+  const uint2 v = lds64(addr);
+  return make_float2(__uint_as_float(v.x), __uint_as_float(v.y));
 }
 
 __device__ __forceinline__ float4 lds128f(u32 addr) {
-  float4 v;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
-  return v;
+  const uint4 v = lds128(addr);
+  return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z),
+                     __uint_as_float(v.w));
 }
 
 __device__ __forceinline__ void sts128(u32 addr, u32 a, u32 b, u32 c, u32 d) {
