@@ -89,11 +89,9 @@ for s in "$@"; do
       section mla-bench 200 $py bench/mla_decode/run.py --kinds bf16,mxfp8 --heads 16 \
         --contexts 8192,32768 --batches 16,64,128 --sweep cuda --budget-s 150 \
         --out /tmp/res/mla-bench ;;
-    mlacudaprof)  # Nsight Compute on the CUDA MXFP8 decode kernel at batch 64, 8k keys
-      prof mla-cuda mla_decode_mx -- $py bench/mla_decode/run.py --batches 64 --contexts 8192 \
-        --heads 16 --kinds mxfp8 --eager --rep 2 --no-tune --out /tmp/res/prof-mla ;;
-    mlacudastall)  # the CUDA MXFP8 decode kernel's stall reasons and their source lines
-      prof mla-cuda-stall mla_decode_mx --print-details all --section SourceCounters -- \
+    mlacudaprof)  # Nsight Compute on the CUDA MXFP8 decode kernel at batch 64, 8k keys, with
+      # its stall reasons and their source lines
+      prof mla-cuda mla_decode_mx --print-details all --section SourceCounters -- \
         $py bench/mla_decode/run.py --batches 64 --contexts 8192 --heads 16 --kinds mxfp8 \
         --eager --rep 2 --no-tune --out /tmp/res/prof-mla ;;
     bi) bi_sweep ;;

@@ -36,7 +36,7 @@ def test_source_compiles_without_local_memory(arch: str, tmp_path: Any,
 
     monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
     for record in (MXFP8, record_for_dims("mxfp8", 480, 32)):
-        for build in (cuda_mla.build_for(record), cuda_mla.build_for(record, 4, 2, False),
+        for build in (cuda_mla.build_for(record), cuda_mla.build_for(record, stages=4, min_blocks=2),
                       cuda_mla.build_for(record, split_sum=False),
                       cuda_mla.build_for(record, **cuda_mla.preferred_build(64))):
             cubin = compile_cubin(cuda_mla._source(), "mla_decode_mx", arch,
@@ -65,6 +65,8 @@ def test_calls_get_the_build_they_name_or_the_preferred_one() -> None:
     assert build.tile == 16 and not build.bulk_copy
     with pytest.raises(ValueError, match="bulk_copy only with split_sum"):
         cuda_mla.build_for(MXFP8, split_sum=False, bulk_copy=True)
+    with pytest.raises(ValueError, match=r"options \['stage'\]; valid: \['stages'"):
+        cuda_mla.build_for(MXFP8, stage=2)
 
 
 def test_refusals_name_the_reason() -> None:

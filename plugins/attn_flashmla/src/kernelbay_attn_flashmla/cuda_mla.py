@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from kernelbay_attn_flashmla.records import MLARecord
@@ -23,8 +23,9 @@ if TYPE_CHECKING:
     from kernelbay.cuda_jit import Kernel
 
 __all__ = ["DIM", "HEADS", "TILE", "WARPS", "DecodeBuild", "broken_reason", "build_for",
-           "build_options", "call_build", "decode_kernel", "launch_decode", "mark_broken", "preferred_build",
-           "resident_programs", "shared_bytes", "static_reason", "unsupported"]
+           "build_options", "call_build", "decode_kernel", "launch_decode", "mark_broken",
+           "preferred_build", "resident_programs", "shared_bytes", "static_reason",
+           "unsupported"]
 
 #: Keys per tile of the default build (a tile lies in one page, so the page size must be a
 #: multiple); builds take 16 or 32.
@@ -54,10 +55,9 @@ class DecodeBuild:
     bulk_copy: bool = True
 
 
-def build_for(record: MLARecord, stages: int = 3, min_blocks: int = 3,
-              query_in_shared: bool = False, tile: int = TILE,
-              split_sum: bool = True, bulk_copy: bool | None = None) -> DecodeBuild:
-    """The build for ``record`` (offsets read from its descriptor) with ``stages`` tiles in
+def build_for(record: MLARecord, **options: Any) -> DecodeBuild:
+    """The build for ``record`` (offsets read from its descriptor) with ``DecodeBuild``'s
+    launch options where ``options`` names none of them: ``stages`` tiles in
     flight (at least 2), registers capped for ``min_blocks`` CTAs per SM (1 to 4), and the
     query slice in shared memory instead of registers (``query_in_shared``), ``tile`` keys
     per barrier round (16 or 32), the warps' partial scores summed in two phases
@@ -66,17 +66,23 @@ def build_for(record: MLARecord, stages: int = 3, min_blocks: int = 3,
     ``split_sum``, which it follows when not given; older GPUs take the other path) instead
     of 16-byte copies by every thread (whose requests load the SM's L1 pipeline, the
     kernel's bottleneck)."""
-    if bulk_copy is None:
-        bulk_copy = split_sum
-    if stages < 2 or not 1 <= min_blocks <= 4 or tile not in (16, 32) or (bulk_copy
-                                                                             and not split_sum):
-        raise ValueError(f"CUDA MLA decode build: stages={stages}, min_blocks={min_blocks}, "
-                         f"tile={tile}, bulk_copy={bulk_copy}, split_sum={split_sum}; valid: "
+    options = dict(options)
+    if options.get("bulk_copy") is None:
+        options["bulk_copy"] = options.get("split_sum", DecodeBuild.split_sum)
+    launch = [f.name for f in fields(DecodeBuild)][3:]  # after the record's geometry
+    if set(options) - set(launch):
+        raise ValueError(f"CUDA MLA decode build: options {sorted(set(options) - set(launch))}; "
+                         f"valid: {launch}")
+    build = DecodeBuild(record.kv_lora_rank, record.bytes_per_token,
+                        record.field("scales").offset, **options)
+    if build.stages < 2 or not 1 <= build.min_blocks <= 4 or build.tile not in (16, 32) or (
+            build.bulk_copy and not build.split_sum):
+        raise ValueError(f"CUDA MLA decode build: stages={build.stages}, "
+                         f"min_blocks={build.min_blocks}, tile={build.tile}, "
+                         f"bulk_copy={build.bulk_copy}, split_sum={build.split_sum}; valid: "
                          f"stages >= 2, min_blocks in 1..4, tile 16 or 32, bulk_copy only with "
                          f"split_sum")
-    return DecodeBuild(record.kv_lora_rank, record.bytes_per_token,
-                       record.field("scales").offset, stages, min_blocks, query_in_shared,
-                       tile, split_sum, bulk_copy)
+    return build
 
 
 def preferred_build(page_size: int) -> dict[str, Any]:
@@ -235,7 +241,7 @@ def launch_decode(build: DecodeBuild, query: torch.Tensor, flat: torch.Tensor, p
     ptr = ctypes.c_void_p
     i64 = ctypes.c_longlong
     i32 = ctypes.c_int
-    # one split: part and plse are the output and its LSE [T, H] (no split stride)
+    # one split: part and plse are the output and its LSE with a split axis of one (unused)
     split = num_splits > 1
     ps = (part.stride(0), part.stride(1), part.stride(2)) if split else (0, 0, 0)
     ls = (plse.stride(0), plse.stride(1) if split else 0)

@@ -426,21 +426,27 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                                    block_n=consts["BLOCK_N"],
                                    bytes_per_key=record.bytes_per_token,
                                    partial_bytes=consts["BLOCK_H"] * rank * 4)
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    if num_splits == 1:
-        part, plse = out.unsqueeze(1), lse.unsqueeze(1)
-    else:
-        part = torch.empty(num_tokens, num_splits, heads, rank, dtype=torch.float32,
-                           device=query.device)
-        plse = torch.empty(num_tokens, num_splits, heads, dtype=torch.float32,
-                           device=query.device)
+    part, plse = _partials(out, lse, num_splits)
     decode[(num_tokens * num_splits * head_blocks,)](
         *args(part, plse, num_splits), **consts, num_warps=warps, num_stages=num_stages)
     _LAST_SPLITS.update(splits=num_splits, resident=resident, kernel="triton")
     if num_splits > 1:
         _combine(part, plse, out, lse, num_splits)
     return out, lse
+
+
+def _partials(out: Tensor, lse: Tensor, num_splits: int) -> tuple[Tensor, Tensor]:
+    """Where a decode kernel writes: float32 partials [T, S, H, rank] and their LSEs [T, S, H]
+    for ``num_splits`` > 1; with one split the output and its LSE themselves (a split axis of
+    one)."""
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    if num_splits == 1:
+        return out.unsqueeze(1), lse.unsqueeze(1)
+    num_tokens, heads, rank = out.shape
+    return (torch.empty(num_tokens, num_splits, heads, rank, dtype=torch.float32,
+                        device=out.device),
+            torch.empty(num_tokens, num_splits, heads, dtype=torch.float32, device=out.device))
 
 
 def _combine(part: Tensor, plse: Tensor, out: Tensor, lse: Tensor, num_splits: int) -> None:
@@ -476,13 +482,13 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
 
     from kernelbay_attn_flashmla import cuda_mla
 
-    build = cuda_mla.call_build(page_size, build)
+    options = cuda_mla.call_build(page_size, build)
     reason = cuda_mla.unsupported(query, record, page_size, page_bytes, sparse, float(scale),
-                                  build.get("tile", cuda_mla.TILE), flat)
+                                  options.get("tile", cuda_mla.DecodeBuild.tile), flat)
     device = query.device.index or 0  # CUDA tensors always carry their index
     compiled = None
-    if reason is None:
-        compiled = cuda_mla.build_for(record, **build)
+    if reason is None:  # the record is one the kernel reads: its build can be made
+        compiled = cuda_mla.build_for(record, **options)
         broken = cuda_mla.broken_reason(device, compiled)
         if broken is not None:
             reason = f"its build failed on this device: {broken}"
@@ -516,15 +522,7 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
             num_sms if num_sms is not None else _sm_count(device), resident,
             block_n=compiled.tile, bytes_per_key=record.bytes_per_token,
             partial_bytes=cuda_mla.HEADS * rank * 4)
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    if num_splits == 1:
-        part, plse = out, lse
-    else:
-        part = torch.empty(num_tokens, num_splits, heads, rank, dtype=torch.float32,
-                           device=query.device)
-        plse = torch.empty(num_tokens, num_splits, heads, dtype=torch.float32,
-                           device=query.device)
+    part, plse = _partials(out, lse, num_splits)
     # a launch error, unlike a build that fails, is a real failure: it propagates
     cuda_mla.launch_decode(compiled, query, flat, page_bytes, page_size, block_tables, seq,
                            length, start, part, plse, out, float(scale), num_splits)
