@@ -35,6 +35,7 @@ from kernelbay_quant_nvfp4.triton_configs import (
     CUDA_FALLBACK,
     DEFAULT_CONFIGS,
     LAYOUTS,
+    WGMMA_FALLBACK,
     KernelConfig,
     config_for,
     fit_block_m,
@@ -231,6 +232,11 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
         if out is not None:
             return out
         config = CUDA_FALLBACK[layout_of(config)]
+    if config.path == "cuda-wgmma":
+        out = _run_wgmma(config, x2, packed, scales, global_scale, bias)
+        if out is not None:
+            return out
+        config = config_for(m, WGMMA_FALLBACK)
     if config.path == "dequant":
         # A per-call temporary: the caching allocator hands the same block back next call,
         # so no dense copy lives between calls.
@@ -260,6 +266,43 @@ def cuda_gemv_reason(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     if reason is None and not nvrtc_available():
         reason = "NVRTC (libnvrtc, part of CUDA builds of torch) was not found"
     return reason
+
+
+def cuda_wgmma_reason(x2: torch.Tensor, words: torch.Tensor,
+                      codes: torch.Tensor) -> str | None:
+    """Why the sm_90a wgmma GEMM (``cuda_wgmma``) cannot take these operands, NVRTC included
+    (``None``: it can)."""
+    from kernelbay.cuda_jit import nvrtc_available
+
+    from kernelbay_quant_nvfp4.cuda_wgmma import wgmma_unsupported
+
+    reason = wgmma_unsupported(x2, words, codes)
+    if reason is None and not nvrtc_available():
+        reason = "NVRTC (libnvrtc, part of CUDA builds of torch) was not found"
+    return reason
+
+
+def _run_wgmma(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
+               codes: torch.Tensor, global_scale: torch.Tensor,
+               bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``x2`` through the wgmma GEMM; ``None`` when ``cuda_wgmma_reason`` says it cannot
+    run (or its build fails: then it is off on the device for good, with one warning)."""
+    from kernelbay.cuda_jit import CudaJitError
+
+    from kernelbay_quant_nvfp4.cuda_wgmma import config_for_m, launch_wgmma, mark_broken
+
+    if cuda_wgmma_reason(x2, words, codes) is not None:
+        return None
+    sms = _sm_count(x2.device.index or 0)
+    build = config.wgmma or config_for_m(x2.shape[0], words.shape[0] * 16, x2.shape[1], sms)
+    try:
+        return launch_wgmma(x2, words, codes, global_scale, bias, build)
+    except CudaJitError as exc:
+        device = x2.device.index or 0
+        mark_broken(device, str(exc).splitlines()[0])
+        warnings.warn(f"nvfp4-triton: the CUDA wgmma GEMM is off on cuda:{device} ({exc}); "
+                      "the Triton kernel serves its batch sizes", RuntimeWarning, stacklevel=2)
+        return None
 
 
 def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,

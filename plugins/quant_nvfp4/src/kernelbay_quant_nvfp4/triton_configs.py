@@ -41,9 +41,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kernelbay_quant_nvfp4.cuda_gemv import GemvConfig
+from kernelbay_quant_nvfp4.cuda_wgmma import WgmmaConfig
 
 __all__ = ["CANDIDATES", "CUDA_FALLBACK", "DEFAULT_CONFIGS", "FRAGMENT_CONFIGS",
-           "K_ORDER_CONFIGS", "LAYOUTS", "KernelConfig",
+           "K_ORDER_CONFIGS", "LAYOUTS", "WGMMA_FALLBACK", "KernelConfig",
            "config_for", "layout_of", "split_k_for", "table_for", "table_layout"]
 
 
@@ -56,7 +57,8 @@ class KernelConfig:
     kernel reading 32-bit words, ``triton_halfword.decode_words``), ``fragment`` / ``tiles``
     (the transposed product on fragment-order words with scale codes, in the fragment or the
     tiles layout), ``cuda`` / ``cuda-tiles`` (the CUDA GEMV of ``cuda_gemv`` on either layout,
-    build ``gemv``) or ``dequant`` (Triton dequantize into a temporary, then ``F.linear``).
+    build ``gemv``), ``cuda-wgmma`` (the sm_90a GEMM of ``cuda_wgmma`` on the tiles layout,
+    build ``wgmma``) or ``dequant`` (Triton dequantize into a temporary, then ``F.linear``).
     ``split_k`` 0 means "choose by ``split_k_for``"."""
 
     name: str
@@ -72,6 +74,9 @@ class KernelConfig:
     #: The CUDA GEMV build of a ``cuda`` / ``cuda-tiles`` config (its token tiles follow M;
     #: ``None``: ``cuda_gemv.config_for_m``).
     gemv: GemvConfig | None = None
+    #: The CUDA wgmma GEMM build of a ``cuda-wgmma`` config (``None``:
+    #: ``cuda_wgmma.config_for_m``).
+    wgmma: WgmmaConfig | None = None
 
 
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
@@ -106,6 +111,14 @@ DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
 #: layout's table.
 CUDA_FALLBACK = {"tiles": DEFAULT_CONFIGS[1][1], "fragment": FRAGMENT_CONFIGS[0][1]}
 
+#: What a ``cuda-wgmma`` config runs where the wgmma GEMM cannot (not compute capability
+#: 9.0, no NVRTC, fp16 activations): the Triton kernels of the tiles layout, by M.
+WGMMA_FALLBACK: tuple[tuple[int, KernelConfig], ...] = (
+    (16, KernelConfig("pt-16x64x256-p3", "tiles", 16, 64, 256, 0, 4, 3, per_sm=7)),
+    (64, KernelConfig("pt-64x128x128-w8", "tiles", 64, 128, 128, 0, 8, 3, per_sm=2)),
+    (1 << 62, KernelConfig("pt-128x128x128-w8", "tiles", 128, 128, 128, 0, 8, 3, per_sm=1)),
+)
+
 #: The table for K not a multiple of 32 (the fragment order groups 32 elements): the
 #: repacked K-order kernels, the defaults before the fragment order (from
 #: bench/results/nvfp4-sweep-repacked-h200.md): M <= 16 ``pr-16x64x256-p3``, M <= 64
@@ -137,7 +150,7 @@ def table_for(n: int, k: int, table: tuple[tuple[int, KernelConfig], ...] = DEFA
 LAYOUTS = ("checkpoint", "repacked", "fragment", "tiles")
 
 _LAYOUT_OF_PATH = {"repacked": "repacked", "fragment": "fragment", "cuda": "fragment",
-                   "cuda-tiles": "tiles", "tiles": "tiles"}
+                   "cuda-tiles": "tiles", "tiles": "tiles", "cuda-wgmma": "tiles"}
 
 
 def layout_of(config: KernelConfig) -> str:
@@ -208,6 +221,14 @@ CANDIDATES: tuple[KernelConfig, ...] = (
           (1, 8, 6, 2, True, 1), (2, 16, 4, 1, True, 1), (4, 4, 4, 2, True, 1),
           (1, 2, 6, 2, True, 4), (1, 4, 4, 1, True, 4), (2, 2, 4, 2, True, 4),
           (2, 4, 4, 1, True, 2), (1, 4, 8, 1, True, 4), (2, 1, 6, 2, True, 8))),
+    # The sm_90a wgmma GEMM (``cuda_wgmma``) on the tiles layout; ``cw-default`` is
+    # ``cuda_wgmma.config_for_m``.
+    KernelConfig("cw-default", "cuda-wgmma"),
+    *(KernelConfig(c.name, "cuda-wgmma", wgmma=c) for c in (
+        WgmmaConfig(1, 64, 4, 2), WgmmaConfig(1, 64, 6, 2), WgmmaConfig(2, 64, 4, 1),
+        WgmmaConfig(1, 128, 4, 1), WgmmaConfig(1, 128, 3, 2), WgmmaConfig(2, 128, 4, 1),
+        WgmmaConfig(2, 128, 5, 1), WgmmaConfig(1, 256, 3, 1), WgmmaConfig(2, 256, 3, 1),
+        WgmmaConfig(1, 32, 4, 3), WgmmaConfig(1, 16, 6, 3))),
     # The repacked word layout (``kernelbay.formats.e2m1_words``): natural K order, no
     # activation permutation, no 16-bit repacking; the K loop of pr-16x128x128 has 4.3 SASS
     # instructions per element against 4.8 for pw-16x64x256-p3 (LOP3 128, shifts 96, no PRMT).

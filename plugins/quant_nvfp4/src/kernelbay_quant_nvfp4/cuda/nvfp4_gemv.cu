@@ -27,6 +27,7 @@
 // e2m1 * S * 2^-8), plus the bias, rounded once to bf16.
 
 #include "kernelbay/ptx.cuh"  // u32, copies, shared loads
+// scaled, lanes_of and multiplier: nvfp4_lanes.cuh, which the host puts in front of this text.
 typedef unsigned short u16;
 
 #ifndef TM
@@ -66,22 +67,6 @@ __device__ __forceinline__ uint4 load_cached(const void* p) {
 
 __device__ __forceinline__ u32 pick(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// Two lanes times their multiplier pair, plus -0 (zero products keep their sign).
-__device__ __forceinline__ u32 scaled(u32 lanes, u32 mult) {
-  u32 out;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(lanes), "r"(mult), "r"(0x80008000u));
-  return out;
-}
-
-// Register r (0..3) of a word: elements 2r and 2r + 1 as bf16 e2m1 * 2^-126.
-__device__ __forceinline__ u32 lanes_of(u32 u, int r) {
-  const u32 keep = 0x81C081C0u;
-  if (r == 0) return u & keep;
-  if (r == 1) return (u << 3) & keep;
-  if (r == 2) return (u << 6) & keep;
-  return ((u << 1) & 0x80008000u) | ((u >> 4) & 0x00C000C0u) | ((u >> 5) & 0x01000100u);
 }
 
 __device__ __forceinline__ void mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
@@ -220,8 +205,8 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
           u32 mult[2][2];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            mult[h][0] = (code[t][h] & 0xFFu) * 0x100010u + 0x76007600u;
-            mult[h][1] = ((code[t][h] >> 8) & 0xFFu) * 0x100010u + 0x76007600u;
+            mult[h][0] = multiplier(code[t][h]);
+            mult[h][1] = multiplier(code[t][h] >> 8);
           }
 #pragma unroll
           for (int cw = 0; cw < 4; ++cw) {

@@ -1,0 +1,245 @@
+// NVFP4 weight-only GEMM for sm_90a (bf16 activations, M > 16): y[M, N] = x[M, K] W^T,
+// computed transposed (y^T = W x^T) with wgmma: the weight is the register operand, decoded by
+// each thread straight into the registers it multiplies, the activations the shared-memory
+// operand, copied in as they are.
+//
+// Compiled at run time by NVRTC for sm_90a (cuda_wgmma.py) after nvfp4_lanes.cuh (the shared
+// fragment-word decode) and the wgmma_k16 wrapper the host writes for NTOK tokens
+// (cuda_wgmma.mma_source), with WG, NTOK, STAGES and MIN_BLOCKS defined by the host.
+// It reads the weight in the "tiles" layout of linear_triton.layout_tensors: fragment-order
+// words [N/16, K/128, 256] and scale codes [N/16, K/128, 128] (each 16-row tile's 128-element
+// chunks contiguous; in a chunk, rows 0-7 then 8-15, each row's four 32-element groups of four
+// words; word c of a group holds elements 2c, 2c+1, 2c+8, 2c+9 and the same plus 16). Those
+// are exactly the elements lane (g, t = c) of an m16n8k16 / wgmma A fragment holds over the
+// group's two k16 steps, so a thread's registers come from its own words with no data moved
+// between threads.
+//
+// A CTA owns WG x 64 weight rows (warp w decodes 16-row tile w) and NTOK tokens, and walks K
+// in 128-element chunks through a ring of STAGES shared-memory slots (per chunk: the NTOK x 128
+// activations, 128-byte swizzled as wgmma reads them, and the CTA's words and codes), filled by
+// every thread with cp.async STAGES - 2 chunks ahead. Per chunk c, after one CTA barrier: copy
+// chunk c + STAGES - 2 into the slot of chunk c - 2 (its wgmma finished in every warpgroup
+// before the barrier), decode chunk c's weight into one of two register sets while chunk
+// c - 1's wgmma runs, issue chunk c's eight k16 wgmma steps asynchronously, then wait for chunk
+// c - 1's. The decode thus overlaps the tensor cores' work of the previous chunk, and the two
+// register sets alternate (a set is rewritten only after the wgmma reading it completed).
+//
+// The fp32 accumulators run the whole K (one order: deterministic), times weight_scale_2 * 2^8
+// (the decoded lanes are e2m1 * S * 2^-8), plus the bias, rounded once to bf16.
+
+typedef unsigned short u16;
+typedef unsigned long long u64;
+
+#ifndef WG
+#define WG 2
+#endif
+#ifndef NTOK
+#define NTOK 128
+#endif
+#ifndef STAGES
+#define STAGES 4
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1
+#endif
+#if STAGES < 3
+#error "STAGES must be >= 3 (two chunks are in use while the copies run ahead)"
+#endif
+#if NTOK % (8 * WG) || NTOK > 256
+#error "NTOK must be a multiple of 8 * WG, at most 256"
+#endif
+
+#define THREADS (WG * 128)
+#define X_STAGE (NTOK * 256)             // activation bytes per chunk (two 64-element halves)
+#define W_WORDS (WG * 4 * 1024)          // word bytes per chunk: 1 KB per 16-row tile
+#define W_STAGE (W_WORDS + WG * 4 * 128) // plus 128 code bytes per tile
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+}
+// cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy.
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// Keep the compiler from moving an accumulator's use across a wgmma wait, or an operand's
+// computation past the fence that opens a wgmma group (ptxas then serializes the group).
+__device__ __forceinline__ void pin(float& v) { asm volatile("" : "+f"(v) :: "memory"); }
+__device__ __forceinline__ void pin(u32& v) { asm volatile("" : "+r"(v) :: "memory"); }
+__device__ __forceinline__ void pin(u64& v) { asm volatile("" : "+l"(v) :: "memory"); }
+
+// The shared-memory descriptor of a K-major, 128-byte swizzled operand: 8-row groups 1024
+// bytes apart (stride byte offset), the leading offset unused for swizzled K-major layouts.
+__device__ __forceinline__ u64 operand_desc(u32 addr) {
+  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) |
+         ((u64)1 << 62);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+nvfp4_wgmma(const u16* __restrict__ x, long long stride_xm, const u32* __restrict__ words,
+            const unsigned char* __restrict__ codes, const float* __restrict__ global_scale,
+            const u16* __restrict__ bias, u16* __restrict__ out, long long stride_om,
+            int M, int N, int K) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;               // warp w of warpgroup w / 4 owns 16-row tile w
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int chunks = K >> 7;
+  const int tiles = (N + 15) >> 4;
+  const int tok0 = blockIdx.x * NTOK;
+  const int row_tile = blockIdx.y * (WG * 4) + warp;
+  // Tiles past the last read the last (valid memory; their rows are not stored).
+  const long long tile = min(row_tile, tiles - 1);
+
+  // The swizzle needs 1024-byte aligned activation slots (the host adds 1 KB of slack).
+  const u32 base = ((u32)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
+  const u32 xs = base;                          // STAGES x X_STAGE
+  const u32 ws = base + STAGES * X_STAGE;       // STAGES x W_STAGE
+
+  // Copies. Activations: thread tid copies 16-byte piece xc of token rows xn, xn + THREADS/16,
+  // ... (consecutive threads, consecutive bytes of a row); piece xc = 8 * half + q lands in
+  // half `half` at row * 128 + ((q ^ row % 8) * 16), the 128-byte swizzle. Token rows past M
+  // are zero-filled (their columns are never stored).
+  constexpr int XSTEP = THREADS / 16;
+  const int xn = tid >> 4;
+  const int xc = tid & 15;
+  const u32 xdst = (xc >> 3) * (NTOK * 128) + xn * 128 + (((xc & 7) ^ (xn & 7)) << 4);
+  const u16* xsrc = x + (long long)min(tok0 + xn, M - 1) * stride_xm + xc * 8;
+  // Weight: each warp copies its own tile's chunk (1 KB of words: 16-byte pieces lane and
+  // lane + 32; 128 code bytes: lanes 0-7). Piece u = 32h + 4r + grp (row r of half h, group
+  // grp) goes to 32h + 4r + (grp ^ (r / 2 % 4)), so that the eight rows' reads of one group
+  // fall in distinct banks.
+  u32 wdst[2];
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const int u = lane + 32 * q;
+    const int r = (u >> 2) & 7;
+    wdst[q] = warp * 1024 + ((u & ~3) + ((u & 3) ^ ((r >> 1) & 3))) * 16;
+  }
+  const u32* wsrc = words + tile * chunks * 256 + lane * 4;
+  const unsigned char* csrc = codes + tile * chunks * 128 + lane * 16;
+
+  auto fetch = [&](int j) {   // chunk j into slot j % STAGES
+    const int slot = j % STAGES;
+    const u32 xb = xs + slot * X_STAGE + xdst;
+#pragma unroll
+    for (int p = 0; p < NTOK / XSTEP; ++p) {
+      const u16* src = xsrc + (long long)p * XSTEP * stride_xm + j * 128;
+      if (tok0 + xn + p * XSTEP < M) copy16(xb + p * XSTEP * 128, src);
+      else copy16_fill(xb + p * XSTEP * 128, x, 0);
+    }
+    const u32 wb = ws + slot * W_STAGE;
+    copy16(wb + wdst[0], wsrc + j * 256);
+    copy16(wb + wdst[1], wsrc + j * 256 + 128);
+    if (lane < 8) copy16(wb + W_WORDS + warp * 128 + lane * 16, csrc + j * 128);
+  };
+
+  // This thread's reads in a weight slot: word t of piece (32h + 4g + (grp ^ swz)), and the
+  // eight codes of row g (h = 0) or g + 8 (h = 1).
+  const int swz = (g >> 1) & 3;
+  const u32 wread = warp * 1024 + g * 64 + t * 4;
+  const u32 cread = W_WORDS + warp * 128 + g * 8;
+
+  // Chunk j's weight into fragment registers: k16 step s = 2 grp + hh of the chunk takes
+  // register pairs (2hh, 2hh + 1) of the group's words as (a0, a2) for row g and (a1, a3)
+  // for row g + 8, scaled by block 2 grp + hh.
+  auto decode = [&](u32 (&a)[8][4], int j) {
+    const u32 wb = ws + (j % STAGES) * W_STAGE;
+    const uint2 c0 = lds64(wb + cread);
+    const uint2 c1 = lds64(wb + cread + 64);
+#pragma unroll
+    for (int grp = 0; grp < 4; ++grp) {
+      const u32 off = wread + ((grp ^ swz) << 4);
+      const u32 u0 = lds32(wb + off);
+      const u32 u1 = lds32(wb + off + 512);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int b = 2 * grp + hh;
+        const u32 m0 = multiplier((b < 4 ? c0.x : c0.y) >> ((b & 3) * 8));
+        const u32 m1 = multiplier((b < 4 ? c1.x : c1.y) >> ((b & 3) * 8));
+        a[b][0] = scaled(lanes_of(u0, 2 * hh), m0);
+        a[b][1] = scaled(lanes_of(u1, 2 * hh), m1);
+        a[b][2] = scaled(lanes_of(u0, 2 * hh + 1), m0);
+        a[b][3] = scaled(lanes_of(u1, 2 * hh + 1), m1);
+      }
+    }
+  };
+
+  float acc[NTOK / 2];
+#pragma unroll
+  for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.f;
+
+  // Chunk j's eight k16 steps: step s reads activation half s / 4 at byte 32 (s % 4).
+  auto issue = [&](u32 (&a)[8][4], int j) {
+    const u32 xb = xs + (j % STAGES) * X_STAGE;
+    u64 desc[8];
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      desc[s] = operand_desc(xb + (s >> 2) * (NTOK * 128) + (s & 3) * 32);
+      pin(desc[s]);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pin(a[s][r]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 8; ++s) wgmma_k16(acc, a[s][0], a[s][1], a[s][2], a[s][3], desc[s]);
+    wgmma_commit();
+  };
+
+  auto step = [&](u32 (&a)[8][4], int j) {
+    wait_groups<STAGES - 3>();   // this thread's copies of chunk j
+    fence_async_shared();
+    __syncthreads();             // everyone's copies of chunk j; chunk j - 2's wgmma done
+    if (j + STAGES - 2 < chunks) fetch(j + STAGES - 2);
+    commit();
+    decode(a, j);
+    issue(a, j);
+    wgmma_wait<0>();
+  };
+
+#pragma unroll
+  for (int d = 0; d < STAGES - 2; ++d) {
+    if (d < chunks) fetch(d);
+    commit();
+  }
+  u32 a0[8][4];
+  u32 a1[8][4];
+  for (int j = 0; j < chunks; j += 2) {
+    step(a0, j);
+    if (j + 1 < chunks) step(a1, j + 1);
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < NTOK / 2; ++i) pin(acc[i]);
+  wait_groups<0>();
+
+  // acc[4i + e]: row g (e < 2) or g + 8, token 8i + 2t + e % 2.
+  const float factor = global_scale[0] * 256.f;
+  const int row = row_tile * 16 + g;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int n = row + 8 * h;
+    if (n >= N) continue;
+    const float b = bias != nullptr ? __uint_as_float(((u32)bias[n]) << 16) : 0.f;
+#pragma unroll
+    for (int i = 0; i < NTOK / 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int m = tok0 + 8 * i + 2 * t + e;
+        if (m < M) {
+          u16 v;
+          asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(v) : "f"(acc[4 * i + 2 * h + e] * factor + b));
+          out[(long long)m * stride_om + n] = v;
+        }
+      }
+    }
+  }
+}

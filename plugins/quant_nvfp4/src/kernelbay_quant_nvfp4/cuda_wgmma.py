@@ -1,0 +1,214 @@
+"""The NVFP4 GEMM of ``cuda/nvfp4_wgmma.cu`` for batches above the GEMV's (M > 16) on
+compute capability 9.0 (H100, H200; ``sm_90a``), bf16 activations, compiled at run time by
+NVRTC (``cuda_jit``).
+
+It reads the ``tiles`` layout the Triton kernels and the GEMV read (one stored copy per layer).
+What it does that the Triton kernel does not: the product is computed transposed with
+``wgmma``, the decoded weight as the register operand, and each chunk's weight is decoded
+while the tensor cores still work on the previous chunk (asynchronous ``wgmma`` groups, two
+alternating register sets), so decode and matrix work overlap inside every warpgroup instead
+of taking turns. The source explains the pipeline.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kernelbay_quant_nvfp4.cuda_gemv import cuda_source
+
+if TYPE_CHECKING:
+    import torch
+    from kernelbay.cuda_jit import Kernel
+
+__all__ = ["ARCH", "WgmmaConfig", "broken_reason", "build_options", "config_for_m",
+           "launch_wgmma", "mark_broken", "mma_source", "nvfp4_wgmma_cuda", "shared_bytes",
+           "source", "wgmma_kernel", "wgmma_unsupported"]
+
+#: The architecture the kernel is built for: ``wgmma`` is an sm_90a feature (compute
+#: capability 9.0 exactly; later architectures do not run sm_90a code).
+ARCH = "sm_90a"
+#: K must be whole 128-element chunks, N whole 16-row tiles (the tiles layout).
+K_MULTIPLE = 128
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    """One build: ``wg`` warpgroups of 64 weight rows per CTA, ``ntok`` tokens per CTA (the
+    wgmma N, a multiple of ``8 * wg`` up to 256), ``stages`` shared-memory slots of one
+    128-element K chunk, ``min_blocks`` CTAs per SM the registers are capped for."""
+
+    wg: int = 2
+    ntok: int = 128
+    stages: int = 4
+    min_blocks: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"cw-g{self.wg}n{self.ntok}s{self.stages}b{self.min_blocks}"
+
+    def check(self) -> None:
+        """``ValueError`` naming the field when the build cannot exist."""
+        if self.wg not in (1, 2, 3, 4):
+            raise ValueError(f"nvfp4 wgmma: wg={self.wg}; valid: 1, 2, 3, 4")
+        if self.ntok % (8 * self.wg) or not 8 <= self.ntok <= 256:
+            raise ValueError(f"nvfp4 wgmma: ntok={self.ntok}; valid: a multiple of "
+                             f"8 * wg = {8 * self.wg} from 8 to 256")
+        if self.stages < 3:
+            raise ValueError(f"nvfp4 wgmma: stages={self.stages}; valid: >= 3")
+        if shared_bytes(self) > 227 * 1024:
+            raise ValueError(f"nvfp4 wgmma: {self.name} needs {shared_bytes(self)} bytes of "
+                             "shared memory; at most 232448 on sm_90")
+
+
+def shared_bytes(config: WgmmaConfig) -> int:
+    """Dynamic shared memory of one CTA: per stage the activations (``ntok`` x 256 bytes) and
+    the CTA's words and codes (1152 bytes per 16-row tile), plus 1 KB to align the swizzle."""
+    return config.stages * (config.ntok * 256 + config.wg * 4 * 1152) + 1024
+
+
+def config_for_m(m: int, n: int = 0, k: int = 0, sms: int = 132) -> WgmmaConfig:
+    """The default build for ``m`` tokens and ``n`` output rows on ``sms`` multiprocessors:
+    one warpgroup (64 rows) per CTA and the batch rounded up to 8 tokens while it is at most
+    64, else two warpgroups and 128-token tiles when that still gives a CTA per SM, one
+    warpgroup otherwise."""
+    if m <= 64:
+        return WgmmaConfig(1, max(8, -(-m // 8) * 8), 4, 2)
+    if (-(-n // 128)) * (-(-m // 128)) >= sms:
+        return WgmmaConfig(2, 128, 4, 1)
+    return WgmmaConfig(1, 128, 4, 1)
+
+
+def mma_source(ntok: int) -> str:
+    """``wgmma_k16``: one ``wgmma.mma_async m64n{ntok}k16`` (bf16 in, fp32 accumulators in
+    place) with the A fragment from four registers and B from a shared-memory descriptor.
+    Written out per ``ntok`` because every accumulator is an operand of the instruction."""
+    regs = ntok // 2
+    acc = ", ".join(f"%{i}" for i in range(regs))
+    a = ", ".join(f"%{regs + i}" for i in range(4))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    return (
+        "__device__ __forceinline__ void wgmma_k16(float (&d)[" + str(regs) + "], u32 a0, "
+        "u32 a1, u32 a2, u32 a3, unsigned long long desc) {\n"
+        '  asm volatile("{\\n.reg .pred p;\\nsetp.ne.b32 p, %' + str(regs + 5) + ', 0;\\n"\n'
+        f'    "wgmma.mma_async.sync.aligned.m64n{ntok}k16.f32.bf16.bf16 {{{acc}}}, {{{a}}}, '
+        f'%{regs + 4}, p, 1, 1, 0;\\n}}\\n"\n'
+        f'    : {outs}\n'
+        '    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));\n'
+        "}\n")
+
+
+def source(config: WgmmaConfig) -> str:
+    """The text NVRTC compiles for ``config``: the decode, the wgmma wrapper, the kernel."""
+    lanes_and_kernel = cuda_source("nvfp4_wgmma.cu")
+    split = lanes_and_kernel.index("typedef unsigned short u16;")
+    return (lanes_and_kernel[:split] + mma_source(config.ntok) + "\n"
+            + lanes_and_kernel[split:])
+
+
+def build_options(config: WgmmaConfig) -> list[str]:
+    """The NVRTC options (macros) of a build."""
+    return [f"-DWG={config.wg}", f"-DNTOK={config.ntok}", f"-DSTAGES={config.stages}",
+            f"-DMIN_BLOCKS={config.min_blocks}"]
+
+
+@functools.cache
+def wgmma_kernel(config: WgmmaConfig, device: int) -> Kernel:
+    """The compiled and loaded kernel of ``config`` for CUDA ``device`` (NVRTC, cached on
+    disk; memoized per process)."""
+    from kernelbay.cuda_jit import compile_cubin, load_kernel
+
+    config.check()
+    cubin = compile_cubin(source(config), "nvfp4_wgmma", ARCH, build_options(config))
+    kernel = load_kernel(cubin, "nvfp4_wgmma", device)
+    kernel.set_max_dynamic_shared(shared_bytes(config))
+    return kernel
+
+
+#: Devices where building or loading the kernel failed, with the error (``mark_broken``).
+_BROKEN: dict[int, str] = {}
+
+
+def mark_broken(device: int, reason: str) -> None:
+    """Stop using the kernel on CUDA ``device`` for the rest of the process."""
+    _BROKEN[device] = reason
+
+
+def broken_reason(device: int) -> str | None:
+    """Why the kernel is off on ``device`` (``mark_broken``), or ``None``."""
+    return _BROKEN.get(device)
+
+
+def wgmma_unsupported(x2: torch.Tensor, words: torch.Tensor,
+                      codes: torch.Tensor) -> str | None:
+    """Why these operands cannot run the kernel (``None`` when they can): bf16 activations
+    [M, K] on a CUDA device of compute capability 9.0, K a multiple of 128, 16-byte aligned
+    rows, words and scale codes in the ``tiles`` layout."""
+    import torch
+
+    k = x2.shape[1]
+    if not x2.is_cuda or torch.version.hip is not None:
+        return f"needs a CUDA device, activations are on {x2.device}"
+    cc = torch.cuda.get_device_capability(x2.device)
+    if cc != (9, 0):
+        return f"needs compute capability 9.0 for sm_90a wgmma, got {cc[0]}.{cc[1]}"
+    broken = broken_reason(x2.device.index or 0)
+    if broken is not None:
+        return f"did not build or load on this device: {broken}"
+    if x2.dtype != torch.bfloat16:
+        return f"needs bfloat16 activations, got {x2.dtype}"
+    if k % K_MULTIPLE or k == 0:
+        return f"needs K a positive multiple of {K_MULTIPLE}, got K = {k}"
+    if x2.stride(-1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
+        return "needs 16-byte aligned activation rows"
+    want_w = (k // 128, 256)
+    if words.dtype != torch.int32 or words.dim() != 3 or tuple(words.shape[1:]) != want_w \
+            or not words.is_contiguous():
+        return f"needs words int32 [N/16, {want_w[0]}, {want_w[1]}], got {words.dtype} " \
+               f"{tuple(words.shape)}"
+    want_c = (words.shape[0], k // 128, 128)
+    if codes.dtype != torch.uint8 or tuple(codes.shape) != want_c or not codes.is_contiguous():
+        return f"needs uint8 scale codes {list(want_c)}, got {codes.dtype} {tuple(codes.shape)}"
+    return None
+
+
+def nvfp4_wgmma_cuda(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
+                     global_scale: torch.Tensor, bias: torch.Tensor | None,
+                     config: WgmmaConfig | None = None) -> torch.Tensor:
+    """``x2 [M, K] @ dequant(words, codes, global_scale)^T (+ bias)`` -> bf16 [M, N]
+    (``wgmma_unsupported`` says what it needs; ``ValueError`` with that reason)."""
+    reason = wgmma_unsupported(x2, words, codes)
+    if reason is not None:
+        raise ValueError(f"nvfp4 wgmma: {reason}")
+    config = config or config_for_m(x2.shape[0], words.shape[0] * 16)
+    return launch_wgmma(x2, words, codes, global_scale, bias, config)
+
+
+def launch_wgmma(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
+                 global_scale: torch.Tensor, bias: torch.Tensor | None,
+                 config: WgmmaConfig) -> torch.Tensor:
+    """``nvfp4_wgmma_cuda`` for operands already checked by ``wgmma_unsupported``."""
+    import torch
+
+    m, k = x2.shape
+    n = words.shape[0] * 16
+    out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
+    if m == 0:
+        return out
+    if bias is not None:
+        bias = bias.to(torch.bfloat16).contiguous()
+    scale = global_scale.reshape(-1)[:1].float().contiguous()
+    device = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    kernel = wgmma_kernel(config, device)
+    grid = (-(-m // config.ntok), -(-n // (64 * config.wg)), 1)
+    args = [ctypes.c_void_p(x2.data_ptr()), ctypes.c_longlong(x2.stride(0)),
+            ctypes.c_void_p(words.data_ptr()), ctypes.c_void_p(codes.data_ptr()),
+            ctypes.c_void_p(scale.data_ptr()),
+            ctypes.c_void_p(bias.data_ptr() if bias is not None else 0),
+            ctypes.c_void_p(out.data_ptr()), ctypes.c_longlong(out.stride(0)),
+            ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k)]
+    kernel.launch(grid, (128 * config.wg, 1, 1), args,
+                  torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config))
+    return out

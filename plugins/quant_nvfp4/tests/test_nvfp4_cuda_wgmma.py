@@ -1,0 +1,183 @@
+"""The sm_90a wgmma GEMM of ``nvfp4-triton`` for M > 16 (``cuda_wgmma``, built by NVRTC)
+against the reference (``kernelbay.formats.dequantize_nvfp4`` + matmul in float32), with the
+bound of ``test_nvfp4_triton`` (``nvfp4_triton_helpers.check_close``); and, on any machine,
+what it refuses and why, and that every build compiles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from kernelbay.cuda_jit import CudaJitError, compile_cubin, nvrtc_available
+from kernelbay.formats import dequantize_nvfp4
+from kernelbay_quant_nvfp4.cuda_wgmma import (
+    ARCH,
+    WgmmaConfig,
+    build_options,
+    config_for_m,
+    mma_source,
+    nvfp4_wgmma_cuda,
+    shared_bytes,
+    source,
+    wgmma_unsupported,
+)
+from kernelbay_quant_nvfp4.linear_triton import layout_tensors
+from kernelbay_quant_nvfp4.triton_configs import CANDIDATES
+from nvfp4_triton_helpers import check_close, edge_scales, every_code_and_scale, nvfp4_weights
+
+BUILDS = [WgmmaConfig(1, 64, 4, 2), WgmmaConfig(2, 128, 4, 1), WgmmaConfig(1, 256, 3, 1),
+          WgmmaConfig(2, 64, 3, 1), WgmmaConfig(1, 16, 6, 3)]
+
+
+def _on_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _stored(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return layout_tensors(tensors["weight"], tensors["weight_scale"], "tiles")
+
+
+def test_refusals_name_the_operand() -> None:
+    """CPU tensors, and on a GPU: fp16, K not whole chunks, another layout, unaligned rows."""
+    gen = torch.Generator().manual_seed(0)
+    tensors = nvfp4_weights(32, 256, gen)
+    words, codes = _stored(tensors)
+    x = torch.randn(40, 256, generator=gen).bfloat16()
+    assert "CUDA device" in str(wgmma_unsupported(x, words, codes))
+    with pytest.raises(ValueError, match="CUDA device"):
+        nvfp4_wgmma_cuda(x, words, codes, tensors["weight_scale_2"], None)
+    if not _on_sm90():
+        return
+    words, codes, xc = words.cuda(), codes.cuda(), x.cuda()
+    assert wgmma_unsupported(xc, words, codes) is None
+    assert "bfloat16" in str(wgmma_unsupported(xc.half(), words, codes))
+    assert "int32 [N/16, 2, 256]" in str(wgmma_unsupported(xc, words.reshape(4, -1), codes))
+    assert "multiple of 128" in str(wgmma_unsupported(xc[:, :192], words, codes))
+    assert "aligned" in str(wgmma_unsupported(
+        torch.zeros(4, 264, dtype=torch.bfloat16, device="cuda")[:, 1:257], words, codes))
+
+
+def test_builds_are_checked_and_fit() -> None:
+    """Impossible builds name the field; the defaults fit their CTAs per SM in 227 KB."""
+    with pytest.raises(ValueError, match="ntok=24"):
+        WgmmaConfig(2, 24).check()
+    with pytest.raises(ValueError, match="stages=2"):
+        WgmmaConfig(1, 64, 2).check()
+    with pytest.raises(ValueError, match="shared memory"):
+        WgmmaConfig(2, 256, 5).check()
+    for m in (17, 32, 64, 65, 128, 256, 1000):
+        for n in (4096, 8192, 28672):
+            config = config_for_m(m, n, 8192, 132)
+            config.check()
+            assert config.min_blocks * shared_bytes(config) <= 227 * 1024
+            assert config.ntok >= min(m, 128)
+
+
+def test_mma_wrapper_names_every_accumulator() -> None:
+    """The generated wgmma wrapper has one in-out operand per accumulator register, then the
+    four A registers, the descriptor and the scale-d flag."""
+    text = mma_source(64)
+    assert "m64n64k16" in text and text.count('"+f"') == 32
+    assert "%36, p, 1, 1, 0" in text and "setp.ne.b32 p, %37, 0" in text
+
+
+@pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
+def test_every_build_compiles_without_local_memory(tmp_path: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every build the sweep and the defaults use compiles for sm_90a (NVRTC, no GPU) and
+    keeps everything in registers (no local memory, when cuobjdump is installed)."""
+    from kernelbay.testing.cubins import cubin_resources
+
+    monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
+    builds = {config_for_m(m, n, 8192, 132) for m in (17, 64, 256) for n in (8192, 28672)}
+    builds |= {c.wgmma for c in CANDIDATES if c.wgmma is not None}
+    for build in sorted(builds, key=lambda b: b.name):
+        cubin = compile_cubin(source(build), "nvfp4_wgmma", ARCH, build_options(build))
+        assert cubin[:4] == b"\x7fELF", build.name
+        usage = cubin_resources(cubin)
+        assert usage is None or ("STACK:0 " in usage and "LOCAL:0 " in usage), (build.name,
+                                                                                usage)
+
+
+gpu_sm90 = pytest.mark.skipif(not _on_sm90(), reason="needs compute capability 9.0")
+
+
+@pytest.mark.gpu
+@gpu_sm90
+@pytest.mark.parametrize("config", [None, *BUILDS], ids=lambda c: "default" if c is None
+                         else c.name)
+@pytest.mark.parametrize(("n", "k"), [(16, 128), (208, 384), (1008, 3200), (304, 8192)])
+def test_cuda_wgmma_matches_reference(config: WgmmaConfig | None, n: int, k: int) -> None:
+    """Row blocks that do not fill the last CTA, K of 1 to 64 chunks (fewer than the stages
+    included), token counts that fill no tile exactly and several tiles, bias or none, edge
+    block scales."""
+    gen = torch.Generator().manual_seed(n * 7 + k)
+    tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
+    if n > 1:
+        edge_scales(tensors)
+    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
+    words, codes = _stored(tensors)
+    for m in (1, 17, 64, 100, 256, 300):
+        bias = torch.randn(n, generator=gen).bfloat16().cuda() if m % 2 else None
+        x = torch.randn(m, k, generator=gen).bfloat16().cuda()
+        got = nvfp4_wgmma_cuda(x, words, codes, tensors["weight_scale_2"], bias, config)
+        check_close(got, x, w, bias)
+
+
+@pytest.mark.gpu
+@gpu_sm90
+def test_cuda_wgmma_strided_activations_and_extremes() -> None:
+    """Activation rows with a stride (a slice of a wider tensor), and activations at bf16's
+    extremes (huge values, subnormals, zeros): the sums stay within the bound."""
+    n, k = 208, 1024
+    gen = torch.Generator().manual_seed(11)
+    tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
+    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
+    words, codes = _stored(tensors)
+    wide = torch.randn(70, k + 64, generator=gen).bfloat16().cuda()
+    x = wide[:, 32:32 + k]
+    x[1] = 0.0
+    x[2, ::7] = 1e30
+    x[3] = torch.randn(k, generator=gen).bfloat16().cuda() * 1e-38
+    for config in (None, WgmmaConfig(2, 128, 4, 1)):
+        got = nvfp4_wgmma_cuda(x, words, codes, tensors["weight_scale_2"], None, config)
+        check_close(got, x, w, None)
+
+
+@pytest.mark.gpu
+@gpu_sm90
+@pytest.mark.parametrize("config", [WgmmaConfig(1, 64, 4, 2), WgmmaConfig(2, 128, 4, 1)],
+                         ids=lambda c: c.name)
+def test_cuda_wgmma_every_code_and_scale_exact(config: WgmmaConfig) -> None:
+    """Every E2M1 code under every finite E4M3 block scale, one exact product per output (the
+    identity activations, all 256 at once): the reference rounded to bf16, bit for bit."""
+    tensors, eye = every_code_and_scale()
+    tensors = {name: t.cuda() for name, t in tensors.items()}
+    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
+    words, codes = _stored(tensors)
+    got = nvfp4_wgmma_cuda(eye.cuda(), words, codes, tensors["weight_scale_2"], None, config)
+    assert torch.equal(got, w.T.to(torch.bfloat16))
+
+
+def test_a_build_failure_falls_back_to_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the GEMM does not build or load, the call warns once, returns nothing for the
+    caller to fall back on, and the device is marked with the reason."""
+    from kernelbay_quant_nvfp4 import cuda_wgmma, linear_triton
+    from kernelbay_quant_nvfp4.triton_configs import KernelConfig
+
+    def failing(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise CudaJitError("NVRTC could not compile nvfp4_wgmma for sm_90a: unknown option")
+
+    monkeypatch.setattr(cuda_wgmma, "_BROKEN", {})
+    monkeypatch.setattr(linear_triton, "cuda_wgmma_reason", lambda *a: None)
+    monkeypatch.setattr(linear_triton, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(cuda_wgmma, "launch_wgmma", failing)
+    tensors = nvfp4_weights(32, 256, torch.Generator().manual_seed(5))
+    words, codes = _stored(tensors)
+    x = torch.randn(40, 256).bfloat16()
+    with pytest.warns(RuntimeWarning, match="wgmma GEMM is off on cuda:0.*unknown option"):
+        got = linear_triton._run_wgmma(KernelConfig("cw-default", "cuda-wgmma"), x, words,
+                                       codes, tensors["weight_scale_2"], None)
+    assert got is None
+    assert "unknown option" in str(cuda_wgmma.broken_reason(0))
