@@ -27,7 +27,7 @@ from kernelbay_quant_nvfp4.triton_configs import CANDIDATES
 from nvfp4_triton_helpers import check_close, edge_scales, every_code_and_scale, nvfp4_weights
 
 BUILDS = [WgmmaConfig(1, 64, 4, 2), WgmmaConfig(2, 128, 4, 1), WgmmaConfig(1, 256, 3, 1),
-          WgmmaConfig(2, 64, 3, 1), WgmmaConfig(1, 16, 6, 3)]
+          WgmmaConfig(2, 64, 4, 1), WgmmaConfig(1, 16, 6, 3)]
 
 
 def _on_sm90() -> bool:
@@ -64,6 +64,8 @@ def test_builds_are_checked_and_fit() -> None:
         WgmmaConfig(2, 24).check()
     with pytest.raises(ValueError, match="stages=2"):
         WgmmaConfig(1, 64, 2).check()
+    with pytest.raises(ValueError, match="stages=3"):
+        WgmmaConfig(2, 64, 3).check()
     with pytest.raises(ValueError, match="shared memory"):
         WgmmaConfig(2, 256, 5).check()
     for m in (17, 32, 64, 65, 128, 256, 1000):
@@ -107,10 +109,11 @@ gpu_sm90 = pytest.mark.skipif(not _on_sm90(), reason="needs compute capability 9
 @gpu_sm90
 @pytest.mark.parametrize("config", [None, *BUILDS], ids=lambda c: "default" if c is None
                          else c.name)
-@pytest.mark.parametrize(("n", "k"), [(16, 128), (208, 384), (1008, 3200), (304, 8192)])
+@pytest.mark.parametrize(("n", "k"), [(16, 128), (208, 384), (48, 640), (1008, 3200),
+                                    (304, 8192)])
 def test_cuda_wgmma_matches_reference(config: WgmmaConfig | None, n: int, k: int) -> None:
     """Row blocks that do not fill the last CTA, K of 1 to 64 chunks (fewer than the stages
-    included), token counts that fill no tile exactly and several tiles, bias or none, edge
+    included, every count modulo the three register sets), token counts that fill no tile exactly and several tiles, bias or none, edge
     block scales."""
     gen = torch.Generator().manual_seed(n * 7 + k)
     tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}

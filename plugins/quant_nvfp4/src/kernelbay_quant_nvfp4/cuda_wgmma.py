@@ -4,10 +4,10 @@ NVRTC (``cuda_jit``).
 
 It reads the ``tiles`` layout the Triton kernels and the GEMV read (one stored copy per layer).
 What it does that the Triton kernel does not: the product is computed transposed with
-``wgmma``, the decoded weight as the register operand, and each chunk's weight is decoded
-while the tensor cores still work on the previous chunk (asynchronous ``wgmma`` groups, two
-alternating register sets), so decode and matrix work overlap inside every warpgroup instead
-of taking turns. The source explains the pipeline.
+``wgmma``, the decoded weight as the register operand, and each 64-element half of a K chunk
+is decoded while the tensor cores still work on the half before (asynchronous ``wgmma``
+groups, three register sets in turn), so decode and matrix work overlap inside every
+warpgroup instead of taking turns. The source explains the pipeline.
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ class WgmmaConfig:
         if self.ntok % (8 * self.wg) or not 8 <= self.ntok <= 256:
             raise ValueError(f"nvfp4 wgmma: ntok={self.ntok}; valid: a multiple of "
                              f"8 * wg = {8 * self.wg} from 8 to 256")
-        if self.stages < 3:
-            raise ValueError(f"nvfp4 wgmma: stages={self.stages}; valid: >= 3")
+        if self.stages < (3 if self.wg == 1 else 4):
+            raise ValueError(f"nvfp4 wgmma: stages={self.stages}; valid: >= 3 with one "
+                             "warpgroup, >= 4 with more")
         if shared_bytes(self) > 227 * 1024:
             raise ValueError(f"nvfp4 wgmma: {self.name} needs {shared_bytes(self)} bytes of "
                              "shared memory; at most 232448 on sm_90")

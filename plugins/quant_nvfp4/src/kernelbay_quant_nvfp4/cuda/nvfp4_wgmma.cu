@@ -17,12 +17,13 @@
 // A CTA owns WG x 64 weight rows (warp w decodes 16-row tile w) and NTOK tokens, and walks K
 // in 128-element chunks through a ring of STAGES shared-memory slots (per chunk: the NTOK x 128
 // activations, 128-byte swizzled as wgmma reads them, and the CTA's words and codes), filled by
-// every thread with cp.async STAGES - 2 chunks ahead. Per chunk c, after one CTA barrier: copy
-// chunk c + STAGES - 2 into the slot of chunk c - 2 (its wgmma finished in every warpgroup
-// before the barrier), decode chunk c's weight into one of two register sets while chunk
-// c - 1's wgmma runs, issue chunk c's eight k16 wgmma steps asynchronously, then wait for chunk
-// c - 1's. The decode thus overlaps the tensor cores' work of the previous chunk, and the two
-// register sets alternate (a set is rewritten only after the wgmma reading it completed).
+// every thread with cp.async. Each chunk is two halves of 64 elements, each half one wgmma group
+// of four k16 steps, and the halves take three register sets in turn: while half h's group
+// runs on the tensor cores (and half h + 1's is decoded and waiting), the warps decode half
+// h + 2 into the set that half h - 1 used, retired by the wait after issuing half h. So decode
+// and matrix work overlap inside every warpgroup, and no set is written while a wgmma reads it
+// (nor anything else a pending group reads: ptxas would serialize the groups). One CTA barrier
+// per chunk publishes its copies; a slot is refilled once the wgmma reading it has retired.
 //
 // The fp32 accumulators run the whole K (one order: deterministic), times weight_scale_2 * 2^8
 // (the decoded lanes are e2m1 * S * 2^-8), plus the bias, rounded once to bf16.
@@ -42,8 +43,10 @@ typedef unsigned long long u64;
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
 #endif
-#if STAGES < 3
-#error "STAGES must be >= 3 (two chunks are in use while the copies run ahead)"
+// How many chunks behind the current one a slot is refilled (see the main loop).
+#define LAG (WG == 1 ? 1 : 2)
+#if STAGES < LAG + 2
+#error "STAGES must be >= 3 with one warpgroup, >= 4 with more"
 #endif
 #if NTOK % (8 * WG) || NTOK > 256
 #error "NTOK must be a multiple of 8 * WG, at most 256"
@@ -148,27 +151,27 @@ nvfp4_wgmma(const u16* __restrict__ x, long long stride_xm, const u32* __restric
   const u32 wread = warp * 1024 + g * 64 + t * 4;
   const u32 cread = W_WORDS + warp * 128 + g * 8;
 
-  // Chunk j's weight into fragment registers: k16 step s = 2 grp + hh of the chunk takes
-  // register pairs (2hh, 2hh + 1) of the group's words as (a0, a2) for row g and (a1, a3)
-  // for row g + 8, scaled by block 2 grp + hh.
-  auto decode = [&](u32 (&a)[8][4], int j) {
+  // Half q (groups 2q, 2q + 1) of chunk j's weight into fragment registers: k16 step s of
+  // the half (group 2q + s / 2, hh = s % 2) takes register pairs (2hh, 2hh + 1) of the
+  // group's words as (a0, a2) for row g and (a1, a3) for row g + 8, scaled by block 4q + s.
+  auto decode = [&](u32 (&a)[4][4], int j, int q) {
     const u32 wb = ws + (j % STAGES) * W_STAGE;
-    const uint2 c0 = lds64(wb + cread);
-    const uint2 c1 = lds64(wb + cread + 64);
+    const u32 c0 = lds32(wb + cread + 4 * q);
+    const u32 c1 = lds32(wb + cread + 64 + 4 * q);
 #pragma unroll
-    for (int grp = 0; grp < 4; ++grp) {
-      const u32 off = wread + ((grp ^ swz) << 4);
+    for (int gi = 0; gi < 2; ++gi) {
+      const u32 off = wread + (((2 * q + gi) ^ swz) << 4);
       const u32 u0 = lds32(wb + off);
       const u32 u1 = lds32(wb + off + 512);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int b = 2 * grp + hh;
-        const u32 m0 = multiplier((b < 4 ? c0.x : c0.y) >> ((b & 3) * 8));
-        const u32 m1 = multiplier((b < 4 ? c1.x : c1.y) >> ((b & 3) * 8));
-        a[b][0] = scaled(lanes_of(u0, 2 * hh), m0);
-        a[b][1] = scaled(lanes_of(u1, 2 * hh), m1);
-        a[b][2] = scaled(lanes_of(u0, 2 * hh + 1), m0);
-        a[b][3] = scaled(lanes_of(u1, 2 * hh + 1), m1);
+        const int s = 2 * gi + hh;
+        const u32 m0 = multiplier(c0 >> (8 * s));
+        const u32 m1 = multiplier(c1 >> (8 * s));
+        a[s][0] = scaled(lanes_of(u0, 2 * hh), m0);
+        a[s][1] = scaled(lanes_of(u1, 2 * hh), m1);
+        a[s][2] = scaled(lanes_of(u0, 2 * hh + 1), m0);
+        a[s][3] = scaled(lanes_of(u1, 2 * hh + 1), m1);
       }
     }
   };
@@ -177,44 +180,73 @@ nvfp4_wgmma(const u16* __restrict__ x, long long stride_xm, const u32* __restric
 #pragma unroll
   for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.f;
 
-  // Chunk j's eight k16 steps: step s reads activation half s / 4 at byte 32 (s % 4).
-  auto issue = [&](u32 (&a)[8][4], int j) {
-    const u32 xb = xs + (j % STAGES) * X_STAGE;
-    u64 desc[8];
+  // Half q of chunk j as one wgmma group of four k16 steps: step s reads activation half q
+  // at byte 32 s. The operands are pinned before the fence so that nothing defining them is
+  // scheduled inside the group (ptxas would serialize it).
+  auto issue = [&](u32 (&a)[4][4], int j, int q) {
+    const u32 xb = xs + (j % STAGES) * X_STAGE + q * (NTOK * 128);
+    u64 desc[4];
 #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      desc[s] = operand_desc(xb + (s >> 2) * (NTOK * 128) + (s & 3) * 32);
+    for (int s = 0; s < 4; ++s) {
+      desc[s] = operand_desc(xb + s * 32);
       pin(desc[s]);
 #pragma unroll
       for (int r = 0; r < 4; ++r) pin(a[s][r]);
     }
     wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < 8; ++s) wgmma_k16(acc, a[s][0], a[s][1], a[s][2], a[s][3], desc[s]);
+    for (int s = 0; s < 4; ++s) wgmma_k16(acc, a[s][0], a[s][1], a[s][2], a[s][3], desc[s]);
     wgmma_commit();
   };
 
-  auto step = [&](u32 (&a)[8][4], int j) {
-    wait_groups<STAGES - 3>();   // this thread's copies of chunk j
+  // Until this thread's copies of chunk j + 1 have landed, then a CTA barrier: everyone's
+  // copies of it are visible (also to the async proxy) and every warp is done with step j - 1.
+  auto arrived = [&]() {
+    wait_groups<STAGES - LAG - 2>();
     fence_async_shared();
-    __syncthreads();             // everyone's copies of chunk j; chunk j - 2's wgmma done
-    if (j + STAGES - 2 < chunks) fetch(j + STAGES - 2);
-    commit();
-    decode(a, j);
-    issue(a, j);
-    wgmma_wait<0>();
+    __syncthreads();
   };
 
 #pragma unroll
-  for (int d = 0; d < STAGES - 2; ++d) {
+  for (int d = 0; d < STAGES - LAG; ++d) {
     if (d < chunks) fetch(d);
     commit();
   }
-  u32 a0[8][4];
-  u32 a1[8][4];
-  for (int j = 0; j < chunks; j += 2) {
-    step(a0, j);
-    if (j + 1 < chunks) step(a1, j + 1);
+  // Three register sets for the halves h = 2j + q in turn (set h % 3): half h + 2 is decoded
+  // while half h's wgmma runs and half h + 1's waits its turn, into the set whose wgmma
+  // (half h - 1) the wait after issuing half h retired.
+  u32 r0[4][4];
+  u32 r1[4][4];
+  u32 r2[4][4];
+  wait_groups<STAGES - LAG - 1>();   // chunk 0
+  fence_async_shared();
+  __syncthreads();
+  decode(r0, 0, 0);
+  decode(r1, 0, 1);
+  // Step j: chunk j's halves in sets (a, b), chunk j + 1's decoded into (c, a), and chunk
+  // j + STAGES - LAG copied into the slot of chunk j - LAG, which no wgmma reads any more:
+  // with one warpgroup, chunk j - 1 is retired by the first wait of the step; with more,
+  // the barrier only guarantees that for chunk j - 2 (every warpgroup retired it in step
+  // j - 1), so the copies run one chunk less ahead.
+  auto refill = [&](int j) {
+    if (j + STAGES - LAG < chunks) fetch(j + STAGES - LAG);
+    commit();
+  };
+  auto step = [&](u32 (&a)[4][4], u32 (&b)[4][4], u32 (&c)[4][4], int j) {
+    arrived();
+    if (LAG == 2) refill(j);
+    issue(a, j, 0);
+    wgmma_wait<1>();
+    if (LAG == 1) refill(j);
+    if (j + 1 < chunks) decode(c, j + 1, 0);
+    issue(b, j, 1);
+    wgmma_wait<1>();
+    if (j + 1 < chunks) decode(a, j + 1, 1);
+  };
+  for (int j = 0; j < chunks; j += 3) {
+    step(r0, r1, r2, j);
+    if (j + 1 < chunks) step(r2, r0, r1, j + 1);
+    if (j + 2 < chunks) step(r1, r2, r0, j + 2);
   }
   wgmma_wait<0>();
 #pragma unroll
