@@ -32,8 +32,9 @@ from typing import Any
 
 from kernelbay.cache import cache_dir as _cache_root
 
-__all__ = ["HEADERS", "CudaJitError", "Kernel", "cache_dir", "compile_cubin", "find_nvrtc",
-           "headers", "load_kernel", "nvrtc_available"]
+__all__ = ["HEADERS", "TENSOR_MAP_DTYPES", "CudaJitError", "Kernel", "cache_dir",
+           "compile_cubin", "find_nvrtc", "headers", "load_kernel", "nvrtc_available",
+           "tensor_map_2d"]
 
 #: The headers every compile can include, by include name, and their files in this package.
 HEADERS = {"kernelbay/ptx.cuh": "ptx.cuh"}
@@ -256,6 +257,56 @@ class Kernel:
             _cu_check(lib, lib.cuLaunchKernel(self.function, *grid, *block, shared_bytes,
                                               ctypes.c_void_p(stream), params, None),
                       "cuLaunchKernel")
+
+
+#: Element types of ``tensor_map_2d`` and their CUtensorMapDataType codes.
+TENSOR_MAP_DTYPES = {"uint8": 0, "uint16": 1, "uint32": 2, "int32": 3, "float16": 6,
+                     "float32": 7, "bfloat16": 9}
+_ELEMENT_BYTES = {"uint8": 1, "uint16": 2, "uint32": 4, "int32": 4, "float16": 2,
+                  "float32": 4, "bfloat16": 2}
+#: Shared-memory swizzle spans (bytes) and their CUtensorMapSwizzle codes.
+_SWIZZLES = {0: 0, 32: 1, 64: 2, 128: 3}
+
+
+def tensor_map_2d(address: int, dtype: str, rows: int, cols: int, row_stride_bytes: int,
+                  box_rows: int, box_cols: int, swizzle: int = 128) -> ctypes.Array[Any]:
+    """The TMA descriptor (CUtensorMap, 128 bytes) of a row-major 2-D tensor at device
+    ``address`` whose boxes of ``box_rows`` x ``box_cols`` elements a kernel copies into
+    shared memory (``bulk_tensor_2d`` of ``kernelbay/ptx.cuh``), swizzled over ``swizzle``
+    bytes (0, 32, 64, 128); elements outside ``rows`` x ``cols`` arrive as zeros. Pass it to
+    ``Kernel.launch`` for a ``const __grid_constant__`` 128-byte, 64-byte aligned parameter.
+    It holds ``address``: encode one per tensor (a host-side call, no GPU work).
+    ``ValueError`` names what the hardware would reject."""
+    if dtype not in TENSOR_MAP_DTYPES:
+        raise ValueError(f"tensor_map_2d: dtype {dtype!r}; valid: {sorted(TENSOR_MAP_DTYPES)}")
+    if swizzle not in _SWIZZLES:
+        raise ValueError(f"tensor_map_2d: swizzle {swizzle}; valid: {sorted(_SWIZZLES)}")
+    size = _ELEMENT_BYTES[dtype]
+    checks = [
+        (address % 16 == 0, f"address {address:#x} must be 16-byte aligned"),
+        (rows >= 1 and cols >= 1, f"shape {rows} x {cols} must be positive"),
+        (row_stride_bytes % 16 == 0 and row_stride_bytes >= cols * size,
+         f"row stride of {row_stride_bytes} bytes must be a multiple of 16 and hold a row "
+         f"of {cols * size} bytes"),
+        (1 <= box_rows <= 256 and 1 <= box_cols <= 256,
+         f"box {box_rows} x {box_cols} must be 1..256 per side"),
+        ((box_cols * size) % 16 == 0, f"a box row of {box_cols * size} bytes must be a "
+         "multiple of 16"),
+        (swizzle == 0 or box_cols * size <= swizzle,
+         f"a box row of {box_cols * size} bytes must fit the {swizzle}-byte swizzle"),
+    ]
+    for ok, why in checks:
+        if not ok:
+            raise ValueError(f"tensor_map_2d: {why}")
+    u64 = ctypes.c_uint64
+    u32 = ctypes.c_uint32
+    tensor_map = (u64 * 16)()
+    lib = _cuda()
+    _cu_check(lib, lib.cuTensorMapEncodeTiled(
+        ctypes.byref(tensor_map), TENSOR_MAP_DTYPES[dtype], 2, ctypes.c_void_p(address),
+        (u64 * 2)(cols, rows), (u64 * 1)(row_stride_bytes), (u32 * 2)(box_cols, box_rows),
+        (u32 * 2)(1, 1), 0, _SWIZZLES[swizzle], 2, 0), "cuTensorMapEncodeTiled")
+    return tensor_map
 
 
 _LOADED: dict[tuple[int, bytes, str], Kernel] = {}

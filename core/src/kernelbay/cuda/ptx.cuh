@@ -61,6 +61,23 @@ __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u
                "[%3];" :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
+// Box (c0, c1) of a 2-D tensor map (its innermost coordinate first; a ``const
+// __grid_constant__`` kernel parameter, passed by generic address) into this CTA's shared
+// memory, laid out and swizzled as the map says, completing on ``bar``. Elements outside the
+// tensor arrive as zeros (and count toward the expected bytes).
+__device__ __forceinline__ void bulk_tensor_2d(u32 dst, const void* map, int c0, int c1,
+                                               u32 bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+               "[%0], [%1, {%2, %3}], [%4];" :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar)
+               : "memory");
+}
+
+// Makes this thread's mbarrier initializations visible to the async proxy (bulk copies
+// completing on them); a CTA barrier then publishes them to the other threads.
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
 // --- shared-memory loads and stores ---
 
 __device__ __forceinline__ u32 lds32(u32 addr) {

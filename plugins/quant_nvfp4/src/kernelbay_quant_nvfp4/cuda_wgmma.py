@@ -56,18 +56,18 @@ class WgmmaConfig:
         if self.ntok % (8 * self.wg) or not 8 <= self.ntok <= 256:
             raise ValueError(f"nvfp4 wgmma: ntok={self.ntok}; valid: a multiple of "
                              f"8 * wg = {8 * self.wg} from 8 to 256")
-        if self.stages < (3 if self.wg == 1 else 4):
-            raise ValueError(f"nvfp4 wgmma: stages={self.stages}; valid: >= 3 with one "
-                             "warpgroup, >= 4 with more")
+        if self.stages < 3:
+            raise ValueError(f"nvfp4 wgmma: stages={self.stages}; valid: >= 3")
         if shared_bytes(self) > 227 * 1024:
             raise ValueError(f"nvfp4 wgmma: {self.name} needs {shared_bytes(self)} bytes of "
                              "shared memory; at most 232448 on sm_90")
 
 
 def shared_bytes(config: WgmmaConfig) -> int:
-    """Dynamic shared memory of one CTA: per stage the activations (``ntok`` x 256 bytes) and
-    the CTA's words and codes (1152 bytes per 16-row tile), plus 1 KB to align the swizzle."""
-    return config.stages * (config.ntok * 256 + config.wg * 4 * 1152) + 1024
+    """Dynamic shared memory of one CTA: per stage the activations (``ntok`` x 256 bytes), the
+    CTA's words and codes (1152 bytes per 16-row tile) and two mbarriers, plus 1 KB to align
+    the swizzle."""
+    return config.stages * (config.ntok * 256 + config.wg * 4 * 1152 + 16) + 1024
 
 
 def config_for_m(m: int, n: int = 0, k: int = 0, sms: int = 132) -> WgmmaConfig:
@@ -192,6 +192,7 @@ def launch_wgmma(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
                  config: WgmmaConfig) -> torch.Tensor:
     """``nvfp4_wgmma_cuda`` for operands already checked by ``wgmma_unsupported``."""
     import torch
+    from kernelbay.cuda_jit import tensor_map_2d
 
     m, k = x2.shape
     n = words.shape[0] * 16
@@ -204,8 +205,9 @@ def launch_wgmma(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     device = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
     kernel = wgmma_kernel(config, device)
     grid = (-(-m // config.ntok), -(-n // (64 * config.wg)), 1)
-    args = [ctypes.c_void_p(x2.data_ptr()), ctypes.c_longlong(x2.stride(0)),
-            ctypes.c_void_p(words.data_ptr()), ctypes.c_void_p(codes.data_ptr()),
+    # The activations' TMA map: boxes of 64 elements (one 128-byte swizzle span) x ntok rows.
+    xmap = tensor_map_2d(x2.data_ptr(), "bfloat16", m, k, x2.stride(0) * 2, config.ntok, 64)
+    args = [xmap, ctypes.c_void_p(words.data_ptr()), ctypes.c_void_p(codes.data_ptr()),
             ctypes.c_void_p(scale.data_ptr()),
             ctypes.c_void_p(bias.data_ptr() if bias is not None else 0),
             ctypes.c_void_p(out.data_ptr()), ctypes.c_longlong(out.stride(0)),

@@ -15,15 +15,19 @@
 // between threads.
 //
 // A CTA owns WG x 64 weight rows (warp w decodes 16-row tile w) and NTOK tokens, and walks K
-// in 128-element chunks through a ring of STAGES shared-memory slots (per chunk: the NTOK x 128
-// activations, 128-byte swizzled as wgmma reads them, and the CTA's words and codes), filled by
-// every thread with cp.async. Each chunk is two halves of 64 elements, each half one wgmma group
-// of four k16 steps, and the halves take three register sets in turn: while half h's group
-// runs on the tensor cores (and half h + 1's is decoded and waiting), the warps decode half
-// h + 2 into the set that half h - 1 used, retired by the wait after issuing half h. So decode
-// and matrix work overlap inside every warpgroup, and no set is written while a wgmma reads it
-// (nor anything else a pending group reads: ptxas would serialize the groups). One CTA barrier
-// per chunk publishes its copies; a slot is refilled once the wgmma reading it has retired.
+// in 128-element chunks through a ring of STAGES shared-memory slots. The activations of a
+// chunk come by two bulk tensor copies (TMA, the map built by the host: 64 elements x NTOK
+// rows each, 128-byte swizzled as wgmma reads them, rows past M zero-filled), issued by one
+// thread and completing on the slot's "full" mbarrier; each warp copies its own tile's words
+// and codes by cp.async and reads them alone (no CTA barrier in the loop). Each chunk is two
+// halves of 64 elements, each half one wgmma group of four k16 steps, and the halves take three
+// register sets in turn: while half h's group runs on the tensor cores (and half h + 1's is
+// decoded and waiting), the warps decode half h + 2 into the set that half h - 1 used, retired
+// by the wait after issuing half h. So decode and matrix work overlap inside every warpgroup,
+// and no set is written while a wgmma reads it (nor anything else a pending group reads:
+// ptxas would serialize the groups). A warp that retired a chunk arrives on the slot's "empty"
+// mbarrier; the copying thread refills a slot once every warp has (two chunks behind, so a
+// slow warpgroup rarely holds it up).
 //
 // The fp32 accumulators run the whole K (one order: deterministic), times weight_scale_2 * 2^8
 // (the decoded lanes are e2m1 * S * 2^-8), plus the bias, rounded once to bf16.
@@ -43,10 +47,8 @@ typedef unsigned long long u64;
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
 #endif
-// How many chunks behind the current one a slot is refilled (see the main loop).
-#define LAG (WG == 1 ? 1 : 2)
-#if STAGES < LAG + 2
-#error "STAGES must be >= 3 with one warpgroup, >= 4 with more"
+#if STAGES < 3
+#error "STAGES must be >= 3 (the activations are refilled two chunks behind)"
 #endif
 #if NTOK % (8 * WG) || NTOK > 256
 #error "NTOK must be a multiple of 8 * WG, at most 256"
@@ -67,10 +69,6 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
 }
-// cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy.
-__device__ __forceinline__ void fence_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
 // Keep the compiler from moving an accumulator's use across a wgmma wait, or an operand's
 // computation past the fence that opens a wgmma group (ptxas then serializes the group).
 __device__ __forceinline__ void pin(float& v) { asm volatile("" : "+f"(v) :: "memory"); }
@@ -84,8 +82,11 @@ __device__ __forceinline__ u64 operand_desc(u32 addr) {
          ((u64)1 << 62);
 }
 
+// A CUtensorMap (kernelbay.cuda_jit.tensor_map_2d).
+struct __align__(64) TensorMap { u64 bits[16]; };
+
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
-nvfp4_wgmma(const u16* __restrict__ x, long long stride_xm, const u32* __restrict__ words,
+nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ words,
             const unsigned char* __restrict__ codes, const float* __restrict__ global_scale,
             const u16* __restrict__ bias, u16* __restrict__ out, long long stride_om,
             int M, int N, int K) {
@@ -106,16 +107,28 @@ nvfp4_wgmma(const u16* __restrict__ x, long long stride_xm, const u32* __restric
   const u32 base = ((u32)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
   const u32 xs = base;                          // STAGES x X_STAGE
   const u32 ws = base + STAGES * X_STAGE;       // STAGES x W_STAGE
+  const u32 full = ws + STAGES * W_STAGE;       // STAGES mbarriers: a slot's activations landed
+  const u32 empty = full + STAGES * 8;          // STAGES mbarriers: every warp retired the slot
 
-  // Copies. Activations: thread tid copies 16-byte piece xc of token rows xn, xn + THREADS/16,
-  // ... (consecutive threads, consecutive bytes of a row); piece xc = 8 * half + q lands in
-  // half `half` at row * 128 + ((q ^ row % 8) * 16), the 128-byte swizzle. Token rows past M
-  // are zero-filled (their columns are never stored).
-  constexpr int XSTEP = THREADS / 16;
-  const int xn = tid >> 4;
-  const int xc = tid & 15;
-  const u32 xdst = (xc >> 3) * (NTOK * 128) + xn * 128 + (((xc & 7) ^ (xn & 7)) << 4);
-  const u16* xsrc = x + (long long)min(tok0 + xn, M - 1) * stride_xm + xc * 8;
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full + s * 8, 1);
+      mbar_init(empty + s * 8, WG * 4);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  // Chunk j's activations into slot j % STAGES (thread 0).
+  auto load_x = [&](int j) {
+    const int slot = j % STAGES;
+    const u32 bar = full + slot * 8;
+    mbar_expect(bar, X_STAGE);
+    bulk_tensor_2d(xs + slot * X_STAGE, &xmap, j * 128, tok0, bar);
+    bulk_tensor_2d(xs + slot * X_STAGE + NTOK * 128, &xmap, j * 128 + 64, tok0, bar);
+  };
+
   // Weight: each warp copies its own tile's chunk (1 KB of words: 16-byte pieces lane and
   // lane + 32; 128 code bytes: lanes 0-7). Piece u = 32h + 4r + grp (row r of half h, group
   // grp) goes to 32h + 4r + (grp ^ (r / 2 % 4)), so that the eight rows' reads of one group
@@ -130,19 +143,14 @@ nvfp4_wgmma(const u16* __restrict__ x, long long stride_xm, const u32* __restric
   const u32* wsrc = words + tile * chunks * 256 + lane * 4;
   const unsigned char* csrc = codes + tile * chunks * 128 + lane * 16;
 
-  auto fetch = [&](int j) {   // chunk j into slot j % STAGES
-    const int slot = j % STAGES;
-    const u32 xb = xs + slot * X_STAGE + xdst;
-#pragma unroll
-    for (int p = 0; p < NTOK / XSTEP; ++p) {
-      const u16* src = xsrc + (long long)p * XSTEP * stride_xm + j * 128;
-      if (tok0 + xn + p * XSTEP < M) copy16(xb + p * XSTEP * 128, src);
-      else copy16_fill(xb + p * XSTEP * 128, x, 0);
+  auto fetch_w = [&](int j) {   // chunk j's weight into slot j % STAGES, then commit
+    if (j < chunks) {
+      const u32 wb = ws + (j % STAGES) * W_STAGE;
+      copy16(wb + wdst[0], wsrc + j * 256);
+      copy16(wb + wdst[1], wsrc + j * 256 + 128);
+      if (lane < 8) copy16(wb + W_WORDS + warp * 128 + lane * 16, csrc + j * 128);
     }
-    const u32 wb = ws + slot * W_STAGE;
-    copy16(wb + wdst[0], wsrc + j * 256);
-    copy16(wb + wdst[1], wsrc + j * 256 + 128);
-    if (lane < 8) copy16(wb + W_WORDS + warp * 128 + lane * 16, csrc + j * 128);
+    commit();
   };
 
   // This thread's reads in a weight slot: word t of piece (32h + 4g + (grp ^ swz)), and the
@@ -199,45 +207,41 @@ nvfp4_wgmma(const u16* __restrict__ x, long long stride_xm, const u32* __restric
     wgmma_commit();
   };
 
-  // Until this thread's copies of chunk j + 1 have landed, then a CTA barrier: everyone's
-  // copies of it are visible (also to the async proxy) and every warp is done with step j - 1.
-  auto arrived = [&]() {
-    wait_groups<STAGES - LAG - 2>();
-    fence_async_shared();
-    __syncthreads();
+  // Until this warp's copies of chunk j + 1's weight have landed (committed: chunks up to
+  // j + STAGES).
+  auto weights_landed = [&]() {
+    wait_groups<STAGES - 1>();
+    __syncwarp();
   };
 
-#pragma unroll
-  for (int d = 0; d < STAGES - LAG; ++d) {
-    if (d < chunks) fetch(d);
-    commit();
+  if (tid == 0) {
+    for (int j = 0; j < STAGES && j < chunks; ++j) load_x(j);
   }
-  // Three register sets for the halves h = 2j + q in turn (set h % 3): half h + 2 is decoded
-  // while half h's wgmma runs and half h + 1's waits its turn, into the set whose wgmma
-  // (half h - 1) the wait after issuing half h retired.
+#pragma unroll
+  for (int j = 0; j < STAGES; ++j) fetch_w(j);
+  // Three register sets for the halves h = 2j + q in turn (set h % 3).
   u32 r0[4][4];
   u32 r1[4][4];
   u32 r2[4][4];
-  wait_groups<STAGES - LAG - 1>();   // chunk 0
-  fence_async_shared();
-  __syncthreads();
+  wait_groups<STAGES - 1>();   // chunk 0
+  __syncwarp();
   decode(r0, 0, 0);
   decode(r1, 0, 1);
-  // Step j: chunk j's halves in sets (a, b), chunk j + 1's decoded into (c, a), and chunk
-  // j + STAGES - LAG copied into the slot of chunk j - LAG, which no wgmma reads any more:
-  // with one warpgroup, chunk j - 1 is retired by the first wait of the step; with more,
-  // the barrier only guarantees that for chunk j - 2 (every warpgroup retired it in step
-  // j - 1), so the copies run one chunk less ahead.
-  auto refill = [&](int j) {
-    if (j + STAGES - LAG < chunks) fetch(j + STAGES - LAG);
-    commit();
-  };
+  // Step j: chunk j's halves in sets (a, b), chunk j + 1's decoded into (c, a). Chunk j's
+  // weight slot is free (decoded in step j - 1): chunk j + STAGES's weight goes there. After
+  // the first wait chunk j - 1 is retired: this warp releases its slot, and thread 0 refills
+  // the slot of chunk j - 2 (released by every warp in step j - 1, unless one lags behind).
   auto step = [&](u32 (&a)[4][4], u32 (&b)[4][4], u32 (&c)[4][4], int j) {
-    arrived();
-    if (LAG == 2) refill(j);
+    fetch_w(j + STAGES);
+    weights_landed();
+    mbar_wait(full + (j % STAGES) * 8, (j / STAGES) & 1);
     issue(a, j, 0);
     wgmma_wait<1>();
-    if (LAG == 1) refill(j);
+    if (j >= 1 && lane == 0) mbar_arrive(empty + ((j - 1) % STAGES) * 8);
+    if (tid == 0 && j >= 2 && j - 2 + STAGES < chunks) {
+      mbar_wait(empty + ((j - 2) % STAGES) * 8, ((j - 2) / STAGES) & 1);
+      load_x(j - 2 + STAGES);
+    }
     if (j + 1 < chunks) decode(c, j + 1, 0);
     issue(b, j, 1);
     wgmma_wait<1>();
