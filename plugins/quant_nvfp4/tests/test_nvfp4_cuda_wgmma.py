@@ -27,7 +27,7 @@ from kernelbay_quant_nvfp4.triton_configs import CANDIDATES
 from nvfp4_triton_helpers import check_close, edge_scales, every_code_and_scale, nvfp4_weights
 
 BUILDS = [WgmmaConfig(1, 64, 4, 2), WgmmaConfig(2, 128, 4, 1), WgmmaConfig(1, 256, 3, 1),
-          WgmmaConfig(2, 64, 4, 1), WgmmaConfig(1, 16, 6, 3)]
+          WgmmaConfig(2, 128, 2, 1, 2), WgmmaConfig(1, 16, 6, 3, 2), WgmmaConfig(4, 32, 3, 1)]
 
 
 def _on_sm90() -> bool:
@@ -62,10 +62,10 @@ def test_builds_are_checked_and_fit() -> None:
     """Impossible builds name the field; the defaults fit their CTAs per SM in 227 KB."""
     with pytest.raises(ValueError, match="ntok=24"):
         WgmmaConfig(2, 24).check()
-    with pytest.raises(ValueError, match="stages=2"):
-        WgmmaConfig(1, 64, 2).check()
-    with pytest.raises(ValueError, match="stages=2"):
-        WgmmaConfig(2, 64, 2).check()
+    with pytest.raises(ValueError, match="stages=1"):
+        WgmmaConfig(1, 64, 1).check()
+    with pytest.raises(ValueError, match="depth=3"):
+        WgmmaConfig(1, 64, 4, 1, 3).check()
     with pytest.raises(ValueError, match="shared memory"):
         WgmmaConfig(2, 256, 5).check()
     for m in (17, 32, 64, 65, 128, 256, 1000):

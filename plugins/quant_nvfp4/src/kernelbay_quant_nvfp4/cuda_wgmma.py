@@ -44,10 +44,17 @@ class WgmmaConfig:
     ntok: int = 128
     stages: int = 4
     min_blocks: int = 1
+    #: wgmma groups (of 64 K elements) a warpgroup keeps running while it decodes the next.
+    depth: int = 1
 
     @property
     def name(self) -> str:
-        return f"cw-g{self.wg}n{self.ntok}s{self.stages}b{self.min_blocks}"
+        return f"cw-g{self.wg}n{self.ntok}s{self.stages}b{self.min_blocks}d{self.depth}"
+
+    @property
+    def threads(self) -> int:
+        """The CTA: ``wg`` warpgroups."""
+        return 128 * self.wg
 
     def check(self) -> None:
         """``ValueError`` naming the field when the build cannot exist."""
@@ -56,8 +63,10 @@ class WgmmaConfig:
         if self.ntok % (8 * self.wg) or not 8 <= self.ntok <= 256:
             raise ValueError(f"nvfp4 wgmma: ntok={self.ntok}; valid: a multiple of "
                              f"8 * wg = {8 * self.wg} from 8 to 256")
-        if self.stages < 3:
-            raise ValueError(f"nvfp4 wgmma: stages={self.stages}; valid: >= 3")
+        if self.stages < 2:
+            raise ValueError(f"nvfp4 wgmma: stages={self.stages}; valid: >= 2")
+        if self.depth not in (1, 2):
+            raise ValueError(f"nvfp4 wgmma: depth={self.depth}; valid: 1, 2")
         if shared_bytes(self) > 227 * 1024:
             raise ValueError(f"nvfp4 wgmma: {self.name} needs {shared_bytes(self)} bytes of "
                              "shared memory; at most 232448 on sm_90")
@@ -112,7 +121,7 @@ def source(config: WgmmaConfig) -> str:
 def build_options(config: WgmmaConfig) -> list[str]:
     """The NVRTC options (macros) of a build."""
     return [f"-DWG={config.wg}", f"-DNTOK={config.ntok}", f"-DSTAGES={config.stages}",
-            f"-DMIN_BLOCKS={config.min_blocks}"]
+            f"-DMIN_BLOCKS={config.min_blocks}", f"-DDEPTH={config.depth}"]
 
 
 @functools.cache
@@ -212,6 +221,6 @@ def launch_wgmma(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
             ctypes.c_void_p(bias.data_ptr() if bias is not None else 0),
             ctypes.c_void_p(out.data_ptr()), ctypes.c_longlong(out.stride(0)),
             ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k)]
-    kernel.launch(grid, (128 * config.wg, 1, 1), args,
+    kernel.launch(grid, (config.threads, 1, 1), args,
                   torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config))
     return out
