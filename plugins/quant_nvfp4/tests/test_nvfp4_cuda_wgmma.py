@@ -27,7 +27,10 @@ from kernelbay_quant_nvfp4.triton_configs import CANDIDATES
 from nvfp4_triton_helpers import check_close, edge_scales, every_code_and_scale, nvfp4_weights
 
 BUILDS = [WgmmaConfig(1, 64, 4, 2), WgmmaConfig(2, 128, 4, 1), WgmmaConfig(1, 256, 3, 1),
-          WgmmaConfig(2, 128, 2, 1, 2), WgmmaConfig(1, 16, 6, 3, 2), WgmmaConfig(4, 32, 3, 1)]
+          WgmmaConfig(2, 128, 2, 1, 2), WgmmaConfig(1, 16, 6, 3, 2), WgmmaConfig(4, 32, 3, 1),
+          WgmmaConfig(2, 128, 3, 1, 2), WgmmaConfig(2, 128, 4, 1, 2),
+          WgmmaConfig(1, 128, 2, 1, 1), WgmmaConfig(2, 128, 2, 1, 1),
+          WgmmaConfig(2, 128, 2, 1, 2, True), WgmmaConfig(2, 128, 4, 1, 1, True)]
 
 
 def _on_sm90() -> bool:

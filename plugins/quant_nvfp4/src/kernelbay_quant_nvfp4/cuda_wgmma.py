@@ -46,10 +46,14 @@ class WgmmaConfig:
     min_blocks: int = 1
     #: wgmma groups (of 64 K elements) a warpgroup keeps running while it decodes the next.
     depth: int = 1
+    #: Refill activation slots as soon as they come free (else: chunk c - 1's slot when this
+    #: thread's warpgroup retires chunk c, waiting for the other warpgroups if needed).
+    eager: bool = False
 
     @property
     def name(self) -> str:
-        return f"cw-g{self.wg}n{self.ntok}s{self.stages}b{self.min_blocks}d{self.depth}"
+        return (f"cw-g{self.wg}n{self.ntok}s{self.stages}b{self.min_blocks}d{self.depth}"
+                + ("e" if self.eager else ""))
 
     @property
     def threads(self) -> int:
@@ -121,7 +125,8 @@ def source(config: WgmmaConfig) -> str:
 def build_options(config: WgmmaConfig) -> list[str]:
     """The NVRTC options (macros) of a build."""
     return [f"-DWG={config.wg}", f"-DNTOK={config.ntok}", f"-DSTAGES={config.stages}",
-            f"-DMIN_BLOCKS={config.min_blocks}", f"-DDEPTH={config.depth}"]
+            f"-DMIN_BLOCKS={config.min_blocks}", f"-DDEPTH={config.depth}",
+            f"-DEAGER={int(config.eager)}"]
 
 
 @functools.cache

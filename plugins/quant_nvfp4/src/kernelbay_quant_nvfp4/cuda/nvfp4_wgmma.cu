@@ -50,6 +50,9 @@ typedef unsigned long long u64;
 #ifndef DEPTH
 #define DEPTH 1
 #endif
+#ifndef EAGER
+#define EAGER 0
+#endif
 #if STAGES < 2
 #error "STAGES must be >= 2"
 #endif
@@ -278,8 +281,16 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
         issue(sets[u % SETS], h);
         wgmma_wait<DEPTH>();
         if ((u - DEPTH) & 1 && h >= DEPTH) {   // half h - DEPTH retired: a chunk's second
-          if (lane == 0) mbar_arrive(empty + (((h - DEPTH) >> 1) % STAGES) * 8);
-          if (tid == 0) try_load();
+          const int c = (h - DEPTH) >> 1;
+          if (lane == 0) mbar_arrive(empty + (c % STAGES) * 8);
+          if (tid == 0) {
+            if (EAGER) {
+              try_load();
+            } else if (c >= 1 && next_load == c - 1 + STAGES && next_load < chunks) {
+              released(true);
+              load();
+            }
+          }
         }
         if (h + LEAD < halves) decode(sets[(u + LEAD) % SETS], h + LEAD);
       }
