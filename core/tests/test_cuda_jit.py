@@ -65,3 +65,26 @@ def test_sources_include_the_core_header_which_is_part_of_the_key(
     assert len(os.listdir(tmp_path / "cuda")) == 2
     with pytest.raises(CudaJitError, match=r"missing\.cuh"):
         compile_cubin('#include "kernelbay/missing.cuh"\n', "probe", "sm_80")
+
+
+def test_tensor_map_rejects_what_the_hardware_would() -> None:
+    """``tensor_map_2d`` names the bad value before calling the driver: the element type and
+    swizzle (with the valid sets), alignment, the row stride, the box size and swizzle fit."""
+    from kernelbay.cuda_jit import tensor_map_2d
+
+    def reason(**kwargs: Any) -> str:
+        args: dict[str, Any] = {"address": 4096, "dtype": "bfloat16", "rows": 64, "cols": 256,
+                                "row_stride_bytes": 512, "box_rows": 64, "box_cols": 64}
+        args.update(kwargs)
+        with pytest.raises(ValueError) as info:
+            tensor_map_2d(**args)
+        return str(info.value)
+
+    assert "dtype 'bf16'; valid: [" in reason(dtype="bf16")
+    assert "swizzle 96; valid: [0, 32, 64, 128]" in reason(swizzle=96)
+    assert "0x1008 must be 16-byte aligned" in reason(address=4104)
+    assert "row stride of 520 bytes" in reason(row_stride_bytes=520)
+    assert "row stride of 256 bytes" in reason(row_stride_bytes=256)
+    assert "box 64 x 512" in reason(box_cols=512)
+    assert "fit the 128-byte swizzle" in reason(box_cols=128)
+    assert "multiple of 16" in reason(box_cols=4)

@@ -18,6 +18,7 @@ from kernelbay_quant_nvfp4.cuda_wgmma import (
     config_for_m,
     mma_source,
     nvfp4_wgmma_cuda,
+    prefers,
     shared_bytes,
     source,
     wgmma_unsupported,
@@ -27,10 +28,7 @@ from kernelbay_quant_nvfp4.triton_configs import CANDIDATES
 from nvfp4_triton_helpers import check_close, edge_scales, every_code_and_scale, nvfp4_weights
 
 BUILDS = [WgmmaConfig(1, 64, 4, 2), WgmmaConfig(2, 128, 4, 1), WgmmaConfig(1, 256, 3, 1),
-          WgmmaConfig(2, 128, 2, 1, 2), WgmmaConfig(1, 16, 6, 3, 2), WgmmaConfig(4, 32, 3, 1),
-          WgmmaConfig(2, 128, 3, 1, 2), WgmmaConfig(2, 128, 4, 1, 2),
-          WgmmaConfig(1, 128, 2, 1, 1), WgmmaConfig(2, 128, 2, 1, 1),
-          WgmmaConfig(2, 128, 2, 1, 2, True), WgmmaConfig(2, 128, 4, 1, 1, True)]
+          WgmmaConfig(2, 64, 4, 1), WgmmaConfig(1, 16, 6, 3), WgmmaConfig(4, 32, 3, 1)]
 
 
 def _on_sm90() -> bool:
@@ -65,10 +63,8 @@ def test_builds_are_checked_and_fit() -> None:
     """Impossible builds name the field; the defaults fit their CTAs per SM in 227 KB."""
     with pytest.raises(ValueError, match="ntok=24"):
         WgmmaConfig(2, 24).check()
-    with pytest.raises(ValueError, match="stages=1"):
-        WgmmaConfig(1, 64, 1).check()
-    with pytest.raises(ValueError, match="depth=3"):
-        WgmmaConfig(1, 64, 4, 1, 3).check()
+    with pytest.raises(ValueError, match="stages=2"):
+        WgmmaConfig(1, 64, 2).check()
     with pytest.raises(ValueError, match="shared memory"):
         WgmmaConfig(2, 256, 5).check()
     for m in (17, 32, 64, 65, 128, 256, 1000):
@@ -77,6 +73,15 @@ def test_builds_are_checked_and_fit() -> None:
             config.check()
             assert config.min_blocks * shared_bytes(config) <= 227 * 1024
             assert config.ntok >= min(m, 128)
+
+
+def test_default_build_only_where_its_grid_fills_the_gpu() -> None:
+    """No split K: the default build serves a batch above 64 only when its 128 x 128 CTAs
+    number at least 90% of the SMs (M = 256 at N = 8192 on 132 SMs: 128 CTAs; M = 128 at
+    N = 8192: 64, left to the Triton kernel)."""
+    assert prefers(256, 8192, 132) and prefers(128, 28672, 132)
+    assert not prefers(128, 8192, 132) and not prefers(64, 28672, 132)
+    assert not prefers(1000, 128, 132)
 
 
 def test_mma_wrapper_names_every_accumulator() -> None:
@@ -183,7 +188,8 @@ def test_a_build_failure_falls_back_to_triton(monkeypatch: pytest.MonkeyPatch) -
     words, codes = _stored(tensors)
     x = torch.randn(40, 256).bfloat16()
     with pytest.warns(RuntimeWarning, match="wgmma GEMM is off on cuda:0.*unknown option"):
-        got = linear_triton._run_wgmma(KernelConfig("cw-default", "cuda-wgmma"), x, words,
+        got = linear_triton._run_wgmma(KernelConfig("cw-x", "cuda-wgmma",
+                                                    wgmma=WgmmaConfig()), x, words,
                                        codes, tensors["weight_scale_2"], None)
     assert got is None
     assert "unknown option" in str(cuda_wgmma.broken_reason(0))

@@ -143,7 +143,8 @@ def test_tiles_layout_round_trips_and_rejects_partial_tiles() -> None:
 
 def test_explain_note_names_the_kernel_per_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     """``nvfp4-triton``'s accept note lists the kernels by batch size for the layer's table,
-    with the CUDA GEMV only where it can be built and the reason it cannot otherwise."""
+    with the CUDA GEMV and the wgmma GEMM only where they can be built and the reason they
+    cannot otherwise."""
     from kernelbay import cuda_jit
     from kernelbay.device import parse_device
     from kernelbay.requests import LinearRequest
@@ -162,13 +163,20 @@ def test_explain_note_names_the_kernel_per_batch(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(cuda_jit, "find_nvrtc", lambda: "/lib/libnvrtc.so")
     assert note(4096, 4096) == ("kernels by batch (tiles layout): M <= 8: CUDA GEMV "
                                 "(ct-default, NVRTC), M <= 16: pt-16x64x256-p3, M <= 64: "
-                                "pt-64x128x128-w8, larger M: pt-128x128x128-w8")
+                                "pt-64x128x128-w8, larger M: CUDA wgmma GEMM (cw-default, "
+                                "NVRTC, sm_90a) where its grid fills the GPU, else "
+                                "pt-128x128x128-w8")
     assert "M <= 8: pt-16x64x256-p3 (the CUDA GEMV: float16 activations)" in \
         note(4096, 4096, "float16")
+    assert "larger M: pt-128x128x128-w8 (the CUDA wgmma GEMM: float16 activations)" in \
+        note(4096, 4096, "float16")
     assert "(the CUDA GEMV: not on rocm gfx942)" in note(4096, 4096, device="gfx942")
+    assert "(the CUDA wgmma GEMM: needs compute capability 9.0, not cuda sm_80)" in \
+        note(4096, 4096, device="sm_80")
     assert note(4104, 4096).startswith("kernels by batch (fragment layout): M <= 16: pf-")
     monkeypatch.setattr(cuda_jit, "find_nvrtc", lambda: None)
     assert "(the CUDA GEMV: no NVRTC on this machine)" in note(4096, 4096)
+    assert "(the CUDA wgmma GEMM: no NVRTC on this machine)" in note(4096, 4096)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc/self/maps")

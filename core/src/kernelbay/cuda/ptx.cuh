@@ -54,14 +54,6 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
   } while (!done);
 }
 
-// Whether the phase of parity ``parity`` of ``bar`` has completed (one test, no waiting).
-__device__ __forceinline__ bool mbar_test(u32 bar, u32 parity) {
-  u32 done;
-  asm volatile("{\n\t.reg .pred p;\n\tmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-               "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  return done != 0;
-}
-
 // ``bytes`` (a multiple of 16; 16-byte aligned addresses) from global memory into this CTA's
 // shared memory, completing on ``bar``.
 __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {

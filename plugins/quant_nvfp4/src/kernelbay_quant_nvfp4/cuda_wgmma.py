@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     import torch
     from kernelbay.cuda_jit import Kernel
 
-__all__ = ["ARCH", "WgmmaConfig", "broken_reason", "build_options", "config_for_m",
-           "launch_wgmma", "mark_broken", "mma_source", "nvfp4_wgmma_cuda", "shared_bytes",
+__all__ = ["ARCH", "DEFAULT", "WgmmaConfig", "broken_reason", "build_options", "config_for_m",
+           "launch_wgmma", "mark_broken", "mma_source", "nvfp4_wgmma_cuda", "prefers", "shared_bytes",
            "source", "wgmma_kernel", "wgmma_unsupported"]
 
 #: The architecture the kernel is built for: ``wgmma`` is an sm_90a feature (compute
@@ -44,21 +44,10 @@ class WgmmaConfig:
     ntok: int = 128
     stages: int = 4
     min_blocks: int = 1
-    #: wgmma groups (of 64 K elements) a warpgroup keeps running while it decodes the next.
-    depth: int = 1
-    #: Refill activation slots as soon as they come free (else: chunk c - 1's slot when this
-    #: thread's warpgroup retires chunk c, waiting for the other warpgroups if needed).
-    eager: bool = False
 
     @property
     def name(self) -> str:
-        return (f"cw-g{self.wg}n{self.ntok}s{self.stages}b{self.min_blocks}d{self.depth}"
-                + ("e" if self.eager else ""))
-
-    @property
-    def threads(self) -> int:
-        """The CTA: ``wg`` warpgroups."""
-        return 128 * self.wg
+        return f"cw-g{self.wg}n{self.ntok}s{self.stages}b{self.min_blocks}"
 
     def check(self) -> None:
         """``ValueError`` naming the field when the build cannot exist."""
@@ -67,10 +56,8 @@ class WgmmaConfig:
         if self.ntok % (8 * self.wg) or not 8 <= self.ntok <= 256:
             raise ValueError(f"nvfp4 wgmma: ntok={self.ntok}; valid: a multiple of "
                              f"8 * wg = {8 * self.wg} from 8 to 256")
-        if self.stages < 2:
-            raise ValueError(f"nvfp4 wgmma: stages={self.stages}; valid: >= 2")
-        if self.depth not in (1, 2):
-            raise ValueError(f"nvfp4 wgmma: depth={self.depth}; valid: 1, 2")
+        if self.stages < 3:
+            raise ValueError(f"nvfp4 wgmma: stages={self.stages}; valid: >= 3")
         if shared_bytes(self) > 227 * 1024:
             raise ValueError(f"nvfp4 wgmma: {self.name} needs {shared_bytes(self)} bytes of "
                              "shared memory; at most 232448 on sm_90")
@@ -83,16 +70,26 @@ def shared_bytes(config: WgmmaConfig) -> int:
     return config.stages * (config.ntok * 256 + config.wg * 4 * 1152 + 16) + 1024
 
 
+#: The default build: two warpgroups (128 weight rows) and 128 tokens per CTA, four stages
+#: (the fastest at M = 256 in the H200 sweeps, bench/results/nvfp4-sweep-wgmma-h200.md).
+DEFAULT = WgmmaConfig(2, 128, 4, 1)
+
+
 def config_for_m(m: int, n: int = 0, k: int = 0, sms: int = 132) -> WgmmaConfig:
-    """The default build for ``m`` tokens and ``n`` output rows on ``sms`` multiprocessors:
-    one warpgroup (64 rows) per CTA and the batch rounded up to 8 tokens while it is at most
-    64, else two warpgroups and 128-token tiles when that still gives a CTA per SM, one
-    warpgroup otherwise."""
+    """The build for ``m`` tokens and ``n`` output rows on ``sms`` multiprocessors: one
+    warpgroup and the batch rounded up to 8 tokens while it is at most 64 (tried in the
+    sweeps, slower than the Triton kernel there), else ``DEFAULT``."""
     if m <= 64:
         return WgmmaConfig(1, max(8, -(-m // 8) * 8), 4, 2)
-    if (-(-n // 128)) * (-(-m // 128)) >= sms:
-        return WgmmaConfig(2, 128, 4, 1)
-    return WgmmaConfig(1, 128, 4, 1)
+    return DEFAULT
+
+
+def prefers(m: int, n: int, sms: int) -> bool:
+    """Whether the default build should serve ``m`` tokens and ``n`` rows on ``sms``
+    multiprocessors: it does not split K, so only when its grid gives about a CTA per SM
+    (at least 90%; fewer leave SMs idle and the split-K Triton kernel is faster)."""
+    ctas = -(-n // (64 * DEFAULT.wg)) * -(-m // DEFAULT.ntok)
+    return m > 64 and ctas >= 0.9 * sms
 
 
 def mma_source(ntok: int) -> str:
@@ -125,8 +122,7 @@ def source(config: WgmmaConfig) -> str:
 def build_options(config: WgmmaConfig) -> list[str]:
     """The NVRTC options (macros) of a build."""
     return [f"-DWG={config.wg}", f"-DNTOK={config.ntok}", f"-DSTAGES={config.stages}",
-            f"-DMIN_BLOCKS={config.min_blocks}", f"-DDEPTH={config.depth}",
-            f"-DEAGER={int(config.eager)}"]
+            f"-DMIN_BLOCKS={config.min_blocks}"]
 
 
 @functools.cache
@@ -226,6 +222,6 @@ def launch_wgmma(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
             ctypes.c_void_p(bias.data_ptr() if bias is not None else 0),
             ctypes.c_void_p(out.data_ptr()), ctypes.c_longlong(out.stride(0)),
             ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k)]
-    kernel.launch(grid, (config.threads, 1, 1), args,
+    kernel.launch(grid, (128 * config.wg, 1, 1), args,
                   torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config))
     return out

@@ -237,6 +237,8 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
         if out is not None:
             return out
         config = config_for(m, WGMMA_FALLBACK)
+    if config.path in ("cuda", "cuda-tiles", "cuda-wgmma"):
+        raise AssertionError(f"nvfp4-triton: fallback {config.name} is a CUDA config")
     if config.path == "dequant":
         # A per-call temporary: the caching allocator hands the same block back next call,
         # so no dense copy lives between calls.
@@ -286,15 +288,20 @@ def _run_wgmma(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
                codes: torch.Tensor, global_scale: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor | None:
     """``x2`` through the wgmma GEMM; ``None`` when ``cuda_wgmma_reason`` says it cannot
-    run (or its build fails: then it is off on the device for good, with one warning)."""
+    run, when the default build would leave SMs idle (``cuda_wgmma.prefers``; a config naming
+    its build always runs it), or when its build fails (then it is off on the device for
+    good, with one warning)."""
     from kernelbay.cuda_jit import CudaJitError
 
-    from kernelbay_quant_nvfp4.cuda_wgmma import config_for_m, launch_wgmma, mark_broken
+    from kernelbay_quant_nvfp4.cuda_wgmma import config_for_m, launch_wgmma, mark_broken, prefers
 
     if cuda_wgmma_reason(x2, words, codes) is not None:
         return None
+    m, n = x2.shape[0], words.shape[0] * 16
     sms = _sm_count(x2.device.index or 0)
-    build = config.wgmma or config_for_m(x2.shape[0], words.shape[0] * 16, x2.shape[1], sms)
+    if config.wgmma is None and not prefers(m, n, sms):
+        return None
+    build = config.wgmma or config_for_m(m, n, x2.shape[1], sms)
     try:
         return launch_wgmma(x2, words, codes, global_scale, bias, build)
     except CudaJitError as exc:
@@ -363,6 +370,17 @@ def kernel_plan(request: LinearRequest, device: DeviceCapability,
             fallback = CUDA_FALLBACK[layout_of(config)].name
             text = (f"CUDA GEMV ({config.name}, NVRTC)" if not why
                     else f"{fallback} (the CUDA GEMV: {why})")
+        elif config.path == "cuda-wgmma":
+            why = ("" if device.platform == "cuda" and device.compute_capability == (9, 0) else
+                   f"needs compute capability 9.0, not {device.platform} {device.arch}")
+            if not why and request.activation_dtype != "bfloat16":
+                why = f"{request.activation_dtype} activations"
+            if not why and find_nvrtc() is None:
+                why = "no NVRTC on this machine"
+            fallback = WGMMA_FALLBACK[-1][1].name
+            text = (f"CUDA wgmma GEMM ({config.name}, NVRTC, sm_90a) where its grid fills the "
+                    f"GPU, else {fallback}" if not why
+                    else f"{fallback} (the CUDA wgmma GEMM: {why})")
         bound = "larger M" if largest >= 1 << 62 else f"M <= {largest}"
         parts.append(f"{bound}: {text}")
     return f"kernels by batch ({table_layout(rows)} layout): " + ", ".join(parts)

@@ -34,6 +34,15 @@ can retune:
 * M <= 64: 64 x 128 tiles with 8 warps (two warpgroups of 64 weight rows), split for about
   two programs per SM; larger M: 128-row tiles, one program per SM (splitting them wrote
   more partials than it gained).
+* Larger M on compute capability 9.0 (bf16, NVRTC): the wgmma GEMM of ``cuda_wgmma``
+  (``cw-default``: two warpgroups of 64 weight rows, 128 tokens per CTA, four stages), where
+  its grid gives about a CTA per SM (``cuda_wgmma.prefers``; it does not split K): each
+  warpgroup decodes the next 64-element half of the weight while the tensor cores run the
+  previous one, which the Triton loop cannot express. H200, M = 256: 62 / 252 / 219 us
+  against 75-77 / 295-302 / 258-262 us for ``pt-128x128x128-w8`` at 8192 x 8192 / 28672 x
+  8192 / 8192 x 28672; at M = 128 it wins where N / 128 CTAs fill the GPU (28672: 127 against
+  146 us) and loses where they do not (8192: 46 against 44 us). Elsewhere
+  ``WGMMA_FALLBACK`` runs the Triton kernel of the tiles layout.
 """
 
 from __future__ import annotations
@@ -98,12 +107,14 @@ FRAGMENT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
 #: The default table, on the tiles layout (N a multiple of 16, K of 128; other layers run
 #: ``FRAGMENT_CONFIGS`` or ``K_ORDER_CONFIGS``, ``table_for``): the CUDA GEMV for decode
 #: batches (``cuda_gemv``; where it cannot run, ``run_config`` takes ``CUDA_FALLBACK``), the
-#: fragment kernels reading the tiles layout above.
+#: fragment kernels reading the tiles layout above, and for larger batches the wgmma GEMM
+#: (``cuda_wgmma``; where it cannot run or its grid would leave SMs idle,
+#: ``WGMMA_FALLBACK``).
 DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
     (8, KernelConfig("ct-default", "cuda-tiles")),
     (16, KernelConfig("pt-16x64x256-p3", "tiles", 16, 64, 256, 0, 4, 3, per_sm=7)),
     (64, KernelConfig("pt-64x128x128-w8", "tiles", 64, 128, 128, 0, 8, 3, per_sm=2)),
-    (1 << 62, KernelConfig("pt-128x128x128-w8", "tiles", 128, 128, 128, 0, 8, 3, per_sm=1)),
+    (1 << 62, KernelConfig("cw-default", "cuda-wgmma")),
 )
 
 #: What a CUDA GEMV config runs where the GEMV cannot (no NVRTC, fp16 activations, ROCm, a
@@ -225,11 +236,9 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     # ``cuda_wgmma.config_for_m``.
     KernelConfig("cw-default", "cuda-wgmma"),
     *(KernelConfig(c.name, "cuda-wgmma", wgmma=c) for c in (
-        WgmmaConfig(1, 64, 4, 2), WgmmaConfig(1, 64, 4, 2, 2), WgmmaConfig(1, 64, 4, 2, 1, True),
-        WgmmaConfig(2, 64, 4, 1), WgmmaConfig(4, 64, 4, 1), WgmmaConfig(1, 128, 3, 2),
-        WgmmaConfig(1, 128, 3, 2, 2), WgmmaConfig(1, 128, 4, 1), WgmmaConfig(2, 128, 4, 1),
-        WgmmaConfig(2, 128, 4, 1, 2), WgmmaConfig(2, 128, 4, 1, 1, True),
-        WgmmaConfig(2, 128, 4, 1, 2, True), WgmmaConfig(2, 128, 5, 1))),
+        WgmmaConfig(2, 128, 4, 1), WgmmaConfig(2, 128, 5, 1), WgmmaConfig(1, 128, 3, 2),
+        WgmmaConfig(1, 128, 4, 1), WgmmaConfig(1, 256, 3, 1), WgmmaConfig(1, 64, 4, 2),
+        WgmmaConfig(2, 64, 4, 1), WgmmaConfig(4, 64, 4, 1))),
     # The repacked word layout (``kernelbay.formats.e2m1_words``): natural K order, no
     # activation permutation, no 16-bit repacking; the K loop of pr-16x128x128 has 4.3 SASS
     # instructions per element against 4.8 for pw-16x64x256-p3 (LOP3 128, shifts 96, no PRMT).

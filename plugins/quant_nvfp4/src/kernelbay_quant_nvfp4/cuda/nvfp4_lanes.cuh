@@ -31,11 +31,3 @@ __device__ __forceinline__ u32 lanes_of(u32 u, int r) {
 __device__ __forceinline__ u32 multiplier(u32 code) {
   return (code & 0xFFu) * 0x100010u + 0x76007600u;
 }
-
-// The multiplier pair of byte s (0..3) of four scale codes: the byte into both 16-bit halves
-// by one byte permute, then one multiply-add.
-__device__ __forceinline__ u32 multiplier_of_byte(u32 codes4, int s) {
-  u32 pair;
-  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(pair) : "r"(codes4), "r"(0x4040 | (s << 8) | s));
-  return pair * 16u + 0x76007600u;
-}

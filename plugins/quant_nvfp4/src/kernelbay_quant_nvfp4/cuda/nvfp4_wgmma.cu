@@ -47,18 +47,9 @@ typedef unsigned long long u64;
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
 #endif
-#ifndef DEPTH
-#define DEPTH 1
+#if STAGES < 3
+#error "STAGES must be >= 3 (the activations are refilled two chunks behind)"
 #endif
-#ifndef EAGER
-#define EAGER 0
-#endif
-#if STAGES < 2
-#error "STAGES must be >= 2"
-#endif
-// Register sets for the weight's halves in turn; a half is decoded LEAD halves ahead.
-#define LEAD (DEPTH + 1)
-#define SETS (2 * DEPTH + 1)
 #if NTOK % (8 * WG) || NTOK > 256
 #error "NTOK must be a multiple of 8 * WG, at most 256"
 #endif
@@ -84,15 +75,11 @@ __device__ __forceinline__ void pin(float& v) { asm volatile("" : "+f"(v) :: "me
 __device__ __forceinline__ void pin(u32& v) { asm volatile("" : "+r"(v) :: "memory"); }
 __device__ __forceinline__ void pin(u64& v) { asm volatile("" : "+l"(v) :: "memory"); }
 
-// The shared-memory descriptor of a K-major, 128-byte swizzled operand at ``addr``: the start
-// address / 16 (bits 0-13; shared addresses stay below 2^18, so an offset added to it never
-// carries out), the leading byte offset (bits 16-29; unused for swizzled K-major layouts: 1),
-// 8-row groups 1024 bytes apart (the stride byte offset, bits 32-45) and the swizzle (bits
-// 62-63: 1 = 128 bytes). Built from 32-bit halves so that moving it costs no 64-bit adds.
+// The shared-memory descriptor of a K-major, 128-byte swizzled operand: 8-row groups 1024
+// bytes apart (stride byte offset), the leading offset unused for swizzled K-major layouts.
 __device__ __forceinline__ u64 operand_desc(u32 addr) {
-  const u32 lo = (addr >> 4) | (1u << 16);
-  const u32 hi = (1024u >> 4) | (1u << 30);
-  return ((u64)hi << 32) | lo;
+  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) |
+         ((u64)1 << 62);
 }
 
 // A CUtensorMap (kernelbay.cuda_jit.tensor_map_2d).
@@ -110,10 +97,11 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   const int g = lane >> 2;
   const int t = lane & 3;
   const int chunks = K >> 7;
-  const int halves = 2 * chunks;
   const int tiles = (N + 15) >> 4;
   const int tok0 = blockIdx.x * NTOK;
   const int row_tile = blockIdx.y * (WG * 4) + warp;
+  // Tiles past the last read the last (valid memory; their rows are not stored).
+  const long long tile = min(row_tile, tiles - 1);
 
   // The swizzle needs 1024-byte aligned activation slots (the host adds 1 KB of slack).
   const u32 base = ((u32)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
@@ -132,46 +120,19 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   }
   __syncthreads();
 
-  // Thread 0 copies the activations: chunk j into slot j % STAGES by two bulk tensor copies
-  // (one per half), once every warp released the chunk that had the slot. It refills slots
-  // as they come free without waiting (try_load), and waits only when its own warpgroup
-  // needs a chunk not yet loaded (need), so a slower warpgroup does not hold the faster one.
-  int next_load = 0;
-  auto load = [&]() {
-    const int slot = next_load % STAGES;
+  // Chunk j's activations into slot j % STAGES (thread 0).
+  auto load_x = [&](int j) {
+    const int slot = j % STAGES;
     const u32 bar = full + slot * 8;
     mbar_expect(bar, X_STAGE);
-    bulk_tensor_2d(xs + slot * X_STAGE, &xmap, next_load * 128, tok0, bar);
-    bulk_tensor_2d(xs + slot * X_STAGE + NTOK * 128, &xmap, next_load * 128 + 64, tok0, bar);
-    ++next_load;
+    bulk_tensor_2d(xs + slot * X_STAGE, &xmap, j * 128, tok0, bar);
+    bulk_tensor_2d(xs + slot * X_STAGE + NTOK * 128, &xmap, j * 128 + 64, tok0, bar);
   };
-  auto released = [&](bool block) {   // the slot of next_load free?
-    if (next_load < STAGES) return true;
-    const u32 bar = empty + (next_load % STAGES) * 8;
-    const u32 parity = ((next_load / STAGES) - 1) & 1;
-    if (block) {
-      mbar_wait(bar, parity);
-      return true;
-    }
-    return mbar_test(bar, parity);
-  };
-  auto try_load = [&]() {
-    while (next_load < chunks && released(false)) load();
-  };
-  auto need = [&](int j) {
-    while (next_load <= j) {
-      released(true);
-      load();
-    }
-  };
-  if (tid == 0) try_load();
 
-  // Tiles past the last read the last (valid memory; their rows are not stored).
-  const long long tile = min(row_tile, tiles - 1);
-  // Weight: each warp copies its own tile's chunk (1 KB of words: 16-byte pieces
-  // lane and lane + 32; 128 code bytes: lanes 0-7) and reads it alone. Piece u = 32h + 4r +
-  // grp (row r of half h, group grp) goes to 32h + 4r + (grp ^ (r / 2 % 4)), so that the
-  // eight rows' reads of one group fall in distinct banks.
+  // Weight: each warp copies its own tile's chunk (1 KB of words: 16-byte pieces lane and
+  // lane + 32; 128 code bytes: lanes 0-7). Piece u = 32h + 4r + grp (row r of half h, group
+  // grp) goes to 32h + 4r + (grp ^ (r / 2 % 4)), so that the eight rows' reads of one group
+  // fall in distinct banks.
   u32 wdst[2];
 #pragma unroll
   for (int q = 0; q < 2; ++q) {
@@ -181,6 +142,7 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   }
   const u32* wsrc = words + tile * chunks * 256 + lane * 4;
   const unsigned char* csrc = codes + tile * chunks * 128 + lane * 16;
+
   auto fetch_w = [&](int j) {   // chunk j's weight into slot j % STAGES, then commit
     if (j < chunks) {
       const u32 wb = ws + (j % STAGES) * W_STAGE;
@@ -194,64 +156,48 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   // This thread's reads in a weight slot: word t of piece (32h + 4g + (grp ^ swz)), and the
   // eight codes of row g (h = 0) or g + 8 (h = 1).
   const int swz = (g >> 1) & 3;
-  const u32 wread = ws + warp * 1024 + g * 64 + t * 4;
-  const u32 cread = ws + W_WORDS + warp * 128 + g * 8;
+  const u32 wread = warp * 1024 + g * 64 + t * 4;
+  const u32 cread = W_WORDS + warp * 128 + g * 8;
 
-  // Half d = 2j + q (groups 2q, 2q + 1 of chunk j) of the weight into fragment registers: k16
-  // step s of the half (group 2q + s / 2, hh = s % 2) takes register pairs (2hh, 2hh + 1) of
-  // the group's words as (a0, a2) for row g and (a1, a3) for row g + 8, scaled by block
-  // 4q + s. Before a chunk's first half: until this warp's copies of it have landed
-  // (committed: chunks up to j + STAGES - 1); after its second half its slot takes chunk
-  // j + STAGES.
-  auto decode = [&](u32 (&a)[4][4], int d) {
-    const int j = d >> 1;
-    const int q = d & 1;
-    if (q == 0) {
-      wait_groups<STAGES - 1>();
-      __syncwarp();
-    }
-    const u32 wb = (j % STAGES) * W_STAGE;
-    const u32 c0 = lds32(cread + wb + 4 * q);
-    const u32 c1 = lds32(cread + wb + 64 + 4 * q);
+  // Half q (groups 2q, 2q + 1) of chunk j's weight into fragment registers: k16 step s of
+  // the half (group 2q + s / 2, hh = s % 2) takes register pairs (2hh, 2hh + 1) of the
+  // group's words as (a0, a2) for row g and (a1, a3) for row g + 8, scaled by block 4q + s.
+  auto decode = [&](u32 (&a)[4][4], int j, int q) {
+    const u32 wb = ws + (j % STAGES) * W_STAGE;
+    const u32 c0 = lds32(wb + cread + 4 * q);
+    const u32 c1 = lds32(wb + cread + 64 + 4 * q);
 #pragma unroll
     for (int gi = 0; gi < 2; ++gi) {
-      const u32 off = wread + wb + (((2 * q + gi) ^ swz) << 4);
-      const u32 u0 = lds32(off);
-      const u32 u1 = lds32(off + 512);
+      const u32 off = wread + (((2 * q + gi) ^ swz) << 4);
+      const u32 u0 = lds32(wb + off);
+      const u32 u1 = lds32(wb + off + 512);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int s = 2 * gi + hh;
-        const u32 m0 = multiplier_of_byte(c0, s);
-        const u32 m1 = multiplier_of_byte(c1, s);
+        const u32 m0 = multiplier(c0 >> (8 * s));
+        const u32 m1 = multiplier(c1 >> (8 * s));
         a[s][0] = scaled(lanes_of(u0, 2 * hh), m0);
         a[s][1] = scaled(lanes_of(u1, 2 * hh), m1);
         a[s][2] = scaled(lanes_of(u0, 2 * hh + 1), m0);
         a[s][3] = scaled(lanes_of(u1, 2 * hh + 1), m1);
       }
     }
-    if (q == 1) fetch_w(j + STAGES);
   };
 
   float acc[NTOK / 2];
 #pragma unroll
   for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.f;
 
-  // Half d as one wgmma group of four k16 steps: step s reads activation half q of chunk j's
-  // slot at byte 32 s. Waits for
-  // the chunk's activations before its first half. The operands are pinned before the fence
-  // so that nothing defining them is scheduled inside the group (ptxas would serialize it).
-
-  auto issue = [&](u32 (&a)[4][4], int d) {
-    const int j = d >> 1;
-    const int q = d & 1;
-    if (q == 0) {
-      if (tid == 0) need(j);
-      mbar_wait(full + (j % STAGES) * 8, (j / STAGES) & 1);
-    }
+  // Half q of chunk j as one wgmma group of four k16 steps: step s reads activation half q
+  // at byte 32 s. The operands are pinned before the fence so that nothing defining them is
+  // scheduled inside the group (ptxas would serialize it).
+  auto issue = [&](u32 (&a)[4][4], int j, int q) {
+    const u32 xb = xs + (j % STAGES) * X_STAGE + q * (NTOK * 128);
     u64 desc[4];
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      desc[s] = operand_desc(xs + (j % STAGES) * X_STAGE + q * (NTOK * 128) + s * 32);
+      desc[s] = operand_desc(xb + s * 32);
+      pin(desc[s]);
 #pragma unroll
       for (int r = 0; r < 4; ++r) pin(a[s][r]);
     }
@@ -261,40 +207,50 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
     wgmma_commit();
   };
 
-  // SETS = 2 DEPTH + 1 register sets for the halves in turn (set d % SETS): up to DEPTH + 1
-  // groups are issued (DEPTH of them still running after each wait), DEPTH decoded and
-  // waiting, and one being decoded, into the set of the group the last wait retired. A warp
-  // releases a chunk's activation slot once the wait retired the chunk's second half.
-  u32 sets[SETS][4][4];
+  // Until this warp's copies of chunk j + 1's weight have landed (committed: chunks up to
+  // j + STAGES).
+  auto weights_landed = [&]() {
+    wait_groups<STAGES - 1>();
+    __syncwarp();
+  };
+
+  if (tid == 0) {
+    for (int j = 0; j < STAGES && j < chunks; ++j) load_x(j);
+  }
 #pragma unroll
   for (int j = 0; j < STAGES; ++j) fetch_w(j);
-#pragma unroll
-  for (int d = 0; d < LEAD; ++d) {
-    if (d < halves) decode(sets[d], d);
-  }
-  // Unrolled over 2 SETS halves, so that each half's set and parity are constants.
-  for (int h0 = 0; h0 < halves; h0 += 2 * SETS) {
-#pragma unroll
-    for (int u = 0; u < 2 * SETS; ++u) {
-      const int h = h0 + u;
-      if (h < halves) {
-        issue(sets[u % SETS], h);
-        wgmma_wait<DEPTH>();
-        if ((u - DEPTH) & 1 && h >= DEPTH) {   // half h - DEPTH retired: a chunk's second
-          const int c = (h - DEPTH) >> 1;
-          if (lane == 0) mbar_arrive(empty + (c % STAGES) * 8);
-          if (tid == 0) {
-            if (EAGER) {
-              try_load();
-            } else if (c >= 1 && next_load == c - 1 + STAGES && next_load < chunks) {
-              released(true);
-              load();
-            }
-          }
-        }
-        if (h + LEAD < halves) decode(sets[(u + LEAD) % SETS], h + LEAD);
-      }
+  // Three register sets for the halves h = 2j + q in turn (set h % 3).
+  u32 r0[4][4];
+  u32 r1[4][4];
+  u32 r2[4][4];
+  wait_groups<STAGES - 1>();   // chunk 0
+  __syncwarp();
+  decode(r0, 0, 0);
+  decode(r1, 0, 1);
+  // Step j: chunk j's halves in sets (a, b), chunk j + 1's decoded into (c, a). Chunk j's
+  // weight slot is free (decoded in step j - 1): chunk j + STAGES's weight goes there. After
+  // the first wait chunk j - 1 is retired: this warp releases its slot, and thread 0 refills
+  // the slot of chunk j - 2 (released by every warp in step j - 1, unless one lags behind).
+  auto step = [&](u32 (&a)[4][4], u32 (&b)[4][4], u32 (&c)[4][4], int j) {
+    fetch_w(j + STAGES);
+    weights_landed();
+    mbar_wait(full + (j % STAGES) * 8, (j / STAGES) & 1);
+    issue(a, j, 0);
+    wgmma_wait<1>();
+    if (j >= 1 && lane == 0) mbar_arrive(empty + ((j - 1) % STAGES) * 8);
+    if (tid == 0 && j >= 2 && j - 2 + STAGES < chunks) {
+      mbar_wait(empty + ((j - 2) % STAGES) * 8, ((j - 2) / STAGES) & 1);
+      load_x(j - 2 + STAGES);
     }
+    if (j + 1 < chunks) decode(c, j + 1, 0);
+    issue(b, j, 1);
+    wgmma_wait<1>();
+    if (j + 1 < chunks) decode(a, j + 1, 1);
+  };
+  for (int j = 0; j < chunks; j += 3) {
+    step(r0, r1, r2, j);
+    if (j + 1 < chunks) step(r2, r0, r1, j + 1);
+    if (j + 2 < chunks) step(r1, r2, r0, j + 2);
   }
   wgmma_wait<0>();
 #pragma unroll
