@@ -47,6 +47,9 @@ typedef unsigned long long u64;
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
 #endif
+#ifndef PREFETCH
+#define PREFETCH 1
+#endif
 #if STAGES < 3
 #error "STAGES must be >= 3 (the activations are refilled two chunks behind)"
 #endif
@@ -162,27 +165,38 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   // Half q (groups 2q, 2q + 1) of chunk j's weight into fragment registers: k16 step s of
   // the half (group 2q + s / 2, hh = s % 2) takes register pairs (2hh, 2hh + 1) of the
   // group's words as (a0, a2) for row g and (a1, a3) for row g + 8, scaled by block 4q + s.
-  auto decode = [&](u32 (&a)[4][4], int j, int q) {
+  struct Raw {        // a half's codes (rows g and g + 8) and words (two groups, two rows)
+    u32 c0, c1, u[2][2];
+  };
+  auto load_half = [&](int j, int q) {
     const u32 wb = ws + (j % STAGES) * W_STAGE;
-    const u32 c0 = lds32(wb + cread + 4 * q);
-    const u32 c1 = lds32(wb + cread + 64 + 4 * q);
+    Raw raw;
+    raw.c0 = lds32(wb + cread + 4 * q);
+    raw.c1 = lds32(wb + cread + 64 + 4 * q);
 #pragma unroll
     for (int gi = 0; gi < 2; ++gi) {
       const u32 off = wread + (((2 * q + gi) ^ swz) << 4);
-      const u32 u0 = lds32(wb + off);
-      const u32 u1 = lds32(wb + off + 512);
+      raw.u[gi][0] = lds32(wb + off);
+      raw.u[gi][1] = lds32(wb + off + 512);
+    }
+    return raw;
+  };
+  auto unpack = [&](u32 (&a)[4][4], const Raw& raw) {
+#pragma unroll
+    for (int gi = 0; gi < 2; ++gi) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int s = 2 * gi + hh;
-        const u32 m0 = multiplier(c0 >> (8 * s));
-        const u32 m1 = multiplier(c1 >> (8 * s));
-        a[s][0] = scaled(lanes_of(u0, 2 * hh), m0);
-        a[s][1] = scaled(lanes_of(u1, 2 * hh), m1);
-        a[s][2] = scaled(lanes_of(u0, 2 * hh + 1), m0);
-        a[s][3] = scaled(lanes_of(u1, 2 * hh + 1), m1);
+        const u32 m0 = multiplier(raw.c0 >> (8 * s));
+        const u32 m1 = multiplier(raw.c1 >> (8 * s));
+        a[s][0] = scaled(lanes_of(raw.u[gi][0], 2 * hh), m0);
+        a[s][1] = scaled(lanes_of(raw.u[gi][1], 2 * hh), m1);
+        a[s][2] = scaled(lanes_of(raw.u[gi][0], 2 * hh + 1), m0);
+        a[s][3] = scaled(lanes_of(raw.u[gi][1], 2 * hh + 1), m1);
       }
     }
   };
+  auto decode = [&](u32 (&a)[4][4], int j, int q) { unpack(a, load_half(j, q)); };
 
   float acc[NTOK / 2];
 #pragma unroll
@@ -235,6 +249,9 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
     fetch_w(j + STAGES);
     weights_landed();
     mbar_wait(full + (j % STAGES) * 8, (j / STAGES) & 1);
+    const bool more = j + 1 < chunks;
+    Raw next;
+    if (PREFETCH && more) next = load_half(j + 1, 0);
     issue(a, j, 0);
     wgmma_wait<1>();
     if (j >= 1 && lane == 0) mbar_arrive(empty + ((j - 1) % STAGES) * 8);
@@ -242,10 +259,11 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
       mbar_wait(empty + ((j - 2) % STAGES) * 8, ((j - 2) / STAGES) & 1);
       load_x(j - 2 + STAGES);
     }
-    if (j + 1 < chunks) decode(c, j + 1, 0);
+    if (more) unpack(c, PREFETCH ? next : load_half(j + 1, 0));
+    if (PREFETCH && more) next = load_half(j + 1, 1);
     issue(b, j, 1);
     wgmma_wait<1>();
-    if (j + 1 < chunks) decode(a, j + 1, 1);
+    if (more) unpack(a, PREFETCH ? next : load_half(j + 1, 1));
   };
   for (int j = 0; j < chunks; j += 3) {
     step(r0, r1, r2, j);
