@@ -44,14 +44,10 @@ class WgmmaConfig:
     ntok: int = 128
     stages: int = 4
     min_blocks: int = 1
-    #: Load the next half's words and codes before issuing the current group (their latency
-    #: then overlaps the wait), else after.
-    prefetch: bool = True
 
     @property
     def name(self) -> str:
-        return (f"cw-g{self.wg}n{self.ntok}s{self.stages}b{self.min_blocks}"
-                + ("" if self.prefetch else "-np"))
+        return f"cw-g{self.wg}n{self.ntok}s{self.stages}b{self.min_blocks}"
 
     def check(self) -> None:
         """``ValueError`` naming the field when the build cannot exist."""
@@ -126,7 +122,7 @@ def source(config: WgmmaConfig) -> str:
 def build_options(config: WgmmaConfig) -> list[str]:
     """The NVRTC options (macros) of a build."""
     return [f"-DWG={config.wg}", f"-DNTOK={config.ntok}", f"-DSTAGES={config.stages}",
-            f"-DMIN_BLOCKS={config.min_blocks}", f"-DPREFETCH={int(config.prefetch)}"]
+            f"-DMIN_BLOCKS={config.min_blocks}"]
 
 
 @functools.cache

@@ -236,8 +236,7 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     # ``cuda_wgmma.config_for_m``.
     KernelConfig("cw-default", "cuda-wgmma"),
     *(KernelConfig(c.name, "cuda-wgmma", wgmma=c) for c in (
-        WgmmaConfig(2, 128, 4, 1), WgmmaConfig(2, 128, 4, 1, False), WgmmaConfig(2, 128, 5, 1),
-        WgmmaConfig(1, 128, 3, 2), WgmmaConfig(1, 128, 3, 2, False),
+        WgmmaConfig(2, 128, 4, 1), WgmmaConfig(2, 128, 5, 1), WgmmaConfig(1, 128, 3, 2),
         WgmmaConfig(1, 128, 4, 1), WgmmaConfig(1, 256, 3, 1), WgmmaConfig(1, 64, 4, 2),
         WgmmaConfig(2, 64, 4, 1), WgmmaConfig(4, 64, 4, 1))),
     # The repacked word layout (``kernelbay.formats.e2m1_words``): natural K order, no

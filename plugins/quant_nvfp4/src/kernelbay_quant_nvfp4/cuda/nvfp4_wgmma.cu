@@ -47,9 +47,6 @@ typedef unsigned long long u64;
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
 #endif
-#ifndef PREFETCH
-#define PREFETCH 1
-#endif
 #if STAGES < 3
 #error "STAGES must be >= 3 (the activations are refilled two chunks behind)"
 #endif
@@ -249,9 +246,11 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
     fetch_w(j + STAGES);
     weights_landed();
     mbar_wait(full + (j % STAGES) * 8, (j / STAGES) & 1);
+    // The next chunk's words and codes are read before each group is issued, so that their
+    // latency passes during the wait (1-3% faster at M = 256 than reading them after).
     const bool more = j + 1 < chunks;
     Raw next;
-    if (PREFETCH && more) next = load_half(j + 1, 0);
+    if (more) next = load_half(j + 1, 0);
     issue(a, j, 0);
     wgmma_wait<1>();
     if (j >= 1 && lane == 0) mbar_arrive(empty + ((j - 1) % STAGES) * 8);
@@ -259,11 +258,13 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
       mbar_wait(empty + ((j - 2) % STAGES) * 8, ((j - 2) / STAGES) & 1);
       load_x(j - 2 + STAGES);
     }
-    if (more) unpack(c, PREFETCH ? next : load_half(j + 1, 0));
-    if (PREFETCH && more) next = load_half(j + 1, 1);
+    if (more) {
+      unpack(c, next);
+      next = load_half(j + 1, 1);
+    }
     issue(b, j, 1);
     wgmma_wait<1>();
-    if (more) unpack(a, PREFETCH ? next : load_half(j + 1, 1));
+    if (more) unpack(a, next);
   };
   for (int j = 0; j < chunks; j += 3) {
     step(r0, r1, r2, j);
