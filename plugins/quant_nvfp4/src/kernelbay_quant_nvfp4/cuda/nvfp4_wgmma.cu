@@ -247,7 +247,7 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
     weights_landed();
     mbar_wait(full + (j % STAGES) * 8, (j / STAGES) & 1);
     // The next chunk's words and codes are read before each group is issued, so that their
-    // latency passes during the wait (1-3% faster at M = 256 than reading them after).
+    // latency passes during the wait (3% faster at N = K = 8192, M = 256 than after).
     const bool more = j + 1 < chunks;
     Raw next;
     if (more) next = load_half(j + 1, 0);
