@@ -72,3 +72,25 @@ def run_on(config: KernelConfig, x: torch.Tensor, tensors: dict[str, torch.Tenso
 
     weight, scales = layout_tensors(tensors["weight"], tensors["weight_scale"], layout_of(config))
     return run_config(config, x, weight, scales, tensors["weight_scale_2"].reshape(1), bias)
+
+
+def strided_extreme_activations(m: int, k: int, gen: torch.Generator,
+                                device: str = "cuda") -> torch.Tensor:
+    """bf16 activations [m >= 4, k] whose rows have a stride (a slice of a wider tensor), with
+    a zero row, a row of huge values every seventh element, and a row of subnormals."""
+    wide = torch.randn(m, k + 64, generator=gen).bfloat16().to(device)
+    x = wide[:, 32:32 + k]
+    x[1] = 0.0
+    x[2, ::7] = 1e30
+    x[3] = torch.randn(k, generator=gen).bfloat16().to(device) * 1e-38
+    return x
+
+
+def cuda_weights(n: int, k: int, gen: torch.Generator
+                 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Random NVFP4 weights [n, k] on the GPU and their reference dequantization (float32)."""
+    from kernelbay.formats import dequantize_nvfp4
+
+    tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
+    return tensors, dequantize_nvfp4(tensors["weight"], tensors["weight_scale"],
+                                     tensors["weight_scale_2"])

@@ -20,7 +20,14 @@ from kernelbay_quant_nvfp4.cuda_gemv import (
     shared_bytes,
 )
 from kernelbay_quant_nvfp4.linear_triton import layout_tensors
-from nvfp4_triton_helpers import check_close, edge_scales, every_code_and_scale, nvfp4_weights
+from nvfp4_triton_helpers import (
+    check_close,
+    cuda_weights,
+    edge_scales,
+    every_code_and_scale,
+    nvfp4_weights,
+    strided_extreme_activations,
+)
 
 
 def _stored(tensors: dict[str, torch.Tensor], tiled: bool = True
@@ -103,16 +110,11 @@ def test_cuda_gemv_matches_reference(config: GemvConfig | None, n: int, k: int) 
 def test_cuda_gemv_strided_activations_and_extremes() -> None:
     """Activation rows with a stride (a slice of a wider tensor), and activations at bf16's
     extremes (huge values, subnormals, zeros): the sums stay within the bound."""
-    n, k = 208, 1024
     gen = torch.Generator().manual_seed(11)
-    tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
-    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
+    k = 1024
+    tensors, w = cuda_weights(208, k, gen)
     words, codes = _stored(tensors)
-    wide = torch.randn(5, k + 64, generator=gen).bfloat16().cuda()
-    x = wide[:, 32:32 + k]
-    x[1] = 0.0
-    x[2, ::7] = 1e30
-    x[3] = torch.randn(k, generator=gen).bfloat16().cuda() * 1e-38
+    x = strided_extreme_activations(5, k, gen)
     got = nvfp4_gemv_cuda(x, words, codes, tensors["weight_scale_2"], None)
     check_close(got, x, w, None)
 

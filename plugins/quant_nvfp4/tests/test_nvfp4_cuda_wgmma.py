@@ -25,7 +25,14 @@ from kernelbay_quant_nvfp4.cuda_wgmma import (
 )
 from kernelbay_quant_nvfp4.linear_triton import layout_tensors
 from kernelbay_quant_nvfp4.triton_configs import CANDIDATES
-from nvfp4_triton_helpers import check_close, edge_scales, every_code_and_scale, nvfp4_weights
+from nvfp4_triton_helpers import (
+    check_close,
+    cuda_weights,
+    edge_scales,
+    every_code_and_scale,
+    nvfp4_weights,
+    strided_extreme_activations,
+)
 
 BUILDS = [WgmmaConfig(1, 64, 4, 2), WgmmaConfig(2, 128, 4, 1), WgmmaConfig(1, 256, 3, 1),
           WgmmaConfig(2, 64, 4, 1), WgmmaConfig(1, 16, 6, 3), WgmmaConfig(4, 32, 3, 1)]
@@ -141,16 +148,11 @@ def test_cuda_wgmma_matches_reference(config: WgmmaConfig | None, n: int, k: int
 def test_cuda_wgmma_strided_activations_and_extremes() -> None:
     """Activation rows with a stride (a slice of a wider tensor), and activations at bf16's
     extremes (huge values, subnormals, zeros): the sums stay within the bound."""
-    n, k = 208, 1024
     gen = torch.Generator().manual_seed(11)
-    tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
-    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
+    k = 1024
+    tensors, w = cuda_weights(208, k, gen)
     words, codes = _stored(tensors)
-    wide = torch.randn(70, k + 64, generator=gen).bfloat16().cuda()
-    x = wide[:, 32:32 + k]
-    x[1] = 0.0
-    x[2, ::7] = 1e30
-    x[3] = torch.randn(k, generator=gen).bfloat16().cuda() * 1e-38
+    x = strided_extreme_activations(70, k, gen)
     for config in (None, WgmmaConfig(2, 128, 4, 1)):
         got = nvfp4_wgmma_cuda(x, words, codes, tensors["weight_scale_2"], None, config)
         check_close(got, x, w, None)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, ClassVar, cast
 
 from kernelbay.layers.linear import LinearMethod, TensorSpec
@@ -305,11 +305,18 @@ def _run_wgmma(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
     try:
         return launch_wgmma(x2, words, codes, global_scale, bias, build)
     except CudaJitError as exc:
-        device = x2.device.index or 0
-        mark_broken(device, str(exc).splitlines()[0])
-        warnings.warn(f"nvfp4-triton: the CUDA wgmma GEMM is off on cuda:{device} ({exc}); "
-                      "the Triton kernel serves its batch sizes", RuntimeWarning, stacklevel=2)
+        _turn_off("CUDA wgmma GEMM", mark_broken, x2, exc)
         return None
+
+
+def _turn_off(kernel: str, mark_broken: Callable[[int, str], None], x2: torch.Tensor,
+              exc: Exception) -> None:
+    """A CUDA kernel's build or load failed: it is off on this device for good (one
+    warning), and the caller runs the Triton kernel on the same stored weight."""
+    device = x2.device.index or 0
+    mark_broken(device, str(exc).splitlines()[0])
+    warnings.warn(f"nvfp4-triton: the {kernel} is off on cuda:{device} ({exc}); the Triton "
+                  "kernel serves its batch sizes", RuntimeWarning, stacklevel=3)
 
 
 def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
@@ -338,12 +345,7 @@ def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
             outs.append(launch_gemv(part, words, codes, global_scale, bias,
                                     replace(build, nt=nt, tiled=tiled)))
     except CudaJitError as exc:
-        # A build or load failure turns the GEMV off on this device for good (one warning),
-        # and this call runs the Triton kernel on the same stored weight.
-        device = x2.device.index or 0
-        mark_broken(device, str(exc).splitlines()[0])
-        warnings.warn(f"nvfp4-triton: the CUDA GEMV is off on cuda:{device} ({exc}); the Triton "
-                      "kernel serves its batch sizes", RuntimeWarning, stacklevel=2)
+        _turn_off("CUDA GEMV", mark_broken, x2, exc)
         return None
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
