@@ -23,6 +23,9 @@ from kernelbay_quant_nvfp4.cuda_wgmma import (
     source,
     wgmma_unsupported,
 )
+from kernelbay_quant_nvfp4.cuda_wgmma import (
+    DEFAULT as DEFAULT_BUILD,
+)
 from kernelbay_quant_nvfp4.linear_triton import layout_tensors
 from kernelbay_quant_nvfp4.triton_configs import CANDIDATES
 from nvfp4_triton_helpers import (
@@ -35,7 +38,8 @@ from nvfp4_triton_helpers import (
 )
 
 BUILDS = [WgmmaConfig(1, 64, 4, 2), WgmmaConfig(2, 128, 4, 1), WgmmaConfig(1, 256, 3, 1),
-          WgmmaConfig(2, 64, 4, 1), WgmmaConfig(1, 16, 6, 3), WgmmaConfig(4, 32, 3, 1)]
+          WgmmaConfig(2, 64, 4, 1), WgmmaConfig(1, 16, 6, 3), WgmmaConfig(4, 32, 3, 1),
+          WgmmaConfig(3, 48, 3, 1), WgmmaConfig(2, 128, 5, 1)]
 
 
 def _on_sm90() -> bool:
@@ -64,12 +68,26 @@ def test_refusals_name_the_operand() -> None:
     assert "multiple of 128" in str(wgmma_unsupported(xc[:, :192], words, codes))
     assert "aligned" in str(wgmma_unsupported(
         torch.zeros(4, 264, dtype=torch.bfloat16, device="cuda")[:, 1:257], words, codes))
+    row = torch.zeros(1, 256, dtype=torch.bfloat16, device="cuda")
+    assert "do not overlap" in str(wgmma_unsupported(row.expand(8, 256), words, codes))
+    assert wgmma_unsupported(row.expand(1, 256), words, codes) is None
+    shifted = torch.zeros(words.numel() + 1, dtype=torch.int32, device="cuda")[1:]
+    assert "words 16-byte aligned" in str(wgmma_unsupported(
+        xc, shifted.view(words.shape), codes))
+    assert "scale codes 16-byte aligned on cuda" in str(wgmma_unsupported(xc, words,
+                                                                          codes.cpu()))
 
 
 def test_builds_are_checked_and_fit() -> None:
     """Impossible builds name the field; the defaults fit their CTAs per SM in 227 KB."""
-    with pytest.raises(ValueError, match="ntok=24"):
-        WgmmaConfig(2, 24).check()
+    with pytest.raises(ValueError, match="ntok=20"):
+        WgmmaConfig(2, 20).check()
+    for spills in (WgmmaConfig(4, 128, 3, 1), WgmmaConfig(2, 128, 4, 2),
+                   WgmmaConfig(3, 192, 3, 1)):
+        with pytest.raises(ValueError, match="registers per thread"):
+            spills.check()
+    for build in BUILDS:
+        build.check()
     with pytest.raises(ValueError, match="stages=2"):
         WgmmaConfig(1, 64, 2).check()
     with pytest.raises(ValueError, match="shared memory"):
@@ -117,6 +135,30 @@ def test_every_build_compiles_without_local_memory(tmp_path: Any,
                                                                                 usage)
 
 
+@pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
+def test_wgmma_groups_are_not_serialized(tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+                                         ) -> None:
+    """The point of the kernel: its wgmma groups stay asynchronous. When ptxas finds a register
+    of a pending group written, it waits after every HGMMA (each one then completes the
+    group and is followed by a wait for zero pending); here each group of four k16 steps
+    completes once and the wait leaves one group pending."""
+    import re
+
+    from kernelbay.testing.cubins import cubin_sass
+
+    monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
+    for build in (DEFAULT_BUILD, WgmmaConfig(1, 64, 4, 2)):
+        sass = cubin_sass(compile_cubin(source(build), "nvfp4_wgmma", ARCH,
+                                        build_options(build)))
+        if sass is None:
+            pytest.skip("cuobjdump not found (it comes with triton)")
+        steps = re.findall(r"HGMMA\.64x\d+x16\S*[^;]*;", sass)
+        closing = [step for step in steps if "gsb0" in step]
+        assert steps and len(steps) == 4 * len(closing), build.name
+        assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass
+        assert "WARPGROUP.DEPBAR.LE gsb0, 0x0" in sass   # only the final drain
+
+
 gpu_sm90 = pytest.mark.skipif(not _on_sm90(), reason="needs compute capability 9.0")
 
 
@@ -132,8 +174,7 @@ def test_cuda_wgmma_matches_reference(config: WgmmaConfig | None, n: int, k: int
     block scales."""
     gen = torch.Generator().manual_seed(n * 7 + k)
     tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
-    if n > 1:
-        edge_scales(tensors)
+    edge_scales(tensors)
     w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
     words, codes = _stored(tensors)
     for m in (1, 17, 64, 100, 256, 300):
@@ -185,7 +226,8 @@ def test_a_build_failure_falls_back_to_triton(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(cuda_wgmma, "_BROKEN", {})
     monkeypatch.setattr(linear_triton, "cuda_wgmma_reason", lambda *a: None)
     monkeypatch.setattr(linear_triton, "_sm_count", lambda index: 132)
-    monkeypatch.setattr(cuda_wgmma, "launch_wgmma", failing)
+    monkeypatch.setattr(linear_triton, "_device_index", lambda x2: 0)
+    monkeypatch.setattr(cuda_wgmma, "wgmma_kernel", failing)
     tensors = nvfp4_weights(32, 256, torch.Generator().manual_seed(5))
     words, codes = _stored(tensors)
     x = torch.randn(40, 256).bfloat16()
@@ -195,3 +237,27 @@ def test_a_build_failure_falls_back_to_triton(monkeypatch: pytest.MonkeyPatch) -
                                        codes, tensors["weight_scale_2"], None)
     assert got is None
     assert "unknown option" in str(cuda_wgmma.broken_reason(0))
+
+
+def test_a_launch_failure_is_an_error_not_a_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only building and loading turn the GEMM off: when the kernel is there but a launch
+    fails, the error reaches the caller and the device stays usable."""
+    from kernelbay_quant_nvfp4 import cuda_wgmma, linear_triton
+    from kernelbay_quant_nvfp4.triton_configs import KernelConfig
+
+    def failing(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise CudaJitError("CUDA driver cuLaunchKernel failed: invalid argument (1)")
+
+    monkeypatch.setattr(cuda_wgmma, "_BROKEN", {})
+    monkeypatch.setattr(linear_triton, "cuda_wgmma_reason", lambda *a: None)
+    monkeypatch.setattr(linear_triton, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(linear_triton, "_device_index", lambda x2: 0)
+    monkeypatch.setattr(cuda_wgmma, "wgmma_kernel", lambda config, device: None)
+    monkeypatch.setattr(cuda_wgmma, "launch_wgmma", failing)
+    tensors = nvfp4_weights(32, 256, torch.Generator().manual_seed(5))
+    words, codes = _stored(tensors)
+    with pytest.raises(CudaJitError, match="cuLaunchKernel"):
+        linear_triton._run_wgmma(KernelConfig("cw-x", "cuda-wgmma", wgmma=WgmmaConfig()),
+                                 torch.randn(40, 256).bfloat16(), words, codes,
+                                 tensors["weight_scale_2"], None)
+    assert cuda_wgmma.broken_reason(0) is None

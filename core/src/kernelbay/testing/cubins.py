@@ -1,5 +1,6 @@
-"""Resource usage of a compiled cubin, for tests of kernels built by ``kernelbay.cuda_jit``
-(registers, stack and local memory, read without a GPU)."""
+"""Resource usage and SASS of a compiled cubin, for tests of kernels built by
+``kernelbay.cuda_jit`` (registers, stack and local memory, instructions; read without a
+GPU)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import subprocess
 import tempfile
 
-__all__ = ["cubin_resources"]
+__all__ = ["cubin_resources", "cubin_sass"]
 
 
 def _cuobjdump() -> str | None:
@@ -22,9 +23,7 @@ def _cuobjdump() -> str | None:
     return found[0] if found else None
 
 
-def cubin_resources(cubin: bytes) -> str | None:
-    """``cuobjdump -res-usage`` of ``cubin`` (lines with ``REG:``, ``STACK:``, ``LOCAL:``),
-    or None when no ``cuobjdump`` is at hand."""
+def _dump(cubin: bytes, flag: str) -> str | None:
     tool = _cuobjdump()
     if tool is None:
         return None
@@ -32,5 +31,17 @@ def cubin_resources(cubin: bytes) -> str | None:
         path = os.path.join(folder, "kernel.cubin")
         with open(path, "wb") as f:
             f.write(cubin)
-        return subprocess.run([tool, "-res-usage", path], capture_output=True, text=True,
+        return subprocess.run([tool, flag, path], capture_output=True, text=True,
                               check=True).stdout
+
+
+def cubin_resources(cubin: bytes) -> str | None:
+    """``cuobjdump -res-usage`` of ``cubin`` (lines with ``REG:``, ``STACK:``, ``LOCAL:``),
+    or None when no ``cuobjdump`` is at hand."""
+    return _dump(cubin, "-res-usage")
+
+
+def cubin_sass(cubin: bytes) -> str | None:
+    """``cuobjdump -sass`` of ``cubin`` (one SASS instruction per line), or None when no
+    ``cuobjdump`` is at hand."""
+    return _dump(cubin, "-sass")

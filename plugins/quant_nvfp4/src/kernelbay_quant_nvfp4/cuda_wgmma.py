@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from kernelbay.cuda_jit import Kernel
 
 __all__ = ["ARCH", "DEFAULT", "WgmmaConfig", "broken_reason", "build_options", "config_for_m",
-           "launch_wgmma", "mark_broken", "mma_source", "nvfp4_wgmma_cuda", "prefers", "shared_bytes",
-           "source", "wgmma_kernel", "wgmma_unsupported"]
+           "launch_wgmma", "mark_broken", "mma_source", "nvfp4_wgmma_cuda", "prefers",
+           "register_cap", "registers_needed", "shared_bytes", "source", "wgmma_kernel",
+           "wgmma_unsupported"]
 
 #: The architecture the kernel is built for: ``wgmma`` is an sm_90a feature (compute
 #: capability 9.0 exactly; later architectures do not run sm_90a code).
@@ -37,7 +38,7 @@ K_MULTIPLE = 128
 @dataclass(frozen=True)
 class WgmmaConfig:
     """One build: ``wg`` warpgroups of 64 weight rows per CTA, ``ntok`` tokens per CTA (the
-    wgmma N, a multiple of ``8 * wg`` up to 256), ``stages`` shared-memory slots of one
+    wgmma N, a multiple of 8 up to 256), ``stages`` shared-memory slots of one
     128-element K chunk, ``min_blocks`` CTAs per SM the registers are capped for."""
 
     wg: int = 2
@@ -53,14 +54,31 @@ class WgmmaConfig:
         """``ValueError`` naming the field when the build cannot exist."""
         if self.wg not in (1, 2, 3, 4):
             raise ValueError(f"nvfp4 wgmma: wg={self.wg}; valid: 1, 2, 3, 4")
-        if self.ntok % (8 * self.wg) or not 8 <= self.ntok <= 256:
-            raise ValueError(f"nvfp4 wgmma: ntok={self.ntok}; valid: a multiple of "
-                             f"8 * wg = {8 * self.wg} from 8 to 256")
+        if self.ntok % 8 or not 8 <= self.ntok <= 256:
+            raise ValueError(f"nvfp4 wgmma: ntok={self.ntok}; valid: a multiple of 8 from 8 "
+                             "to 256")
         if self.stages < 3:
             raise ValueError(f"nvfp4 wgmma: stages={self.stages}; valid: >= 3")
         if shared_bytes(self) > 227 * 1024:
             raise ValueError(f"nvfp4 wgmma: {self.name} needs {shared_bytes(self)} bytes of "
                              "shared memory; at most 232448 on sm_90")
+        if registers_needed(self) > register_cap(self):
+            raise ValueError(f"nvfp4 wgmma: {self.name} needs about {registers_needed(self)} "
+                             f"registers per thread, {register_cap(self)} fit {self.min_blocks} "
+                             f"CTA(s) of {128 * self.wg} threads per SM: it would spill and "
+                             "ptxas would serialize its wgmma groups")
+
+
+def registers_needed(config: WgmmaConfig) -> int:
+    """Registers per thread the kernel needs without spilling (``ntok / 2`` accumulators, three
+    sets of 16 fragment registers and about 40 more; from sm_90a builds: 133 at 64 tokens,
+    167 at 128, 231 at 256)."""
+    return config.ntok // 2 + 88
+
+
+def register_cap(config: WgmmaConfig) -> int:
+    """Registers per thread available to ``min_blocks`` CTAs of ``wg`` warpgroups per SM."""
+    return min(255, 65536 // (128 * config.wg * config.min_blocks))
 
 
 def shared_bytes(config: WgmmaConfig) -> int:
@@ -156,7 +174,8 @@ def wgmma_unsupported(x2: torch.Tensor, words: torch.Tensor,
                       codes: torch.Tensor) -> str | None:
     """Why these operands cannot run the kernel (``None`` when they can): bf16 activations
     [M, K] on a CUDA device of compute capability 9.0, K a multiple of 128, 16-byte aligned
-    rows, words and scale codes in the ``tiles`` layout."""
+    rows that do not overlap, words and scale codes in the ``tiles`` layout on the same device,
+    16-byte aligned."""
     import torch
 
     k = x2.shape[1]
@@ -174,6 +193,9 @@ def wgmma_unsupported(x2: torch.Tensor, words: torch.Tensor,
         return f"needs K a positive multiple of {K_MULTIPLE}, got K = {k}"
     if x2.stride(-1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
         return "needs 16-byte aligned activation rows"
+    if x2.shape[0] > 1 and x2.stride(0) < k:
+        return f"needs activation rows that do not overlap, got a row stride of " \
+               f"{x2.stride(0)} for K = {k}"
     want_w = (k // 128, 256)
     if words.dtype != torch.int32 or words.dim() != 3 or tuple(words.shape[1:]) != want_w \
             or not words.is_contiguous():
@@ -182,6 +204,10 @@ def wgmma_unsupported(x2: torch.Tensor, words: torch.Tensor,
     want_c = (words.shape[0], k // 128, 128)
     if codes.dtype != torch.uint8 or tuple(codes.shape) != want_c or not codes.is_contiguous():
         return f"needs uint8 scale codes {list(want_c)}, got {codes.dtype} {tuple(codes.shape)}"
+    for name, t in (("words", words), ("scale codes", codes)):
+        if t.device != x2.device or t.data_ptr() % 16:
+            return f"needs the {name} 16-byte aligned on {x2.device}, got {t.device} at " \
+                   f"{t.data_ptr():#x}"
     return None
 
 
@@ -210,13 +236,18 @@ def launch_wgmma(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     if m == 0:
         return out
     if bias is not None:
-        bias = bias.to(torch.bfloat16).contiguous()
-    scale = global_scale.reshape(-1)[:1].float().contiguous()
+        if bias.numel() != n:
+            raise ValueError(f"nvfp4 wgmma: bias has {bias.numel()} elements, the layer has "
+                             f"N = {n} outputs")
+        bias = bias.to(x2.device, torch.bfloat16).contiguous()
+    scale = global_scale.reshape(-1)[:1].to(x2.device, torch.float32).contiguous()
     device = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
     kernel = wgmma_kernel(config, device)
     grid = (-(-m // config.ntok), -(-n // (64 * config.wg)), 1)
     # The activations' TMA map: boxes of 64 elements (one 128-byte swizzle span) x ntok rows.
-    xmap = tensor_map_2d(x2.data_ptr(), "bfloat16", m, k, x2.stride(0) * 2, config.ntok, 64)
+    # One row has no stride to speak of (a [1, K] view may carry any): give it its own length.
+    stride = x2.stride(0) if m > 1 else k
+    xmap = tensor_map_2d(x2.data_ptr(), "bfloat16", m, k, stride * 2, config.ntok, 64)
     args = [xmap, ctypes.c_void_p(words.data_ptr()), ctypes.c_void_p(codes.data_ptr()),
             ctypes.c_void_p(scale.data_ptr()),
             ctypes.c_void_p(bias.data_ptr() if bias is not None else 0),

@@ -289,11 +289,17 @@ def _run_wgmma(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor | None:
     """``x2`` through the wgmma GEMM; ``None`` when ``cuda_wgmma_reason`` says it cannot
     run, when the default build would leave SMs idle (``cuda_wgmma.prefers``; a config naming
-    its build always runs it), or when its build fails (then it is off on the device for
-    good, with one warning)."""
+    its build always runs it), or when its build or load fails (then it is off on the device
+    for good, with one warning)."""
     from kernelbay.cuda_jit import CudaJitError
 
-    from kernelbay_quant_nvfp4.cuda_wgmma import config_for_m, launch_wgmma, mark_broken, prefers
+    from kernelbay_quant_nvfp4.cuda_wgmma import (
+        config_for_m,
+        launch_wgmma,
+        mark_broken,
+        prefers,
+        wgmma_kernel,
+    )
 
     if cuda_wgmma_reason(x2, words, codes) is not None:
         return None
@@ -302,11 +308,18 @@ def _run_wgmma(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
     if config.wgmma is None and not prefers(m, n, sms):
         return None
     build = config.wgmma or config_for_m(m, n, x2.shape[1], sms)
-    try:
-        return launch_wgmma(x2, words, codes, global_scale, bias, build)
+    try:   # only building and loading turn it off; a failed launch is an error
+        wgmma_kernel(build, _device_index(x2))
     except CudaJitError as exc:
         _turn_off("CUDA wgmma GEMM", mark_broken, x2, exc)
         return None
+    return launch_wgmma(x2, words, codes, global_scale, bias, build)
+
+
+def _device_index(x2: torch.Tensor) -> int:
+    import torch
+
+    return x2.device.index if x2.device.index is not None else torch.cuda.current_device()
 
 
 def _turn_off(kernel: str, mark_broken: Callable[[int, str], None], x2: torch.Tensor,
@@ -329,7 +342,12 @@ def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
     import torch
     from kernelbay.cuda_jit import CudaJitError
 
-    from kernelbay_quant_nvfp4.cuda_gemv import config_for_m, launch_gemv, mark_broken
+    from kernelbay_quant_nvfp4.cuda_gemv import (
+        config_for_m,
+        gemv_kernel,
+        launch_gemv,
+        mark_broken,
+    )
 
     rows = min(x2.shape[0], 16)
     tiled = config.path == "cuda-tiles"
@@ -337,16 +355,16 @@ def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
         return None
     sms = _sm_count(x2.device.index or 0) if x2.is_cuda else 132
     build = config.gemv or config_for_m(rows, stored_rows(words, tiled), x2.shape[1], sms)
-    outs = []
-    try:
-        for start in range(0, x2.shape[0], rows):
-            part = x2[start:start + rows]
-            nt = 1 if part.shape[0] <= 8 else 2
-            outs.append(launch_gemv(part, words, codes, global_scale, bias,
-                                    replace(build, nt=nt, tiled=tiled)))
+    parts = [x2[start:start + rows] for start in range(0, x2.shape[0], rows)]
+    builds = [replace(build, nt=1 if part.shape[0] <= 8 else 2, tiled=tiled) for part in parts]
+    try:   # only building and loading turn it off; a failed launch is an error
+        for b in set(builds):
+            gemv_kernel(b, _device_index(x2))
     except CudaJitError as exc:
         _turn_off("CUDA GEMV", mark_broken, x2, exc)
         return None
+    outs = [launch_gemv(part, words, codes, global_scale, bias, b)
+            for part, b in zip(parts, builds, strict=True)]
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 

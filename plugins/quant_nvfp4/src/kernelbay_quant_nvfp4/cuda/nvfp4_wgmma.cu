@@ -50,8 +50,8 @@ typedef unsigned long long u64;
 #if STAGES < 3
 #error "STAGES must be >= 3 (the activations are refilled two chunks behind)"
 #endif
-#if NTOK % (8 * WG) || NTOK > 256
-#error "NTOK must be a multiple of 8 * WG, at most 256"
+#if NTOK % 8 || NTOK > 256
+#error "NTOK must be a multiple of 8 (the swizzle's 8-row groups), at most 256"
 #endif
 
 #define THREADS (WG * 128)
@@ -243,6 +243,7 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   // the first wait chunk j - 1 is retired: this warp releases its slot, and thread 0 refills
   // the slot of chunk j - 2 (released by every warp in step j - 1, unless one lags behind).
   auto step = [&](u32 (&a)[4][4], u32 (&b)[4][4], u32 (&c)[4][4], int j) {
+    __syncwarp();   // every lane's reads of chunk j's weight slot before the copies refill it
     fetch_w(j + STAGES);
     weights_landed();
     mbar_wait(full + (j % STAGES) * 8, (j / STAGES) & 1);
