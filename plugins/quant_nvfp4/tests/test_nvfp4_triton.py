@@ -25,7 +25,7 @@ from kernelbay.formats import dequantize_nvfp4
 from kernelbay.requests import LinearRequest
 from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear
 from kernelbay_quant_nvfp4.schemes import nvfp4_scheme
-from kernelbay_quant_nvfp4.triton_configs import CANDIDATES, KernelConfig
+from kernelbay_quant_nvfp4.triton_configs import CANDIDATES, KernelConfig, layout_of
 from nvfp4_triton_helpers import (
     check_close,
     edge_scales,
@@ -82,9 +82,9 @@ def test_nan_scale_rejected_naming_the_tensor() -> None:
 def ragged_k(config: KernelConfig) -> int:
     """A K that is whole NVFP4 blocks but not whole K tiles: 3088 = 193 blocks, or 3104 = 97
     groups of 32 for the fragment-order words (which need K a multiple of 32), or 3200 = 25
-    chunks of 128 for the CUDA GEMV (which needs whole chunks; 25 do not split evenly over
-    its warps)."""
-    if config.path in ("cuda", "cuda-tiles", "tiles"):
+    chunks of 128 for the CUDA GEMV and the wgmma GEMM (which need whole chunks; 25 do not
+    split evenly over the GEMV's warps)."""
+    if config.path in ("cuda", "cuda-tiles", "tiles", "cuda-wgmma"):
         return 3200
     return 3104 if config.path == "fragment" else 3088
 
@@ -96,7 +96,7 @@ def test_cuda_every_config_matches_reference(config: KernelConfig) -> None:
     assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 
     # the tiles layout groups whole 16-row tiles (63 here: an odd count)
-    n, k = 1008 if config.path in ("cuda-tiles", "tiles") else 1000, ragged_k(config)
+    n, k = 1008 if layout_of(config) == "tiles" else 1000, ragged_k(config)
     gen = torch.Generator().manual_seed(n ^ k)
     tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
     edge_scales(tensors)
@@ -130,7 +130,7 @@ def test_cuda_halfword_fp16_matches_reference(config: KernelConfig) -> None:
     """The halfword kernels with fp16 activations (decoded bf16 tile converted to fp16,
     exact), ragged N and K, edge block scales."""
 
-    n, k = 1008 if config.path in ("cuda-tiles", "tiles") else 1000, ragged_k(config)
+    n, k = 1008 if layout_of(config) == "tiles" else 1000, ragged_k(config)
     gen = torch.Generator().manual_seed(n + k)
     tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
     edge_scales(tensors)
