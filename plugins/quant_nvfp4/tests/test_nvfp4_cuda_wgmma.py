@@ -39,7 +39,8 @@ from nvfp4_triton_helpers import (
 
 BUILDS = [WgmmaConfig(1, 64, 4, 2), WgmmaConfig(2, 128, 4, 1), WgmmaConfig(1, 256, 3, 1),
           WgmmaConfig(2, 64, 4, 1), WgmmaConfig(1, 16, 6, 3), WgmmaConfig(4, 32, 3, 1),
-          WgmmaConfig(3, 48, 3, 1), WgmmaConfig(2, 128, 5, 1)]
+          WgmmaConfig(3, 48, 3, 1), WgmmaConfig(2, 128, 5, 1), WgmmaConfig(1, 64, 4, 2, 3),
+          WgmmaConfig(2, 128, 4, 1, 2)]
 
 
 def _on_sm90() -> bool:
@@ -90,6 +91,8 @@ def test_builds_are_checked_and_fit() -> None:
         build.check()
     with pytest.raises(ValueError, match="stages=2"):
         WgmmaConfig(1, 64, 2).check()
+    with pytest.raises(ValueError, match="split=0"):
+        WgmmaConfig(1, 64, 4, 1, 0).check()
     with pytest.raises(ValueError, match="shared memory"):
         WgmmaConfig(2, 256, 5).check()
     for m in (17, 32, 64, 65, 128, 256, 1000):
@@ -170,7 +173,8 @@ gpu_sm90 = pytest.mark.skipif(not _on_sm90(), reason="needs compute capability 9
                                     (304, 8192)])
 def test_cuda_wgmma_matches_reference(config: WgmmaConfig | None, n: int, k: int) -> None:
     """Row blocks that do not fill the last CTA, K of 1 to 64 chunks (fewer than the stages
-    included, every count modulo the three register sets), token counts that fill no tile exactly and several tiles, bias or none, edge
+    included, every count modulo the three register sets; split K over 1 to 3 ranges, some
+    shorter than the others), token counts that fill no tile exactly and several tiles, bias or none, edge
     block scales."""
     gen = torch.Generator().manual_seed(n * 7 + k)
     tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}

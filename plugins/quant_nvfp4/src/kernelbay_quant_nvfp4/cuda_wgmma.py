@@ -45,10 +45,13 @@ class WgmmaConfig:
     ntok: int = 128
     stages: int = 4
     min_blocks: int = 1
+    #: K ranges (split K: fp32 partials summed in split order by a second kernel).
+    split: int = 1
 
     @property
     def name(self) -> str:
-        return f"cw-g{self.wg}n{self.ntok}s{self.stages}b{self.min_blocks}"
+        return (f"cw-g{self.wg}n{self.ntok}s{self.stages}b{self.min_blocks}"
+                + (f"k{self.split}" if self.split > 1 else ""))
 
     def check(self) -> None:
         """``ValueError`` naming the field when the build cannot exist."""
@@ -59,6 +62,8 @@ class WgmmaConfig:
                              "to 256")
         if self.stages < 3:
             raise ValueError(f"nvfp4 wgmma: stages={self.stages}; valid: >= 3")
+        if self.split < 1:
+            raise ValueError(f"nvfp4 wgmma: split={self.split}; valid: >= 1")
         if shared_bytes(self) > 227 * 1024:
             raise ValueError(f"nvfp4 wgmma: {self.name} needs {shared_bytes(self)} bytes of "
                              "shared memory; at most 232448 on sm_90")
@@ -243,7 +248,13 @@ def launch_wgmma(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     scale = global_scale.reshape(-1)[:1].to(x2.device, torch.float32).contiguous()
     device = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
     kernel = wgmma_kernel(config, device)
-    grid = (-(-m // config.ntok), -(-n // (64 * config.wg)), 1)
+    # K ranges of whole chunks, none empty (at most one per chunk).
+    chunks = k // 128
+    per_split = -(-chunks // max(1, min(config.split, chunks)))
+    splits = -(-chunks // per_split)
+    part = torch.empty(splits, m, n, dtype=torch.float32, device=x2.device) if splits > 1 \
+        else None
+    grid = (-(-m // config.ntok), -(-n // (64 * config.wg)), splits)
     # The activations' TMA map: boxes of 64 elements (one 128-byte swizzle span) x ntok rows.
     # One row has no stride to speak of (a [1, K] view may carry any): give it its own length.
     stride = x2.stride(0) if m > 1 else k
@@ -252,7 +263,12 @@ def launch_wgmma(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
             ctypes.c_void_p(scale.data_ptr()),
             ctypes.c_void_p(bias.data_ptr() if bias is not None else 0),
             ctypes.c_void_p(out.data_ptr()), ctypes.c_longlong(out.stride(0)),
-            ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k)]
+            ctypes.c_void_p(part.data_ptr() if part is not None else 0),
+            ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(per_split)]
     kernel.launch(grid, (128 * config.wg, 1, 1), args,
                   torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config))
+    if part is not None:
+        from kernelbay_quant_nvfp4.triton_kernels import sum_partials
+
+        sum_partials(part, bias, out)
     return out

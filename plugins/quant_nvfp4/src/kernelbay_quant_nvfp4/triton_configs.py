@@ -238,7 +238,11 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     *(KernelConfig(c.name, "cuda-wgmma", wgmma=c) for c in (
         WgmmaConfig(2, 128, 4, 1), WgmmaConfig(2, 128, 5, 1), WgmmaConfig(1, 128, 3, 2),
         WgmmaConfig(1, 128, 4, 1), WgmmaConfig(1, 256, 3, 1), WgmmaConfig(1, 64, 4, 2),
-        WgmmaConfig(2, 64, 4, 1), WgmmaConfig(4, 64, 4, 1))),
+        WgmmaConfig(2, 64, 4, 1), WgmmaConfig(4, 64, 4, 1),
+        # split K (fp32 partials summed in split order) for the batches whose grid is small
+        WgmmaConfig(1, 64, 4, 2, 2), WgmmaConfig(1, 64, 4, 2, 3), WgmmaConfig(1, 64, 4, 2, 4),
+        WgmmaConfig(2, 64, 4, 1, 2), WgmmaConfig(2, 64, 4, 1, 4), WgmmaConfig(1, 128, 4, 1, 2),
+        WgmmaConfig(2, 128, 4, 1, 2), WgmmaConfig(1, 16, 6, 3, 4), WgmmaConfig(1, 16, 6, 3, 8))),
     # The repacked word layout (``kernelbay.formats.e2m1_words``): natural K order, no
     # activation permutation, no 16-bit repacking; the K loop of pr-16x128x128 has 4.3 SASS
     # instructions per element against 4.8 for pw-16x64x256-p3 (LOP3 128, shifts 96, no PRMT).

@@ -1,4 +1,4 @@
-// NVFP4 weight-only GEMM for sm_90a (bf16 activations, M > 16): y[M, N] = x[M, K] W^T,
+// NVFP4 weight-only GEMM for sm_90a (bf16 activations): y[M, N] = x[M, K] W^T,
 // computed transposed (y^T = W x^T) with wgmma: the weight is the register operand, decoded by
 // each thread straight into the registers it multiplies, the activations the shared-memory
 // operand, copied in as they are.
@@ -29,8 +29,10 @@
 // mbarrier; the copying thread refills a slot once every warp has (two chunks behind, so a
 // slow warpgroup rarely holds it up).
 //
-// The fp32 accumulators run the whole K (one order: deterministic), times weight_scale_2 * 2^8
-// (the decoded lanes are e2m1 * S * 2^-8), plus the bias, rounded once to bf16.
+// The fp32 accumulators run the CTA's K range (one order: deterministic), times weight_scale_2
+// * 2^8 (the decoded lanes are e2m1 * S * 2^-8); with one K range (gridDim.z == 1) plus the
+// bias, rounded once to bf16; with several (split K: CTA z takes chunks [z per, (z+1) per))
+// as fp32 partials [z, M, N] that the host sums in split order.
 
 typedef unsigned short u16;
 typedef unsigned long long u64;
@@ -89,14 +91,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ words,
             const unsigned char* __restrict__ codes, const float* __restrict__ global_scale,
             const u16* __restrict__ bias, u16* __restrict__ out, long long stride_om,
-            int M, int N, int K) {
+            float* __restrict__ partial, int M, int N, int K, int per_split) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;               // warp w of warpgroup w / 4 owns 16-row tile w
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int chunks = K >> 7;
+  // This CTA's K range: chunks [c0, c0 + chunks) (the host makes none empty).
+  const int c0 = blockIdx.z * per_split;
+  const int chunks = min(per_split, (K >> 7) - c0);
   const int tiles = (N + 15) >> 4;
   const int tok0 = blockIdx.x * NTOK;
   const int row_tile = blockIdx.y * (WG * 4) + warp;
@@ -125,8 +129,8 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
     const int slot = j % STAGES;
     const u32 bar = full + slot * 8;
     mbar_expect(bar, X_STAGE);
-    bulk_tensor_2d(xs + slot * X_STAGE, &xmap, j * 128, tok0, bar);
-    bulk_tensor_2d(xs + slot * X_STAGE + NTOK * 128, &xmap, j * 128 + 64, tok0, bar);
+    bulk_tensor_2d(xs + slot * X_STAGE, &xmap, (c0 + j) * 128, tok0, bar);
+    bulk_tensor_2d(xs + slot * X_STAGE + NTOK * 128, &xmap, (c0 + j) * 128 + 64, tok0, bar);
   };
 
   // Weight: each warp copies its own tile's chunk (1 KB of words: 16-byte pieces lane and
@@ -140,8 +144,9 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
     const int r = (u >> 2) & 7;
     wdst[q] = warp * 1024 + ((u & ~3) + ((u & 3) ^ ((r >> 1) & 3))) * 16;
   }
-  const u32* wsrc = words + tile * chunks * 256 + lane * 4;
-  const unsigned char* csrc = codes + tile * chunks * 128 + lane * 16;
+  const long long tile_chunks = K >> 7;
+  const u32* wsrc = words + (tile * tile_chunks + c0) * 256 + lane * 4;
+  const unsigned char* csrc = codes + (tile * tile_chunks + c0) * 128 + lane * 16;
 
   auto fetch_w = [&](int j) {   // chunk j's weight into slot j % STAGES, then commit
     if (j < chunks) {
@@ -291,9 +296,13 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
       for (int e = 0; e < 2; ++e) {
         const int m = tok0 + 8 * i + 2 * t + e;
         if (m < M) {
-          u16 v;
-          asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(v) : "f"(acc[4 * i + 2 * h + e] * factor + b));
-          out[(long long)m * stride_om + n] = v;
+          if (partial != nullptr) {
+            partial[((long long)blockIdx.z * M + m) * N + n] = acc[4 * i + 2 * h + e] * factor;
+          } else {
+            u16 v;
+            asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(v) : "f"(acc[4 * i + 2 * h + e] * factor + b));
+            out[(long long)m * stride_om + n] = v;
+          }
         }
       }
     }
