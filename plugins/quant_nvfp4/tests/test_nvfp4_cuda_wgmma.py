@@ -21,6 +21,7 @@ from kernelbay_quant_nvfp4.cuda_wgmma import (
     prefers,
     shared_bytes,
     source,
+    split_for,
     wgmma_unsupported,
 )
 from kernelbay_quant_nvfp4.cuda_wgmma import (
@@ -104,12 +105,18 @@ def test_builds_are_checked_and_fit() -> None:
 
 
 def test_default_build_only_where_its_grid_fills_the_gpu() -> None:
-    """No split K: the default build serves a batch above 64 only when its 128 x 128 CTAs
-    number at least 90% of the SMs (M = 256 at N = 8192 on 132 SMs: 128 CTAs; M = 128 at
-    N = 8192: 64, left to the Triton kernel)."""
-    assert prefers(256, 8192, 132) and prefers(128, 28672, 132)
-    assert not prefers(128, 8192, 132) and not prefers(64, 28672, 132)
-    assert not prefers(1000, 128, 132)
+    """Above 64 tokens the default build splits K until its 128 x 128 CTAs number about 90% of
+    the SMs (at most four ranges of at least four chunks), and serves a layer only if that
+    fills the GPU: M = 256 at N = 8192 on 132 SMs is 128 CTAs unsplit, M = 128 at N = 8192
+    64 CTAs split in two; M <= 64 and layers too narrow or too short stay with Triton."""
+    assert split_for(256, 8192, 8192, 132) == 1 and split_for(128, 28672, 8192, 132) == 1
+    assert split_for(128, 8192, 8192, 132) == 2 and split_for(128, 8192, 28672, 132) == 2
+    assert split_for(100, 2048, 8192, 132) == 4 and split_for(128, 8192, 512, 132) == 1
+    assert config_for_m(128, 8192, 8192, 132).split == 2
+    assert prefers(256, 8192, 8192, 132) and prefers(128, 8192, 28672, 132)
+    assert prefers(128, 28672, 8192, 132)
+    assert not prefers(64, 28672, 8192, 132) and not prefers(128, 8192, 512, 132)
+    assert not prefers(1000, 128, 8192, 132)
 
 
 def test_mma_wrapper_names_every_accumulator() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kernelbay_quant_nvfp4.cuda_gemv import cuda_source
@@ -23,10 +23,10 @@ if TYPE_CHECKING:
     import torch
     from kernelbay.cuda_jit import Kernel
 
-__all__ = ["ARCH", "DEFAULT", "WgmmaConfig", "broken_reason", "build_options", "config_for_m",
-           "launch_wgmma", "mark_broken", "mma_source", "nvfp4_wgmma_cuda", "prefers",
-           "register_cap", "registers_needed", "shared_bytes", "source", "wgmma_kernel",
-           "wgmma_unsupported"]
+__all__ = ["ARCH", "DEFAULT", "MAX_SPLIT", "WgmmaConfig", "broken_reason", "build_options",
+           "config_for_m", "launch_wgmma", "mark_broken", "mma_source", "nvfp4_wgmma_cuda",
+           "prefers", "register_cap", "registers_needed", "shared_bytes", "source", "split_for",
+           "wgmma_kernel", "wgmma_unsupported"]
 
 #: The architecture the kernel is built for: ``wgmma`` is an sm_90a feature (compute
 #: capability 9.0 exactly; later architectures do not run sm_90a code).
@@ -98,21 +98,39 @@ def shared_bytes(config: WgmmaConfig) -> int:
 DEFAULT = WgmmaConfig(2, 128, 4, 1)
 
 
+#: The most K ranges the default build splits into (each at least ``MIN_SPLIT_CHUNKS``).
+MAX_SPLIT = 4
+MIN_SPLIT_CHUNKS = 4
+
+
+def split_for(m: int, n: int, k: int, sms: int) -> int:
+    """K ranges for the default build at ``m`` tokens, ``n`` rows and ``k`` inputs on ``sms``
+    multiprocessors: enough for its 128 x 128 CTAs to number about 90% of the SMs, at most
+    ``MAX_SPLIT`` and at least ``MIN_SPLIT_CHUNKS`` chunks of 128 per range. From the H200
+    sweep (``bench/results/nvfp4-sweep-wgmma-splitk-h200.md``): M = 128 on 8192-wide layers
+    (64 CTAs) split in two ran 37.5 / 112 us against 44 / 132 for the Triton kernel; where the
+    grid is already full (28672 rows) splitting lost 5%."""
+    ctas = -(-n // (64 * DEFAULT.wg)) * -(-m // DEFAULT.ntok)
+    want = -(-int(0.9 * sms) // max(ctas, 1))
+    return max(1, min(MAX_SPLIT, want, (k // 128) // MIN_SPLIT_CHUNKS))
+
+
 def config_for_m(m: int, n: int = 0, k: int = 0, sms: int = 132) -> WgmmaConfig:
-    """The build for ``m`` tokens and ``n`` output rows on ``sms`` multiprocessors: one
-    warpgroup and the batch rounded up to 8 tokens while it is at most 64 (tried in the
-    sweeps, slower than the Triton kernel there), else ``DEFAULT``."""
+    """The build for ``m`` tokens, ``n`` output rows and ``k`` inputs on ``sms``
+    multiprocessors: above 64 tokens ``DEFAULT`` split over ``split_for`` K ranges; at most
+    64 (never the default there: slower than the Triton kernel in every sweep, split or not)
+    one warpgroup and the batch rounded up to 8 tokens."""
     if m <= 64:
         return WgmmaConfig(1, max(8, -(-m // 8) * 8), 4, 2)
-    return DEFAULT
+    return replace(DEFAULT, split=split_for(m, n, k, sms))
 
 
-def prefers(m: int, n: int, sms: int) -> bool:
-    """Whether the default build should serve ``m`` tokens and ``n`` rows on ``sms``
-    multiprocessors: it does not split K, so only when its grid gives about a CTA per SM
-    (at least 90%; fewer leave SMs idle and the split-K Triton kernel is faster)."""
+def prefers(m: int, n: int, k: int, sms: int) -> bool:
+    """Whether the default build should serve ``m`` tokens, ``n`` rows and ``k`` inputs on
+    ``sms`` multiprocessors: above 64 tokens, when its CTAs over ``split_for`` K ranges number
+    at least 90% of the SMs (fewer leave SMs idle; the split-K Triton kernel is faster there)."""
     ctas = -(-n // (64 * DEFAULT.wg)) * -(-m // DEFAULT.ntok)
-    return m > 64 and ctas >= 0.9 * sms
+    return m > 64 and ctas * split_for(m, n, k, sms) >= 0.9 * sms
 
 
 def mma_source(ntok: int) -> str:
@@ -224,7 +242,7 @@ def nvfp4_wgmma_cuda(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     reason = wgmma_unsupported(x2, words, codes)
     if reason is not None:
         raise ValueError(f"nvfp4 wgmma: {reason}")
-    config = config or config_for_m(x2.shape[0], words.shape[0] * 16)
+    config = config or config_for_m(x2.shape[0], words.shape[0] * 16, x2.shape[1])
     return launch_wgmma(x2, words, codes, global_scale, bias, config)
 
 

@@ -305,7 +305,7 @@ def _run_wgmma(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
         return None
     m, n = x2.shape[0], words.shape[0] * 16
     sms = _sm_count(x2.device.index or 0)
-    if config.wgmma is None and not prefers(m, n, sms):
+    if config.wgmma is None and not prefers(m, n, x2.shape[1], sms):
         return None
     build = config.wgmma or config_for_m(m, n, x2.shape[1], sms)
     try:   # only building and loading turn it off; a failed launch is an error
