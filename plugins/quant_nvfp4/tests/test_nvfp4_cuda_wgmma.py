@@ -225,50 +225,48 @@ def test_cuda_wgmma_every_code_and_scale_exact(config: WgmmaConfig) -> None:
     assert torch.equal(got, w.T.to(torch.bfloat16))
 
 
-def test_a_build_failure_falls_back_to_triton(monkeypatch: pytest.MonkeyPatch) -> None:
-    """When the GEMM does not build or load, the call warns once, returns nothing for the
-    caller to fall back on, and the device is marked with the reason."""
+def _run_with(monkeypatch: pytest.MonkeyPatch, build: Any, launch: Any) -> Any:
+    """``linear_triton._run_wgmma`` on CPU tensors with the checks passed and the kernel's
+    build (``wgmma_kernel``) and launch (``launch_wgmma``) replaced."""
     from kernelbay_quant_nvfp4 import cuda_wgmma, linear_triton
     from kernelbay_quant_nvfp4.triton_configs import KernelConfig
-
-    def failing(*args: Any, **kwargs: Any) -> torch.Tensor:
-        raise CudaJitError("NVRTC could not compile nvfp4_wgmma for sm_90a: unknown option")
 
     monkeypatch.setattr(cuda_wgmma, "_BROKEN", {})
     monkeypatch.setattr(linear_triton, "cuda_wgmma_reason", lambda *a: None)
     monkeypatch.setattr(linear_triton, "_sm_count", lambda index: 132)
     monkeypatch.setattr(linear_triton, "_device_index", lambda x2: 0)
-    monkeypatch.setattr(cuda_wgmma, "wgmma_kernel", failing)
+    monkeypatch.setattr(cuda_wgmma, "wgmma_kernel", build)
+    monkeypatch.setattr(cuda_wgmma, "launch_wgmma", launch)
     tensors = nvfp4_weights(32, 256, torch.Generator().manual_seed(5))
     words, codes = _stored(tensors)
-    x = torch.randn(40, 256).bfloat16()
+    return linear_triton._run_wgmma(KernelConfig("cw-x", "cuda-wgmma", wgmma=WgmmaConfig()),
+                                    torch.randn(40, 256).bfloat16(), words, codes,
+                                    tensors["weight_scale_2"], None)
+
+
+def _raises(message: str) -> Any:
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise CudaJitError(message)
+    return fail
+
+
+def test_a_build_failure_falls_back_to_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the GEMM does not build or load, the call warns once, returns nothing for the
+    caller to fall back on, and the device is marked with the reason."""
+    from kernelbay_quant_nvfp4 import cuda_wgmma
+
+    build = _raises("NVRTC could not compile nvfp4_wgmma for sm_90a: unknown option")
     with pytest.warns(RuntimeWarning, match="wgmma GEMM is off on cuda:0.*unknown option"):
-        got = linear_triton._run_wgmma(KernelConfig("cw-x", "cuda-wgmma",
-                                                    wgmma=WgmmaConfig()), x, words,
-                                       codes, tensors["weight_scale_2"], None)
-    assert got is None
+        assert _run_with(monkeypatch, build, _raises("not reached")) is None
     assert "unknown option" in str(cuda_wgmma.broken_reason(0))
 
 
 def test_a_launch_failure_is_an_error_not_a_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     """Only building and loading turn the GEMM off: when the kernel is there but a launch
     fails, the error reaches the caller and the device stays usable."""
-    from kernelbay_quant_nvfp4 import cuda_wgmma, linear_triton
-    from kernelbay_quant_nvfp4.triton_configs import KernelConfig
+    from kernelbay_quant_nvfp4 import cuda_wgmma
 
-    def failing(*args: Any, **kwargs: Any) -> torch.Tensor:
-        raise CudaJitError("CUDA driver cuLaunchKernel failed: invalid argument (1)")
-
-    monkeypatch.setattr(cuda_wgmma, "_BROKEN", {})
-    monkeypatch.setattr(linear_triton, "cuda_wgmma_reason", lambda *a: None)
-    monkeypatch.setattr(linear_triton, "_sm_count", lambda index: 132)
-    monkeypatch.setattr(linear_triton, "_device_index", lambda x2: 0)
-    monkeypatch.setattr(cuda_wgmma, "wgmma_kernel", lambda config, device: None)
-    monkeypatch.setattr(cuda_wgmma, "launch_wgmma", failing)
-    tensors = nvfp4_weights(32, 256, torch.Generator().manual_seed(5))
-    words, codes = _stored(tensors)
+    launch = _raises("CUDA driver cuLaunchKernel failed: invalid argument (1)")
     with pytest.raises(CudaJitError, match="cuLaunchKernel"):
-        linear_triton._run_wgmma(KernelConfig("cw-x", "cuda-wgmma", wgmma=WgmmaConfig()),
-                                 torch.randn(40, 256).bfloat16(), words, codes,
-                                 tensors["weight_scale_2"], None)
+        _run_with(monkeypatch, lambda config, device: None, launch)
     assert cuda_wgmma.broken_reason(0) is None
