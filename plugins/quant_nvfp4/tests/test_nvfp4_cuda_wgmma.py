@@ -1,4 +1,4 @@
-"""The sm_90a wgmma GEMM of ``nvfp4-triton`` for M > 16 (``cuda_wgmma``, built by NVRTC)
+"""The sm_90a wgmma GEMM of ``nvfp4-triton`` for larger batches (``cuda_wgmma``, built by NVRTC)
 against the reference (``kernelbay.formats.dequantize_nvfp4`` + matmul in float32), with the
 bound of ``test_nvfp4_triton`` (``nvfp4_triton_helpers.check_close``); and, on any machine,
 what it refuses and why, and that every build compiles."""

@@ -1,4 +1,4 @@
-"""The NVFP4 GEMM of ``cuda/nvfp4_wgmma.cu`` for batches above the GEMV's (M > 16) on
+"""The NVFP4 GEMM of ``cuda/nvfp4_wgmma.cu`` for larger batches (the default table: M > 64) on
 compute capability 9.0 (H100, H200; ``sm_90a``), bf16 activations, compiled at run time by
 NVRTC (``cuda_jit``).
 
