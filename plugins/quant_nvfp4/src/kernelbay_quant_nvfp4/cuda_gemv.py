@@ -89,12 +89,14 @@ def config_for_m(m: int, n: int = 0, k: int = 0, sms: int = 132) -> GemvConfig:
     return GemvConfig(2, nt, 4, 4, 4)
 
 
-def cuda_source(file: str) -> str:
+def cuda_source(file: str, prelude: str = "") -> str:
     """A kernel source of this plugin's ``cuda`` folder as NVRTC compiles it: after the
     shared fragment-word decode (``nvfp4_lanes.cuh``; NVRTC resolves only the core's
-    headers, so the plugin's own is put in front of the text)."""
+    headers, so the plugin's own is put in front of the text) and ``prelude`` (generated
+    device code the kernel calls)."""
     folder = resources.files("kernelbay_quant_nvfp4") / "cuda"
-    return (folder / "nvfp4_lanes.cuh").read_text() + "\n" + (folder / file).read_text()
+    return "\n".join([(folder / "nvfp4_lanes.cuh").read_text(), prelude,
+                      (folder / file).read_text()])
 
 
 @functools.cache

@@ -98,6 +98,11 @@ def shared_bytes(config: WgmmaConfig) -> int:
 DEFAULT = WgmmaConfig(2, 128, 4, 1)
 
 
+def _default_ctas(m: int, n: int) -> int:
+    """CTAs of one K range of ``DEFAULT`` for ``m`` tokens and ``n`` rows."""
+    return -(-n // (64 * DEFAULT.wg)) * -(-m // DEFAULT.ntok)
+
+
 #: The most K ranges the default build splits into (each at least ``MIN_SPLIT_CHUNKS``).
 MAX_SPLIT = 4
 MIN_SPLIT_CHUNKS = 4
@@ -110,8 +115,7 @@ def split_for(m: int, n: int, k: int, sms: int) -> int:
     sweep (``bench/results/nvfp4-sweep-wgmma-splitk-h200.md``): M = 128 on 8192-wide layers
     (64 CTAs) split in two ran 37.5 / 112 us against 44 / 132 for the Triton kernel; where the
     grid is already full (28672 rows) splitting lost 5%."""
-    ctas = -(-n // (64 * DEFAULT.wg)) * -(-m // DEFAULT.ntok)
-    want = -(-int(0.9 * sms) // max(ctas, 1))
+    want = -(-int(0.9 * sms) // max(_default_ctas(m, n), 1))
     return max(1, min(MAX_SPLIT, want, (k // 128) // MIN_SPLIT_CHUNKS))
 
 
@@ -129,8 +133,7 @@ def prefers(m: int, n: int, k: int, sms: int) -> bool:
     """Whether the default build should serve ``m`` tokens, ``n`` rows and ``k`` inputs on
     ``sms`` multiprocessors: above 64 tokens, when its CTAs over ``split_for`` K ranges number
     at least 90% of the SMs (fewer leave SMs idle; the split-K Triton kernel is faster there)."""
-    ctas = -(-n // (64 * DEFAULT.wg)) * -(-m // DEFAULT.ntok)
-    return m > 64 and ctas * split_for(m, n, k, sms) >= 0.9 * sms
+    return m > 64 and _default_ctas(m, n) * split_for(m, n, k, sms) >= 0.9 * sms
 
 
 def mma_source(ntok: int) -> str:
@@ -154,10 +157,7 @@ def mma_source(ntok: int) -> str:
 
 def source(config: WgmmaConfig) -> str:
     """The text NVRTC compiles for ``config``: the decode, the wgmma wrapper, the kernel."""
-    lanes_and_kernel = cuda_source("nvfp4_wgmma.cu")
-    split = lanes_and_kernel.index("typedef unsigned short u16;")
-    return (lanes_and_kernel[:split] + mma_source(config.ntok) + "\n"
-            + lanes_and_kernel[split:])
+    return cuda_source("nvfp4_wgmma.cu", mma_source(config.ntok))
 
 
 def build_options(config: WgmmaConfig) -> list[str]:

@@ -237,8 +237,6 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
         if out is not None:
             return out
         config = config_for(m, WGMMA_FALLBACK)
-    if config.path in ("cuda", "cuda-tiles", "cuda-wgmma"):
-        raise AssertionError(f"nvfp4-triton: fallback {config.name} is a CUDA config")
     if config.path == "dequant":
         # A per-call temporary: the caching allocator hands the same block back next call,
         # so no dense copy lives between calls.
@@ -304,7 +302,7 @@ def _run_wgmma(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
     if cuda_wgmma_reason(x2, words, codes) is not None:
         return None
     m, n = x2.shape[0], words.shape[0] * 16
-    sms = _sm_count(x2.device.index or 0)
+    sms = _sm_count(_device_index(x2))
     if config.wgmma is None and not prefers(m, n, x2.shape[1], sms):
         return None
     build = config.wgmma or config_for_m(m, n, x2.shape[1], sms)
@@ -326,7 +324,7 @@ def _turn_off(kernel: str, mark_broken: Callable[[int, str], None], x2: torch.Te
               exc: Exception) -> None:
     """A CUDA kernel's build or load failed: it is off on this device for good (one
     warning), and the caller runs the Triton kernel on the same stored weight."""
-    device = x2.device.index or 0
+    device = _device_index(x2)
     mark_broken(device, str(exc).splitlines()[0])
     warnings.warn(f"nvfp4-triton: the {kernel} is off on cuda:{device} ({exc}); the Triton "
                   "kernel serves its batch sizes", RuntimeWarning, stacklevel=3)
@@ -371,32 +369,33 @@ def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
 def kernel_plan(request: LinearRequest, device: DeviceCapability,
                 table: tuple[tuple[int, KernelConfig], ...] = DEFAULT_CONFIGS) -> str:
     """Which kernel serves which batch size for this layer on ``device`` (a note for
-    ``explain --verbose``): the M table ``table_for`` gives the layer, and whether the CUDA
-    GEMV of its decode batches can be built here (CUDA cc >= 8.0, bf16 activations, NVRTC
-    found on this machine)."""
+    ``explain --verbose``): the M table ``table_for`` gives the layer, and whether its CUDA
+    kernels can be built here (the device they need, bf16 activations, NVRTC found on this
+    machine)."""
     from kernelbay.cuda_jit import find_nvrtc
+
+    def cuda_why_not(device_ok: bool, device_why: str) -> str:
+        """Why a CUDA kernel cannot serve the layer here ("": it can)."""
+        if not device_ok:
+            return device_why
+        if request.activation_dtype != "bfloat16":
+            return f"{request.activation_dtype} activations"
+        return "no NVRTC on this machine" if find_nvrtc() is None else ""
 
     rows = table_for(request.out_features, request.in_features, table)
     parts = []
     for largest, config in rows:
         text = config.name
         if config.path in ("cuda", "cuda-tiles"):
-            why = ("" if device.platform == "cuda" and device.cc_at_least(8, 0) else
-                   f"not on {device.platform} {device.arch}")
-            if not why and request.activation_dtype != "bfloat16":
-                why = f"{request.activation_dtype} activations"
-            if not why and find_nvrtc() is None:
-                why = "no NVRTC on this machine"
+            why = cuda_why_not(device.platform == "cuda" and device.cc_at_least(8, 0),
+                               f"not on {device.platform} {device.arch}")
             fallback = CUDA_FALLBACK[layout_of(config)].name
             text = (f"CUDA GEMV ({config.name}, NVRTC)" if not why
                     else f"{fallback} (the CUDA GEMV: {why})")
         elif config.path == "cuda-wgmma":
-            why = ("" if device.platform == "cuda" and device.compute_capability == (9, 0) else
-                   f"needs compute capability 9.0, not {device.platform} {device.arch}")
-            if not why and request.activation_dtype != "bfloat16":
-                why = f"{request.activation_dtype} activations"
-            if not why and find_nvrtc() is None:
-                why = "no NVRTC on this machine"
+            why = cuda_why_not(device.platform == "cuda" and device.compute_capability == (9, 0),
+                               f"needs compute capability 9.0, not {device.platform} "
+                               f"{device.arch}")
             fallback = WGMMA_FALLBACK[-1][1].name
             text = (f"CUDA wgmma GEMM ({config.name}, NVRTC, sm_90a) where its grid fills the "
                     f"GPU, else {fallback}" if not why

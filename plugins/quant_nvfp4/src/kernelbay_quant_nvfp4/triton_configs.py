@@ -111,10 +111,16 @@ FRAGMENT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
 #: fragment kernels reading the tiles layout above, and for larger batches the wgmma GEMM
 #: (``cuda_wgmma``; where it cannot run or its grid would leave SMs idle,
 #: ``WGMMA_FALLBACK``).
-DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
-    (8, KernelConfig("ct-default", "cuda-tiles")),
+#: The Triton kernels of the tiles layout, by batch size (the default table's middle rows and
+#: where neither CUDA kernel can run).
+_TILES_TRITON: tuple[tuple[int, KernelConfig], ...] = (
     (16, KernelConfig("pt-16x64x256-p3", "tiles", 16, 64, 256, 0, 4, 3, per_sm=7)),
     (64, KernelConfig("pt-64x128x128-w8", "tiles", 64, 128, 128, 0, 8, 3, per_sm=2)),
+    (1 << 62, KernelConfig("pt-128x128x128-w8", "tiles", 128, 128, 128, 0, 8, 3, per_sm=1)),
+)
+DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
+    (8, KernelConfig("ct-default", "cuda-tiles")),
+    *_TILES_TRITON[:2],
     (1 << 62, KernelConfig("cw-default", "cuda-wgmma")),
 )
 
@@ -125,11 +131,7 @@ CUDA_FALLBACK = {"tiles": DEFAULT_CONFIGS[1][1], "fragment": FRAGMENT_CONFIGS[0]
 
 #: What a ``cuda-wgmma`` config runs where the wgmma GEMM cannot (not compute capability
 #: 9.0, no NVRTC, fp16 activations): the Triton kernels of the tiles layout, by M.
-WGMMA_FALLBACK: tuple[tuple[int, KernelConfig], ...] = (
-    (16, KernelConfig("pt-16x64x256-p3", "tiles", 16, 64, 256, 0, 4, 3, per_sm=7)),
-    (64, KernelConfig("pt-64x128x128-w8", "tiles", 64, 128, 128, 0, 8, 3, per_sm=2)),
-    (1 << 62, KernelConfig("pt-128x128x128-w8", "tiles", 128, 128, 128, 0, 8, 3, per_sm=1)),
-)
+WGMMA_FALLBACK = _TILES_TRITON
 
 #: The table for K not a multiple of 32 (the fragment order groups 32 elements): the
 #: repacked K-order kernels, the defaults before the fragment order (from

@@ -224,7 +224,7 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   };
 
   // Until this warp's copies of chunk j + 1's weight have landed (committed: chunks up to
-  // j + STAGES).
+  // j + STAGES; before the loop: chunk 0's, committed up to STAGES - 1).
   auto weights_landed = [&]() {
     wait_groups<STAGES - 1>();
     __syncwarp();
@@ -239,8 +239,7 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   u32 r0[4][4];
   u32 r1[4][4];
   u32 r2[4][4];
-  wait_groups<STAGES - 1>();   // chunk 0
-  __syncwarp();
+  weights_landed();   // chunk 0's
   decode(r0, 0, 0);
   decode(r1, 0, 1);
   // Step j: chunk j's halves in sets (a, b), chunk j + 1's decoded into (c, a). Chunk j's
