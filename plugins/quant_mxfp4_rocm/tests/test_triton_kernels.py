@@ -232,21 +232,29 @@ def test_gemm_scale_extremes_and_nan(fast: bool, path: str = "decode", low: int 
     ws = torch.randint(low, top + 1, (n, k // 32), generator=g, dtype=torch.uint8)
     ws[0] = low  # 2^-127: subnormal dequantized weights
     ws[1] = top  # 2^125 (general decode) / 2^1 (the single-multiply one's limit)
-    ws[2, 1] = 255  # NaN scale: NaN outputs in row 2
-    scale_max = prepare_weight_scales(ws)
-    assert scale_max == top or path != "decode"
-    w = dequantize_mx(wp, ws, "e2m1")
     x = torch.randn(3, k, generator=g).bfloat16()
     if top > 200:
         x = x * 2.0**-100  # keep the 2^125 rows' sums finite
     config = GemmConfig(16, 32, 64, 1, 4, 3, path)
-    y = mxfp4_gemm(x.to(DEVICE), weight_for(config, wp).to(DEVICE), ws.to(DEVICE),
-                   out_dtype=torch.float32, scale_max=scale_max, config=config).cpu()
-    ref = x.float() @ w.T
-    assert y[:, 2].isnan().all() and not y[:, [0, 1, *range(3, n)]].isnan().any()
-    ok = ~ref.isnan()
-    assert ((y - ref).abs()[ok].double() <= gemm_bound(x.float(), w.nan_to_num())[ok]).all()
-    assert prepare_weight_scales(torch.full((2, 2), 255, dtype=torch.uint8)) == 0
+
+    def check(nan_rows: list[int]) -> None:
+        scale_max = prepare_weight_scales(ws)
+        # a NaN byte is the largest: it turns the single-multiply decode (no NaN select) off
+        assert scale_max == (255 if nan_rows else top) or path != "decode"
+        w = dequantize_mx(wp, ws, "e2m1")
+        y = mxfp4_gemm(x.to(DEVICE), weight_for(config, wp).to(DEVICE), ws.to(DEVICE),
+                       out_dtype=torch.float32, scale_max=scale_max, config=config).cpu()
+        ref = x.float() @ w.T
+        finite = [r for r in range(n) if r not in nan_rows]
+        assert y[:, nan_rows].isnan().all() and not y[:, finite].isnan().any()
+        ok = ~ref.isnan()
+        assert ((y - ref).abs()[ok].double() <= gemm_bound(x.float(), w.nan_to_num())[ok]).all()
+
+    check([])
+    ws[2, 1] = 255  # NaN scale: NaN outputs in row 2, whatever the other bytes allow
+    check([2])
+    assert prepare_weight_scales(torch.full((2, 2), 255, dtype=torch.uint8)) == 255
+    assert prepare_weight_scales(torch.zeros((0, 2), dtype=torch.uint8)) == 0
     with pytest.raises(TypeError, match="weight_scale: want E8M0 bytes as uint8"):
         prepare_weight_scales(ws.int())
 

@@ -22,8 +22,9 @@ Two implementations of the same function:
   move each lane's ``s e1 e0 m`` to bf16's bits 15 / 8..6, which reads as ``e2m1 * 2^-126`` (code 1 the bf16 subnormal 2^-127), and
   one packed ``fma.rn.bf16x2`` by ``2^(b - 1)`` plus ``-0`` gives ``e2m1 * 2^(b - 127)``
   exactly, signed zeros included. The multiplier is a bf16 for ``b <= 128`` (``FAST``: the
-  caller knows every byte of the weight is at most 128, i.e. block scales up to 2^1, which
-  covers real weights); otherwise a second fma by ``2^max(b - 128, 0)`` follows, with the
+  caller knows every byte of the weight is at most 128, i.e. block scales up to 2^1 and no
+  NaN byte, which covers real weights; the multiplier is then made without a select);
+  otherwise a second fma by ``2^max(b - 128, 0)`` follows, with the
   first factor capped at 2^127. Both products are exact (two significant bits, inside
   bf16's range including its subnormals; 6 * 2^127 overflows to inf as in float32). Each
   lane is computed from its own element's code and scale, so the result does not depend on
@@ -102,11 +103,14 @@ def decode_e2m1(halves, sbytes, R: tl.constexpr, KH: tl.constexpr, ASM: tl.const
     """``halves`` int16 [R, KH] (the packed bytes read two at a time: four codes each),
     ``sbytes`` int32 E8M0 bytes [R, KH // 8] -> [R, 4 KH] in K order (see the module
     comment): bf16 (``ASM``) or float32 holding bf16 values (plain). ``FAST`` (ASM only):
-    every byte is at most 128."""
+    every byte is at most 128 (so none is the NaN byte 255)."""
     BK: tl.constexpr = KH * 4
     if ASM:
         code = _codes(halves, R, KH)
-        p1 = _bf16_pow2(tl.where(sbytes == 255, -1, tl.minimum(sbytes + 126, 254)))
+        if FAST:  # every byte <= 128: no NaN byte, no clamp
+            p1 = ((sbytes + 126) << 7).to(tl.int16)
+        else:
+            p1 = _bf16_pow2(tl.where(sbytes == 255, -1, tl.minimum(sbytes + 126, 254)))
         p1 = tl.reshape(tl.broadcast_to(p1[:, :, None], (R, KH // 8, 32)), (R, BK))
         if FAST:
             out = tl.inline_asm_elementwise(ASM_FAST, "=r,r,r", [code, p1],
@@ -174,7 +178,10 @@ def decode_e2m1_pairs(words, sbytes, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.
             c16 = repacked_lanes16(u, R, KQ)
         else:
             c16 = tl.reshape(tl.join(code.to(tl.uint16), (code >> 16).to(tl.uint16)), (R, BK))
-        p1 = _bf16_pow2(tl.where(sbytes == 255, -1, tl.minimum(sbytes + 126, 254)))
+        if FAST:  # every byte <= 128: no NaN byte, no clamp
+            p1 = ((sbytes + 126) << 7).to(tl.int16)
+        else:
+            p1 = _bf16_pow2(tl.where(sbytes == 255, -1, tl.minimum(sbytes + 126, 254)))
         p1 = tl.reshape(tl.broadcast_to(p1[:, :, None], (R, KQ // 4, 32)), (R, BK))
         if FAST:
             if REPACKED:
@@ -230,13 +237,13 @@ def decode_e2m1_fragment(words, sbytes, R: tl.constexpr, KQ: tl.constexpr, ASM: 
 
     A 32-element group of four words is one MX block, so every register of a word takes the
     same multiplier pair, made once per block as a 32-bit value (both bf16 halves:
-    ``(b + 126) << 7`` times 0x10001, one multiply-add and a select of the NaN byte for
-    ``FAST``) and broadcast to the block's words: no per-element scale packing."""
+    ``(b + 126) << 7`` times 0x10001: one byte extraction and one multiply-add for ``FAST``)
+    and broadcast to the block's words: no per-element scale packing."""
     u = words.to(tl.uint32, bitcast=True)
     if ASM:
         b = sbytes.to(tl.uint32)
-        if FAST:  # byte 255 (NaN) is not counted by scale_max: it may be there
-            p1 = tl.where(b == 255, 0x7FC07FC0, b * 0x800080 + 0x3F003F00)
+        if FAST:  # every byte <= 128: no NaN byte to select
+            p1 = b * 0x800080 + 0x3F003F00
             p2 = p1
         else:
             p1 = tl.where(b == 255, 0x7FC07FC0, tl.minimum(b + 126, 254) * 0x10001 << 7)

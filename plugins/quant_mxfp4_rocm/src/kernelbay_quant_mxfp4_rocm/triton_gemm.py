@@ -71,7 +71,8 @@ __all__ = ["LAYOUTS", "GemmConfig", "candidate_configs", "decode_activations", "
            "dequantize_weight", "layout_weight", "mxfp4_gemm", "prepare_weight",
            "prepare_weight_scales", "weight_layout"]
 
-#: Largest E8M0 weight byte of the single-multiply decode (2^(b - 1) must be a bf16).
+#: Largest E8M0 weight byte of the single-multiply decode (2^(b - 1) must be a bf16; the NaN
+#: byte 255 is above it, so that decode needs no NaN select).
 FAST_SCALE_MAX_BYTE = 128
 _A_BF16, _A_MXFP4, _A_MXFP8 = 0, 1, 2
 PATHS = ("decode", "pairs", "repacked", "fragment", "scaled", "dequant")
@@ -323,15 +324,15 @@ def decode_activations(x: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
 
 
 def prepare_weight_scales(weight_scale: torch.Tensor, name: str = "weight_scale") -> int:
-    """Check the E8M0 weight scale bytes once (uint8) and return the largest finite byte (0
-    when there is none), which callers pass to ``mxfp4_gemm(scale_max=...)`` so that the
-    single-multiply decode is used where it is exact (every byte <= 128)."""
+    """Check the E8M0 weight scale bytes once (uint8) and return the largest byte (255 when
+    any block scale is NaN, 0 for an empty tensor), which callers pass to
+    ``mxfp4_gemm(scale_max=...)`` so that the single-multiply decode, which has no NaN
+    select, is used where it is exact (every byte <= 128)."""
     import torch
 
     if weight_scale.dtype != torch.uint8:
         raise TypeError(f"{name}: want E8M0 bytes as uint8, got {weight_scale.dtype}")
-    finite = weight_scale[weight_scale != 255]
-    return int(finite.max()) if finite.numel() else 0
+    return int(weight_scale.max()) if weight_scale.numel() else 0
 
 
 def _pow2_floor(v: int) -> int:
@@ -557,7 +558,7 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     """``x @ dequantize_mx(weight, weight_scale, "e2m1")^T`` for 2-D ``x`` (see the module
     comment for the three activation kinds; ``x_scale`` given means MX activations).
 
-    ``scale_max``: the largest finite weight scale byte (``prepare_weight_scales``); at most
+    ``scale_max``: the largest weight scale byte (``prepare_weight_scales``); at most
     128 selects the single-multiply decode, None the general one (exact for every byte).
     Output [M, N] in ``out_dtype`` (default: bf16).
     """
