@@ -125,7 +125,7 @@ def _tp_rank(rank: int, path: str, prompts: list[list[int]], max_tokens: int, po
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     try:
-        llm = LLM(path, dtype="float32", tensor_parallel_size=2,
+        llm = LLM(path, device="cpu", dtype="float32", tensor_parallel_size=2,
                   registry=Registry(Policy(plugins=frozenset())))
         assert llm.plan.collective is not None
         outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))

@@ -53,7 +53,7 @@ def test_transformers_gives_the_same_logits(llm: LLM) -> None:
     from transformers import AutoModelForCausalLM
 
     ids = llm.encode("class Stack:\n    def push(self, item):\n        self.items.append(")
-    ours = LLM(demo_path(), dtype="float32", registry=CORE_ONLY).logits(ids)
+    ours = LLM(demo_path(), device="cpu", dtype="float32", registry=CORE_ONLY).logits(ids)
     reference = AutoModelForCausalLM.from_pretrained(
         demo_path(), dtype=torch.float32, attn_implementation="eager",
         experts_implementation="eager").eval()

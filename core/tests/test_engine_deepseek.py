@@ -37,7 +37,7 @@ def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 def test_fp32_logits_match_transformers(case: tuple[str, Any]) -> None:
     path, reference = case
-    llm = LLM(path, dtype="float32", registry=CORE_ONLY)
+    llm = LLM(path, device="cpu", dtype="float32", registry=CORE_ONLY)
     routes: list[set[tuple[int, ...]]] = []
     for layer in llm.model.model.layers[1:]:
         layer.mlp.gate.register_forward_hook(lambda module, args, out: routes.append(
@@ -54,7 +54,7 @@ def test_bf16_logits_within_tolerance(case: tuple[str, Any]) -> None:
     # bf16 through three layers (router in float32 on both sides): max |diff| <= 3% of the
     # reference's max |logit|, as for the Llama family.
     path, _ = case
-    ours = LLM(path, dtype="bfloat16", registry=CORE_ONLY).logits(PROMPT)
+    ours = LLM(path, device="cpu", dtype="bfloat16", registry=CORE_ONLY).logits(PROMPT)
     with torch.no_grad():
         reference = deepseek_reference(path, torch.bfloat16)
         theirs = reference(torch.tensor([PROMPT])).logits[0].float()
@@ -63,7 +63,7 @@ def test_bf16_logits_within_tolerance(case: tuple[str, Any]) -> None:
 
 def test_32_greedy_tokens_match_transformers(case: tuple[str, Any]) -> None:
     path, reference = case
-    llm = LLM(path, dtype="float32", registry=CORE_ONLY)
+    llm = LLM(path, device="cpu", dtype="float32", registry=CORE_ONLY)
     out = llm.generate(PROMPT, SamplingParams(max_tokens=32, ignore_eos=True))[0]
     with torch.no_grad():
         ids = torch.tensor([PROMPT])
@@ -95,10 +95,10 @@ def test_runs_on_the_flashmla_plugin_backend(tmp_path: object) -> None:
     path = save_tiny_deepseek(os.path.join(str(tmp_path), "mla512"), seed=1, kv_lora_rank=512,
                               qk_rope_head_dim=64)
     plugin = Registry.discover(Policy(plugins=frozenset({"attn_flashmla"})))
-    core = LLM(path, dtype="bfloat16", registry=CORE_ONLY).logits(PROMPT)
+    core = LLM(path, device="cpu", dtype="bfloat16", registry=CORE_ONLY).logits(PROMPT)
     spread = core.abs().max()
     for kv_cache, tolerance in (("auto", 0.03), ("fp8", 0.08)):
-        llm = LLM(path, dtype="bfloat16", kv_cache=kv_cache, registry=plugin)
+        llm = LLM(path, device="cpu", dtype="bfloat16", kv_cache=kv_cache, registry=plugin)
         assert llm.plan.attention.chosen == "mla-reference"
         assert (llm.logits(PROMPT) - core).abs().max() <= tolerance * spread
 

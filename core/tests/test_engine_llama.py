@@ -22,7 +22,7 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 
 def test_fp32_logits_match_transformers(checkpoint: str) -> None:
-    llm = LLM(checkpoint, dtype="float32", registry=CORE_ONLY)
+    llm = LLM(checkpoint, device="cpu", dtype="float32", registry=CORE_ONLY)
     ours = llm.logits(PROMPT)
     with torch.no_grad():
         theirs = reference(checkpoint)(torch.tensor([PROMPT])).logits[0]
@@ -31,7 +31,7 @@ def test_fp32_logits_match_transformers(checkpoint: str) -> None:
 
 
 def test_32_greedy_tokens_match_transformers(checkpoint: str) -> None:
-    llm = LLM(checkpoint, dtype="float32", registry=CORE_ONLY)
+    llm = LLM(checkpoint, device="cpu", dtype="float32", registry=CORE_ONLY)
     out = llm.generate(PROMPT, SamplingParams(max_tokens=32, ignore_eos=True))[0]
     assert out.token_ids == greedy_reference(reference(checkpoint), PROMPT, 32)
     assert out.finish_reason == "length" and len(out.step_times) == 32
@@ -40,7 +40,7 @@ def test_32_greedy_tokens_match_transformers(checkpoint: str) -> None:
 def test_bf16_logits_within_tolerance(checkpoint: str) -> None:
     # bf16 keeps 8 mantissa bits; through two layers the logits agree to ~2^-6 relative to
     # their spread. Stated tolerance: max |diff| <= 3% of the reference's max |logit|.
-    llm = LLM(checkpoint, dtype="bfloat16", registry=CORE_ONLY)
+    llm = LLM(checkpoint, device="cpu", dtype="bfloat16", registry=CORE_ONLY)
     ours = llm.logits(PROMPT)
     with torch.no_grad():
         theirs = reference(checkpoint, torch.bfloat16)(torch.tensor([PROMPT])).logits[0].float()

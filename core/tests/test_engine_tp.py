@@ -15,7 +15,7 @@ PROMPTS = [[1, 17, 42, 99, 5], [1, 3, 3, 3, 3, 3, 8, 150]]
 @pytest.mark.parametrize("family, extra", [("llama", {}), ("qwen2", {"vocab_size": 163})])
 def test_tp2_gloo_matches_tp1(tmp_path: object, family: str, extra: dict[str, int]) -> None:
     path = save_tiny(os.path.join(str(tmp_path), family), family, **extra)
-    single = LLM(path, dtype="float32", registry=Registry(Policy(plugins=frozenset())))
+    single = LLM(path, device="cpu", dtype="float32", registry=Registry(Policy(plugins=frozenset())))
     expected = [o.token_ids for o in single.generate(
         PROMPTS, SamplingParams(max_tokens=16, ignore_eos=True))]
     results = greedy_tp2(path, PROMPTS, 16)

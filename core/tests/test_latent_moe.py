@@ -61,7 +61,7 @@ def _rank(rank: int, path: str, port: int, results: dict[int, Any]) -> None:
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     try:
-        llm = LLM(path, dtype="float32", tensor_parallel_size=2, registry=Registry(CORE))
+        llm = LLM(path, device="cpu", dtype="float32", tensor_parallel_size=2, registry=Registry(CORE))
         calls = [0]
         reduce = llm.tp.collective.all_reduce
 
@@ -87,7 +87,7 @@ def _rank(rank: int, path: str, port: int, results: dict[int, Any]) -> None:
 
 def test_one_all_reduce_per_latent_block_equals_two_under_gloo_tp2(tmp_path: Any) -> None:
     path = _latent_checkpoint(os.path.join(str(tmp_path), "latent"))
-    single = LLM(path, dtype="float32", registry=Registry(CORE)).logits(IDS)
+    single = LLM(path, device="cpu", dtype="float32", registry=Registry(CORE)).logits(IDS)
     results = mp.Manager().dict()
     mp.spawn(_rank, args=(path, free_port(), results), nprocs=2, join=True)
     for rank in (0, 1):
@@ -113,7 +113,7 @@ class _Doubling:
 
 def test_quantized_back_projection_keeps_two_reduces(tmp_path: Any) -> None:
     path = _latent_checkpoint(os.path.join(str(tmp_path), "latent"))
-    llm = LLM(path, dtype="float32", registry=Registry(CORE))
+    llm = LLM(path, device="cpu", dtype="float32", registry=Registry(CORE))
     block = _moe_blocks(llm)[0]
     assert block.fc2_latent_proj is not None and latent_reduces_once(block.fc2_latent_proj)
     dense = block.fc2_latent_proj.weight.detach()
