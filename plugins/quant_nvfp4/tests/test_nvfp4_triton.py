@@ -39,6 +39,7 @@ W4A16 = nvfp4_scheme("modelopt", w4a4=False)
 W4A4 = nvfp4_scheme("modelopt", w4a4=True)
 
 
+@pytest.mark.triton_interpreter
 def test_interpreter_cases() -> None:
     """Run ``triton_interpret_cases.py`` under Triton's interpreter in a child process (the
     interpreter is chosen when ``triton.jit`` runs, and switching it inside one process

@@ -2,9 +2,10 @@
 
 Fixtures: ``kb_registry`` (a fresh registry with the core's backends and no entry points),
 ``kb_device`` (describe a device from a spec string), ``kb_register`` (register a plugin
-inline; unregistered after the test). Markers: ``gpu`` (needs CUDA) and
-``cpu_isa("amx_bf16", ...)`` (needs those CPU flags); tests whose hardware is absent are
-skipped with the reason, never silently passed.
+inline; unregistered after the test). Markers: ``gpu`` (needs CUDA),
+``cpu_isa("amx_bf16", ...)`` (needs those CPU flags) and ``triton_interpreter`` (runs kernels
+under Triton's interpreter: needs one that can, ``kernelbay.testing.interpreter``); tests
+whose hardware or tools are absent are skipped with the reason, never silently passed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped elsewhere)")
     config.addinivalue_line("markers",
                             "cpu_isa(*flags): needs these CPU ISA flags (skipped elsewhere)")
+    config.addinivalue_line("markers", "triton_interpreter: runs kernels under Triton's "
+                            "interpreter (skipped where it cannot)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -46,6 +49,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if missing:
                 item.add_marker(pytest.mark.skip(reason=f"needs CPU flags {missing}; "
                                                  f"this CPU has {sorted(flags)}"))
+    interpreted = [i for i in items if i.get_closest_marker("triton_interpreter")]
+    if interpreted:
+        from kernelbay.testing.interpreter import triton_interpreter_problem
+
+        problem = triton_interpreter_problem()
+        if problem is not None:
+            for item in interpreted:
+                item.add_marker(pytest.mark.skip(reason=problem))
 
 
 @pytest.fixture

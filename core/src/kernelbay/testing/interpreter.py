@@ -1,0 +1,61 @@
+"""Whether Triton's interpreter can run this project's kernels here, for tests that run
+kernels under ``TRITON_INTERPRET=1`` on CPU tensors.
+
+The probe is a tiny kernel whose loop bound is a value loaded from memory, as the split-K and
+split-KV kernels' bounds are. Triton's interpreter before 3.7 cannot run it with NumPy 2 (it
+converts the loaded one-element array to a Python int, which NumPy 2 refuses), so on such a
+machine (an older pinned torch) those tests are skipped with the reason instead of failing
+inside the interpreter. The probe runs once per process, in a child process: the interpreter
+is chosen when ``triton.jit`` decorates, and switching it inside one process leaves Triton's
+patched language half-applied.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+
+__all__ = ["PROBE", "triton_interpreter_problem"]
+
+#: The probe's source: a loop whose bound is loaded, run under the interpreter on CPU.
+PROBE = """
+import torch, triton, triton.language as tl
+
+@triton.jit
+def count(bounds, out):
+    i = tl.program_id(0)
+    total = 0
+    for _ in range(0, tl.load(bounds + i), 1):
+        total += 1
+    tl.store(out + i, total)
+
+bounds = torch.tensor([3, 5], dtype=torch.int32)
+out = torch.zeros(2, dtype=torch.int32)
+count[(2,)](bounds, out)
+assert out.tolist() == [3, 5], out.tolist()
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def triton_interpreter_problem(timeout_s: float = 120.0) -> str | None:
+    """None when Triton's interpreter runs ``PROBE`` here; otherwise why not (Triton missing,
+    or the probe's last error line with the Triton version), for ``pytest.skip``."""
+    try:
+        import triton
+    except ImportError:
+        return "triton is not installed"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    try:
+        proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True,
+                              text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"Triton {triton.__version__}'s interpreter did not finish a probe kernel " \
+               f"in {timeout_s:.0f} s"
+    if proc.returncode == 0:
+        return None
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else f"exit status {proc.returncode}"
+    return (f"Triton {triton.__version__}'s interpreter cannot run a kernel whose loop bound "
+            f"is loaded from memory ({last[:200]}); Triton 3.7 or newer can")
