@@ -147,9 +147,8 @@ def test_checkpoint_tensors_load_into_the_emulation(tmp_path: Path,
     assert decision.selection is not None
     method = decision.selection.backend(decision.request)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    layer = load_method(method, {
-        name: fmt.convert(Q, name, stored[fmt.source_name(Q, name)]).to(device)
-        for name in method.tensor_specs()})
+    layer = load_method(method, {name: fmt.convert(Q, name, stored[fmt.source_name(Q, name)])
+                                 for name in method.tensor_specs()}).to(device)
     w = dequantize_mx(stored[f"{Q}.weight"], stored[f"{Q}.weight_scale"], "e2m1")
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     xq = dequantize_mx(*quantize_mx(x, "e2m1", "even"), "e2m1")
