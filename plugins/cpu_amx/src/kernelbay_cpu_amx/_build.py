@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 #: Files compiled into the extension (the header counts for the cache key).
-SOURCES = ("fp8_linear.h", "kernels_impl.h", "linear_base.cpp", "linear_vbmi.cpp",
+SOURCES = ("check.h", "fp8_linear.h", "kernels_impl.h", "linear_base.cpp", "linear_vbmi.cpp",
            "linear_amx.cpp", "bindings.cpp")
 #: ISA flags: AVX512-BF16 is required at run time; AMX code is compiled in and used only when
 #: the CPU and the OS allow it (linear_amx.cpp). -fopenmp makes at::parallel_for parallel and

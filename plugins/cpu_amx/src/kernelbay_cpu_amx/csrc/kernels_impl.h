@@ -11,7 +11,7 @@
 #pragma once
 
 #include <ATen/Parallel.h>
-#include <c10/util/Exception.h>
+#include "check.h"
 #include <immintrin.h>
 
 #include <algorithm>
@@ -161,7 +161,7 @@ template <typename T>
 std::unique_ptr<T[], AlignedFree> aligned_buffer(int64_t count) {
   const size_t bytes = ((static_cast<size_t>(count) * sizeof(T) + 63) / 64) * 64;
   void* p = std::aligned_alloc(64, bytes);
-  TORCH_CHECK(p != nullptr, "kernelbay-cpu-amx: cannot allocate ", bytes, " bytes");
+  KB_CHECK(p != nullptr, "kernelbay-cpu-amx: cannot allocate ", bytes, " bytes");
   return std::unique_ptr<T[], AlignedFree>(static_cast<T*>(p));
 }
 
@@ -383,7 +383,7 @@ void tiled(const LinearArgs& a, bool use_amx) {
 
 template <class Conv>
 void run(const LinearArgs& a, Path path, bool use_amx) {
-  TORCH_CHECK(!use_amx || amx_compiled(),
+  KB_CHECK(!use_amx || amx_compiled(),
               "kernelbay-cpu-amx: AMX requested but this build has no AMX code");
   if (path == Path::kDecode) {
     a.N % 64 == 0 ? decode<4, Conv>(a) : decode<2, Conv>(a);

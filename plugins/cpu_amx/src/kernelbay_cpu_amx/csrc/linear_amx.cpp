@@ -8,7 +8,7 @@
 //   tmm4, tmm5: A rows 0-15 and 16-31 (16 rows x 32 bf16), tmm6, tmm7: B vectors 0 and 1
 //   (16 pairs x 16 columns x 2), tmm0..3: C quarters (16 x 16 fp32), C[i][j] += A_i . B_j.
 // A 16 x 32 block uses tmm4, tmm6, tmm7 and C quarters tmm0, tmm1 only.
-#include <c10/util/Exception.h>
+#include "check.h"
 #include <immintrin.h>
 
 #include <cstdint>
@@ -114,10 +114,10 @@ void amx_block(const uint16_t* x, int64_t ldx, int row_tiles, const uint16_t* b,
 
 bool amx_compiled() { return false; }
 bool amx_request_permission() { return false; }
-void tile_config_amx() { TORCH_CHECK(false, "kernelbay-cpu-amx: built without AMX"); }
+void tile_config_amx() { KB_CHECK(false, "kernelbay-cpu-amx: built without AMX"); }
 void tile_release_amx() {}
 void amx_block(const uint16_t*, int64_t, int, const uint16_t*, int64_t, int64_t, float*) {
-  TORCH_CHECK(false, "kernelbay-cpu-amx: built without AMX");
+  KB_CHECK(false, "kernelbay-cpu-amx: built without AMX");
 }
 
 #endif

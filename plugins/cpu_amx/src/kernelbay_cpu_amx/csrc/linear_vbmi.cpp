@@ -4,7 +4,7 @@
 // with linear_base.cpp's). Library headers come first, outside the VBMI region, so only this
 // file's own functions get the extra ISA.
 #include <ATen/Parallel.h>
-#include <c10/util/Exception.h>
+#include "check.h"
 #include <immintrin.h>
 
 #include <algorithm>
@@ -25,7 +25,7 @@
 namespace kb_cpu_amx {
 
 void linear_vbmi(const LinearArgs& a, Path path, bool use_amx) {
-  TORCH_CHECK(a.fp8, "kernelbay-cpu-amx: the VBMI conversion is for E4M3 weights");
+  KB_CHECK(a.fp8, "kernelbay-cpu-amx: the VBMI conversion is for E4M3 weights");
   run<ConvVbmi>(a, path, use_amx);
 }
 
