@@ -16,8 +16,9 @@ from kernelbay_batch_invariant.attention import (
 )
 
 # Tensors live on the CPU and the kernels run in the interpreter; test_gpu.py covers CUDA.
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
-                                reason="interpreter tests (CPU tensors); test_gpu.py runs on CUDA")
+pytestmark = [pytest.mark.skipif(torch.cuda.is_available(),
+                                 reason="interpreter tests (CPU tensors); test_gpu.py runs on CUDA"),
+              pytest.mark.triton_interpreter]
 
 PAGE = 4
 

@@ -8,8 +8,9 @@ import torch
 from kernelbay_batch_invariant.configs import matmul_config
 
 # Tensors live on the CPU and the kernels run in the interpreter; test_gpu.py covers CUDA.
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
-                                reason="interpreter tests (CPU tensors); test_gpu.py runs on CUDA")
+pytestmark = [pytest.mark.skipif(torch.cuda.is_available(),
+                                 reason="interpreter tests (CPU tensors); test_gpu.py runs on CUDA"),
+              pytest.mark.triton_interpreter]
 
 HOPPER = 232448
 

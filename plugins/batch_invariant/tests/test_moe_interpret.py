@@ -10,8 +10,9 @@ from kernelbay.layers.moe import TorchMoE
 from kernelbay_batch_invariant.moe import BatchInvariantMoE
 
 # Tensors live on the CPU and the kernels run in the interpreter; test_gpu.py covers CUDA.
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
-                                reason="interpreter tests (CPU tensors); test_gpu.py runs on CUDA")
+pytestmark = [pytest.mark.skipif(torch.cuda.is_available(),
+                                 reason="interpreter tests (CPU tensors); test_gpu.py runs on CUDA"),
+              pytest.mark.triton_interpreter]
 
 
 def _layer(method: TorchMoE, seed: int) -> torch.nn.Module:

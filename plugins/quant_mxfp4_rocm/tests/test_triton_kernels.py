@@ -20,6 +20,8 @@ pytest.importorskip("triton")
 ELEMS = ("e2m1", "e4m3")
 RULES = ("floor", "even", "rceil")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":  # the kernels run under Triton's interpreter (conftest)
+    pytestmark = pytest.mark.triton_interpreter
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
