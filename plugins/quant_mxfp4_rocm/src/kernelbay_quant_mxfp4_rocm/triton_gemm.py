@@ -419,7 +419,10 @@ def candidate_configs(m: int, n: int, k: int) -> list[GemmConfig]:
                 (64, 256, 7, 4, "repacked", 3), (64, 256, 2, 4, "fragment", 3),
                 (64, 256, 4, 4, "fragment", 3), (64, 256, 3, 4, "fragment", 3),
                 (64, 512, 2, 4, "fragment", 2), (128, 256, 2, 8, "fragment", 3),
-                (64, 256, 2, 4, "fragment", 4)):
+                (64, 256, 2, 4, "fragment", 4),
+                # unsplit: at N = 28672 its 448 programs fit one wave of the H200's 528
+                # slots (four per SM) and need no sum kernel; the default's 896 take 1.7
+                (64, 256, 1, 4, "fragment", 3)):
             if k % bk == 0 and k // (bk * split) >= 2:
                 out.append(GemmConfig(16, bn, bk, split, warps, stages, path))
         out.append(GemmConfig(16, 64, 64, 1, 4, 3, "dequant"))
