@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -35,11 +36,8 @@ def test_a_failing_probe_gives_its_last_error_line(monkeypatch: pytest.MonkeyPat
     assert "ValueError: probe says no" in problem and triton.__version__ in problem
 
 
-def test_marker_skips_with_the_reason(monkeypatch: pytest.MonkeyPatch,
-                                      tmp_path: object) -> None:
+def test_marker_skips_with_the_reason(tmp_path: object) -> None:
     """A ``triton_interpreter`` test is skipped with the probe's reason where it fails."""
-    import os
-
     test = os.path.join(str(tmp_path), "test_marked.py")
     with open(test, "w") as f:
         f.write("import pytest\n\n@pytest.mark.triton_interpreter\n"
