@@ -245,7 +245,11 @@ CANDIDATES: tuple[KernelConfig, ...] = (
         # split K (fp32 partials summed in split order) for the batches whose grid is small
         WgmmaConfig(1, 64, 4, 2, 2), WgmmaConfig(1, 64, 4, 2, 3), WgmmaConfig(1, 64, 4, 2, 4),
         WgmmaConfig(2, 64, 4, 1, 2), WgmmaConfig(2, 64, 4, 1, 4), WgmmaConfig(1, 128, 4, 1, 2),
-        WgmmaConfig(2, 128, 4, 1, 2), WgmmaConfig(1, 16, 6, 3, 4), WgmmaConfig(1, 16, 6, 3, 8))),
+        WgmmaConfig(2, 128, 4, 1, 2), WgmmaConfig(1, 16, 6, 3, 4), WgmmaConfig(1, 16, 6, 3, 8),
+        # 256 tokens per warpgroup (half the decode per multiply-add), split where the grid
+        # is small; 64 tokens at three CTAs per SM (more warps to hide the decode's latency)
+        WgmmaConfig(2, 256, 3, 1), WgmmaConfig(2, 256, 3, 1, 2), WgmmaConfig(2, 256, 3, 1, 3),
+        WgmmaConfig(1, 64, 3, 3, 2), WgmmaConfig(1, 64, 3, 3, 3), WgmmaConfig(1, 64, 3, 3, 4))),
     # The repacked word layout (``kernelbay.formats.e2m1_words``): natural K order, no
     # activation permutation, no 16-bit repacking; the K loop of pr-16x128x128 has 4.3 SASS
     # instructions per element against 4.8 for pw-16x64x256-p3 (LOP3 128, shifts 96, no PRMT).
