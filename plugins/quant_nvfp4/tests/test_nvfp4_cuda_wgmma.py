@@ -5,6 +5,7 @@ what it refuses and why, and that every build compiles."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from kernelbay.cuda_jit import CudaJitError, compile_cubin, nvrtc_available
 from kernelbay.formats import dequantize_nvfp4
 from kernelbay_quant_nvfp4.cuda_wgmma import (
     ARCH,
+    WIDE,
     WgmmaConfig,
     build_options,
     config_for_m,
@@ -41,7 +43,7 @@ from nvfp4_triton_helpers import (
 BUILDS = [WgmmaConfig(1, 64, 4, 2), WgmmaConfig(2, 128, 4, 1), WgmmaConfig(1, 256, 3, 1),
           WgmmaConfig(2, 64, 4, 1), WgmmaConfig(1, 16, 6, 3), WgmmaConfig(4, 32, 3, 1),
           WgmmaConfig(3, 48, 3, 1), WgmmaConfig(2, 128, 5, 1), WgmmaConfig(1, 64, 4, 2, 3),
-          WgmmaConfig(2, 128, 4, 1, 2)]
+          WgmmaConfig(2, 128, 4, 1, 2), WIDE, replace(WIDE, split=2)]
 
 
 def _on_sm90() -> bool:
@@ -105,14 +107,18 @@ def test_builds_are_checked_and_fit() -> None:
 
 
 def test_default_build_only_where_its_grid_fills_the_gpu() -> None:
-    """Above 64 tokens the default build splits K until its 128 x 128 CTAs number about 90% of
-    the SMs (at most four ranges of at least four chunks), and serves a layer only if that
-    fills the GPU: M = 256 at N = 8192 on 132 SMs is 128 CTAs unsplit, M = 128 at N = 8192
-    64 CTAs split in two; M <= 64 and layers too narrow or too short stay with Triton."""
-    assert split_for(256, 8192, 8192, 132) == 1 and split_for(128, 28672, 8192, 132) == 1
+    """Above 64 tokens the default build splits K until its CTAs (128 rows by 128 tokens up to
+    M = 128, by 256 tokens above) number about 90% of the SMs (at most four ranges of at least
+    four chunks), and serves a layer only if that fills the GPU: M = 256 at N = 8192 on 132
+    SMs is 64 CTAs split in two, at N = 28672 224 unsplit, M = 128 at N = 8192 64 CTAs split
+    in two; M <= 64 and layers too narrow or too short stay with Triton."""
+    assert split_for(256, 8192, 8192, 132) == 2 and split_for(256, 28672, 8192, 132) == 1
+    assert split_for(128, 28672, 8192, 132) == 1 and split_for(512, 8192, 8192, 132) == 1
     assert split_for(128, 8192, 8192, 132) == 2 and split_for(128, 8192, 28672, 132) == 2
     assert split_for(100, 2048, 8192, 132) == 4 and split_for(128, 8192, 512, 132) == 1
-    assert config_for_m(128, 8192, 8192, 132).split == 2
+    assert config_for_m(128, 8192, 8192, 132) == replace(DEFAULT_BUILD, split=2)
+    assert config_for_m(129, 8192, 8192, 132) == replace(WIDE, split=2)
+    assert config_for_m(256, 28672, 8192, 132) == WIDE
     assert prefers(256, 8192, 8192, 132) and prefers(128, 8192, 28672, 132)
     assert prefers(128, 28672, 8192, 132)
     assert not prefers(64, 28672, 8192, 132) and not prefers(128, 8192, 512, 132)
@@ -205,14 +211,14 @@ def test_cuda_wgmma_strided_activations_and_extremes() -> None:
     tensors, w = cuda_weights(208, k, gen)
     words, codes = _stored(tensors)
     x = strided_extreme_activations(70, k, gen)
-    for config in (None, WgmmaConfig(2, 128, 4, 1)):
+    for config in (None, WgmmaConfig(2, 128, 4, 1), WIDE):
         got = nvfp4_wgmma_cuda(x, words, codes, tensors["weight_scale_2"], None, config)
         check_close(got, x, w, None)
 
 
 @pytest.mark.gpu
 @gpu_sm90
-@pytest.mark.parametrize("config", [WgmmaConfig(1, 64, 4, 2), WgmmaConfig(2, 128, 4, 1)],
+@pytest.mark.parametrize("config", [WgmmaConfig(1, 64, 4, 2), WgmmaConfig(2, 128, 4, 1), WIDE],
                          ids=lambda c: c.name)
 def test_cuda_wgmma_every_code_and_scale_exact(config: WgmmaConfig) -> None:
     """Every E2M1 code under every finite E4M3 block scale, one exact product per output (the

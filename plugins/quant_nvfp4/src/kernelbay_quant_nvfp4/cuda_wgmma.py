@@ -23,10 +23,10 @@ if TYPE_CHECKING:
     import torch
     from kernelbay.cuda_jit import Kernel
 
-__all__ = ["ARCH", "DEFAULT", "MAX_SPLIT", "WgmmaConfig", "broken_reason", "build_options",
-           "config_for_m", "launch_wgmma", "mark_broken", "mma_source", "nvfp4_wgmma_cuda",
-           "prefers", "register_cap", "registers_needed", "shared_bytes", "source", "split_for",
-           "wgmma_kernel", "wgmma_unsupported"]
+__all__ = ["ARCH", "DEFAULT", "MAX_SPLIT", "WIDE", "WgmmaConfig", "base_config", "broken_reason",
+           "build_options", "config_for_m", "launch_wgmma", "mark_broken", "mma_source",
+           "nvfp4_wgmma_cuda", "prefers", "register_cap", "registers_needed", "shared_bytes",
+           "source", "split_for", "wgmma_kernel", "wgmma_unsupported"]
 
 #: The architecture the kernel is built for: ``wgmma`` is an sm_90a feature (compute
 #: capability 9.0 exactly; later architectures do not run sm_90a code).
@@ -93,14 +93,26 @@ def shared_bytes(config: WgmmaConfig) -> int:
     return config.stages * (config.ntok * 256 + config.wg * 4 * 1152 + 16) + 1024
 
 
-#: The default build: two warpgroups (128 weight rows) and 128 tokens per CTA, four stages
-#: (the fastest at M = 256 in the H200 sweeps, bench/results/nvfp4-sweep-wgmma-h200.md).
+#: The default build up to 128 tokens: two warpgroups (128 weight rows) and 128 tokens per CTA,
+#: four stages (the fastest at M = 128 in the H200 sweeps, bench/results/nvfp4-sweep-*.md).
 DEFAULT = WgmmaConfig(2, 128, 4, 1)
+#: The default build above 128 tokens: 256 tokens per warpgroup, so each decoded weight
+#: register feeds twice the multiply-adds of ``DEFAULT`` (the decode was what bounded it at
+#: M = 256), three stages (four do not fit in shared memory). At M = 256 on the H200 it ran
+#: 55 / 197 / 168 us (8192 x 8192 split in two, 28672 x 8192, 8192 x 28672 split in two)
+#: against 64 / 255 / 222 for ``DEFAULT`` (bench/results/nvfp4-sweep-wgmma-wide-h200.md).
+WIDE = WgmmaConfig(2, 256, 3, 1)
+
+
+def base_config(m: int) -> WgmmaConfig:
+    """The unsplit default build for ``m`` tokens: ``WIDE`` above 128, else ``DEFAULT``."""
+    return WIDE if m > DEFAULT.ntok else DEFAULT
 
 
 def _default_ctas(m: int, n: int) -> int:
-    """CTAs of one K range of ``DEFAULT`` for ``m`` tokens and ``n`` rows."""
-    return -(-n // (64 * DEFAULT.wg)) * -(-m // DEFAULT.ntok)
+    """CTAs of one K range of the default build for ``m`` tokens and ``n`` rows."""
+    base = base_config(m)
+    return -(-n // (64 * base.wg)) * -(-m // base.ntok)
 
 
 #: The most K ranges the default build splits into (each at least ``MIN_SPLIT_CHUNKS``).
@@ -110,23 +122,24 @@ MIN_SPLIT_CHUNKS = 4
 
 def split_for(m: int, n: int, k: int, sms: int) -> int:
     """K ranges for the default build at ``m`` tokens, ``n`` rows and ``k`` inputs on ``sms``
-    multiprocessors: enough for its 128 x 128 CTAs to number about 90% of the SMs, at most
+    multiprocessors: enough for its CTAs (one per SM) to number about 90% of the SMs, at most
     ``MAX_SPLIT`` and at least ``MIN_SPLIT_CHUNKS`` chunks of 128 per range. From the H200
-    sweep (``bench/results/nvfp4-sweep-wgmma-splitk-h200.md``): M = 128 on 8192-wide layers
-    (64 CTAs) split in two ran 37.5 / 112 us against 44 / 132 for the Triton kernel; where the
-    grid is already full (28672 rows) splitting lost 5%."""
+    sweeps (``bench/results/nvfp4-sweep-wgmma-splitk-h200.md``, ``...-wide-h200.md``): M = 128
+    on 8192-wide layers (64 CTAs) split in two ran 37.5 / 112 us against 44 / 132 for the
+    Triton kernel, M = 256 (``WIDE``, 64 CTAs) split in two 55 / 168 us against 85 / 280
+    unsplit; where the grid is already full (28672 rows) splitting lost 5-16%."""
     want = -(-int(0.9 * sms) // max(_default_ctas(m, n), 1))
     return max(1, min(MAX_SPLIT, want, (k // 128) // MIN_SPLIT_CHUNKS))
 
 
 def config_for_m(m: int, n: int = 0, k: int = 0, sms: int = 132) -> WgmmaConfig:
     """The build for ``m`` tokens, ``n`` output rows and ``k`` inputs on ``sms``
-    multiprocessors: above 64 tokens ``DEFAULT`` split over ``split_for`` K ranges; at most
-    64 (never the default there: slower than the Triton kernel in every sweep, split or not)
-    one warpgroup and the batch rounded up to 8 tokens."""
+    multiprocessors: above 64 tokens ``base_config`` split over ``split_for`` K ranges; at
+    most 64 (never the default there: slower than the Triton kernel in every sweep, split or
+    not) one warpgroup and the batch rounded up to 8 tokens."""
     if m <= 64:
         return WgmmaConfig(1, max(8, -(-m // 8) * 8), 4, 2)
-    return replace(DEFAULT, split=split_for(m, n, k, sms))
+    return replace(base_config(m), split=split_for(m, n, k, sms))
 
 
 def prefers(m: int, n: int, k: int, sms: int) -> bool:
