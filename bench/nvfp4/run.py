@@ -15,6 +15,8 @@ a wrong result makes the script exit 1 (after writing what it measured).
 
 Timing: ``triton.testing.do_bench_cudagraph`` (a CUDA graph of many calls, so Python launch
 overhead is not measured) by default, or ``--timer events`` (``triton.testing.do_bench``).
+bf16 and the default method are timed alternately ``--rounds`` times (default 2), each keeping
+its fastest, so neither always runs right after the other's long cuBLAS or kernel run.
 Each method rotates over enough copies of its weight to exceed twice the L2 (50 MB on an
 H200), so weights stream from HBM as in a real model. Bandwidth = (weight bytes + activation
 bytes) / time; NVFP4 weight bytes are N*K/2 + N*K/16 (codes + E4M3 scales).
@@ -53,6 +55,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="N x K list, e.g. 8192x8192,28672x8192")
     p.add_argument("--ms", default=",".join(map(str, MS)), help="M list, e.g. 1,4,16")
     p.add_argument("--rep-ms", type=float, default=40.0, help="timing budget per measurement")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="bf16 and the default method are timed alternately this many times, "
+                        "each reporting its fastest (a kernel timed right after a long "
+                        "cuBLAS run measured up to 20%% slower than the same kernel later)")
     # Checking this script's logic without a GPU: tiny shapes in Triton's interpreter
     # (TRITON_INTERPRET=1); the times mean nothing.
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
@@ -168,9 +174,12 @@ def main(argv: list[str] | None = None) -> int:
             default = config_for(m, method.table())
             ok = attempt(f"nvfp4-triton ({default.name})",
                          lambda md=method, ly=layers[0], x=x: md.apply(ly, x))
-            bf_t = bench(rotating([lambda wb=wb, x=x: F.linear(x, wb) for wb in bf_copies]))
-            nv_t = bench(rotating([lambda ly=ly, x=x, md=method: md.apply(ly, x)
-                                   for ly in layers])) if ok else float("nan")
+            bf_fn = rotating([lambda wb=wb, x=x: F.linear(x, wb) for wb in bf_copies])
+            nv_fn = rotating([lambda ly=ly, x=x, md=method: md.apply(ly, x) for ly in layers])
+            bf_t = nv_t = float("inf")
+            for _ in range(max(1, args.rounds)):
+                bf_t = min(bf_t, bench(bf_fn))
+                nv_t = min(nv_t, bench(nv_fn)) if ok else float("nan")
             row: dict[str, Any] = {
                 "n": n, "k": k, "m": m, "config": fit_block_m(default, m).name
                 if default.path != "dequant" else default.name,
@@ -209,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": name, "sms": sms,
         "torch": torch.__version__, "triton": triton.__version__, "dtype": args.dtype,
-        "timer": args.timer, "configs": args.configs, "rows": rows, "failures": failures,
+        "timer": args.timer, "rounds": max(1, args.rounds), "configs": args.configs,
+        "rows": rows, "failures": failures,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -226,7 +236,8 @@ def markdown(result: dict[str, Any]) -> str:
     best = result["configs"] != "default"
     lines = [f"# NVFP4 weight-only linear vs bf16 ({result['device']})", "",
              f"{result['date']}, torch {result['torch']}, triton {result['triton']}, "
-             f"{result['dtype']} activations, timer {result['timer']}. Bandwidth = (weight + "
+             f"{result['dtype']} activations, timer {result['timer']}, bf16 and nvfp4 the "
+             f"fastest of {result.get('rounds', 1)} alternating rounds. Bandwidth = (weight + "
              "activation bytes) / time.", "",
              "| N | K | M | bf16 us | nvfp4 us | ratio | bf16 GB/s | nvfp4 GB/s | config |"
              + (" best config | best us | best ratio |" if best else ""),
