@@ -15,6 +15,9 @@ median), so that launch overhead is what a graph-captured decode step pays:
   ``--sweep-ms`` (until ``--budget`` seconds), so one GPU run shows which config to make
   the default (the best is reported per shape).
 
+Every timing starts after the GPU idled a quarter second (``bench/settle.py``: a kernel timed
+right after a long cuBLAS GEMM ran up to 20% slower on the H200).
+
 A measurement that raises (e.g. a host sync under CUDA-graph capture) is printed (FAILED),
 recorded in its row as NaN with the error, and the script goes on; it exits with status 1
 after writing the results.
@@ -48,6 +51,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from l2_rotation import copies_for, rotating  # from bench/, put on the path above
+from settle import settle
 
 SHAPES = ((8192, 8192), (28672, 8192), (8192, 28672))
 MS = (1, 4, 16, 64, 256)
@@ -90,7 +94,7 @@ def bench(fn: Any, rep: int) -> float:
         fn()
         return (time.perf_counter() - t0) * 1e6
     fn()
-    torch.cuda.synchronize()
+    settle()
     ms = triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
     return float(ms) * 1000.0
 
@@ -174,7 +178,7 @@ def main() -> int:
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,
         "method": chosen_name,
-        "timing": "triton.testing.do_bench_cudagraph, median",
+        "timing": "triton.testing.do_bench_cudagraph, median, each after 0.25 s idle",
         "configs": args.configs,
         "sweep_cut_by_budget": sweep_cut,
         "wrong": list(WRONG),

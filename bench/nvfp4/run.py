@@ -15,8 +15,9 @@ a wrong result makes the script exit 1 (after writing what it measured).
 
 Timing: ``triton.testing.do_bench_cudagraph`` (a CUDA graph of many calls, so Python launch
 overhead is not measured) by default, or ``--timer events`` (``triton.testing.do_bench``).
-bf16 and the default method are timed alternately ``--rounds`` times (default 2), each keeping
-its fastest, so neither always runs right after the other's long cuBLAS or kernel run.
+Every timing starts after the GPU idled a quarter second (``bench/settle.py``: a kernel timed
+right after cuBLAS ran up to 20% slower), and bf16 and the default method are timed
+alternately ``--rounds`` times (default 2), each keeping its fastest.
 Each method rotates over enough copies of its weight to exceed twice the L2 (50 MB on an
 H200), so weights stream from HBM as in a real model. Bandwidth = (weight bytes + activation
 bytes) / time; NVFP4 weight bytes are N*K/2 + N*K/16 (codes + E4M3 scales).
@@ -37,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from l2_rotation import copies_for, rotating  # from bench/, put on the path above
+from settle import settle
 
 HERE = Path(__file__).resolve().parent
 SHAPES = ((8192, 8192), (28672, 8192), (8192, 28672))
@@ -55,10 +57,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="N x K list, e.g. 8192x8192,28672x8192")
     p.add_argument("--ms", default=",".join(map(str, MS)), help="M list, e.g. 1,4,16")
     p.add_argument("--rep-ms", type=float, default=40.0, help="timing budget per measurement")
+    p.add_argument("--settle-s", type=float, default=0.25,
+                   help="idle seconds before each timing (bench/settle.py)")
     p.add_argument("--rounds", type=int, default=2,
                    help="bf16 and the default method are timed alternately this many times, "
-                        "each reporting its fastest (a kernel timed right after a long "
-                        "cuBLAS run measured up to 20%% slower than the same kernel later)")
+                        "each reporting its fastest")
     # Checking this script's logic without a GPU: tiny shapes in Triton's interpreter
     # (TRITON_INTERPRET=1); the times mean nothing.
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
@@ -114,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             fn()
             return (time.perf_counter() - t0) * 1e6
+        settle(args.settle_s)
         if args.timer == "graph":
             with torch.cuda.stream(torch.cuda.Stream()):
                 return float(triton.testing.do_bench_cudagraph(fn, rep=args.rep_ms)) * 1e3
@@ -236,8 +240,9 @@ def markdown(result: dict[str, Any]) -> str:
     best = result["configs"] != "default"
     lines = [f"# NVFP4 weight-only linear vs bf16 ({result['device']})", "",
              f"{result['date']}, torch {result['torch']}, triton {result['triton']}, "
-             f"{result['dtype']} activations, timer {result['timer']}, bf16 and nvfp4 the "
-             f"fastest of {result.get('rounds', 1)} alternating rounds. Bandwidth = (weight + "
+             f"{result['dtype']} activations, timer {result['timer']}, each timing after 0.25 s "
+             f"idle, bf16 and nvfp4 the fastest of {result.get('rounds', 1)} alternating "
+             "rounds. Bandwidth = (weight + "
              "activation bytes) / time.", "",
              "| N | K | M | bf16 us | nvfp4 us | ratio | bf16 GB/s | nvfp4 GB/s | config |"
              + (" best config | best us | best ratio |" if best else ""),
