@@ -250,7 +250,11 @@ CANDIDATES: tuple[KernelConfig, ...] = (
         # 256 tokens per warpgroup (half the decode per multiply-add), split where the grid
         # is small; 64 tokens at three CTAs per SM (more warps to hide the decode's latency)
         WgmmaConfig(2, 256, 3, 1), WgmmaConfig(2, 256, 3, 1, 2), WgmmaConfig(2, 256, 3, 1, 3),
-        WgmmaConfig(1, 64, 3, 3, 2), WgmmaConfig(1, 64, 3, 3, 3), WgmmaConfig(1, 64, 3, 3, 4))),
+        WgmmaConfig(1, 64, 3, 3, 2), WgmmaConfig(1, 64, 3, 3, 3), WgmmaConfig(1, 64, 3, 3, 4),
+        # 64 tokens over 192 or 256 rows per CTA: the activations (64 tokens x 256 bytes per
+        # chunk, from L2) are read once per CTA, so wider CTAs read fewer of them
+        WgmmaConfig(4, 64, 4, 1, 2), WgmmaConfig(4, 64, 4, 1, 3), WgmmaConfig(4, 64, 4, 1, 4),
+        WgmmaConfig(3, 64, 4, 1), WgmmaConfig(3, 64, 4, 1, 2), WgmmaConfig(3, 64, 4, 1, 3))),
     # The repacked word layout (``kernelbay.formats.e2m1_words``): natural K order, no
     # activation permutation, no 16-bit repacking; the K loop of pr-16x128x128 has 4.3 SASS
     # instructions per element against 4.8 for pw-16x64x256-p3 (LOP3 128, shifts 96, no PRMT).
