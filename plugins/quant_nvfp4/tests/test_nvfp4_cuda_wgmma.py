@@ -14,6 +14,7 @@ from kernelbay.cuda_jit import CudaJitError, compile_cubin, nvrtc_available
 from kernelbay.formats import dequantize_nvfp4
 from kernelbay_quant_nvfp4.cuda_wgmma import (
     ARCH,
+    NARROW,
     WIDE,
     WgmmaConfig,
     build_options,
@@ -43,7 +44,8 @@ from nvfp4_triton_helpers import (
 BUILDS = [WgmmaConfig(1, 64, 4, 2), WgmmaConfig(2, 128, 4, 1), WgmmaConfig(1, 256, 3, 1),
           WgmmaConfig(2, 64, 4, 1), WgmmaConfig(1, 16, 6, 3), WgmmaConfig(4, 32, 3, 1),
           WgmmaConfig(3, 48, 3, 1), WgmmaConfig(2, 128, 5, 1), WgmmaConfig(1, 64, 4, 2, 3),
-          WgmmaConfig(2, 128, 4, 1, 2), WIDE, replace(WIDE, split=2)]
+          WgmmaConfig(2, 128, 4, 1, 2), WIDE, replace(WIDE, split=2), WgmmaConfig(4, 64, 4, 1, 4),
+          WgmmaConfig(3, 48, 3, 1, 3)]
 
 
 def _on_sm90() -> bool:
@@ -107,11 +109,12 @@ def test_builds_are_checked_and_fit() -> None:
 
 
 def test_default_build_only_where_its_grid_fills_the_gpu() -> None:
-    """Above 64 tokens the default build splits K until its CTAs (128 rows by 128 tokens up to
-    M = 128, by 256 tokens above) number about 90% of the SMs (at most four ranges of at least
-    four chunks), and serves a layer only if that fills the GPU: M = 256 at N = 8192 on 132
-    SMs is 64 CTAs split in two, at N = 28672 224 unsplit, M = 128 at N = 8192 64 CTAs split
-    in two; M <= 64 and layers too narrow or too short stay with Triton."""
+    """From 33 tokens the default build splits K until its CTAs (256 rows by 64 tokens up to
+    M = 64, 128 rows by 128 tokens up to 128, by 256 tokens above) number 80% of the SMs (at
+    most four ranges of at least four chunks), and serves a layer only if that fills the GPU:
+    M = 256 at N = 8192 on 132 SMs is 64 CTAs split in two, at N = 28672 224 unsplit, M = 128
+    at N = 8192 64 CTAs split in two, M = 64 at N = 8192 32 CTAs split in four and at
+    N = 28672 112 unsplit; M <= 32 and layers too narrow or too short stay with Triton."""
     assert split_for(256, 8192, 8192, 132) == 2 and split_for(256, 28672, 8192, 132) == 1
     assert split_for(128, 28672, 8192, 132) == 1 and split_for(512, 8192, 8192, 132) == 1
     assert split_for(128, 8192, 8192, 132) == 2 and split_for(128, 8192, 28672, 132) == 2
@@ -119,9 +122,14 @@ def test_default_build_only_where_its_grid_fills_the_gpu() -> None:
     assert config_for_m(128, 8192, 8192, 132) == replace(DEFAULT_BUILD, split=2)
     assert config_for_m(129, 8192, 8192, 132) == replace(WIDE, split=2)
     assert config_for_m(256, 28672, 8192, 132) == WIDE
+    assert config_for_m(64, 8192, 8192, 132) == replace(NARROW, split=4)
+    assert config_for_m(33, 28672, 8192, 132) == NARROW
+    assert config_for_m(32, 8192, 8192, 132) == WgmmaConfig(1, 32, 4, 2)
     assert prefers(256, 8192, 8192, 132) and prefers(128, 8192, 28672, 132)
     assert prefers(128, 28672, 8192, 132)
-    assert not prefers(64, 28672, 8192, 132) and not prefers(128, 8192, 512, 132)
+    assert prefers(64, 28672, 8192, 132) and prefers(64, 8192, 8192, 132)
+    assert not prefers(32, 28672, 8192, 132) and not prefers(128, 8192, 512, 132)
+    assert not prefers(64, 4096, 1024, 132)
     assert not prefers(1000, 128, 8192, 132)
 
 

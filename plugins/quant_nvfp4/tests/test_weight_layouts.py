@@ -111,11 +111,11 @@ def test_run_config_names_a_layout_mismatch() -> None:
                                                    (64, 28672, 8192, 1), (64, 8192, 28672, 4),
                                                    (256, 8192, 8192, 1), (1, 64, 512, 1)])
 def test_split_rule_on_the_benchmark_shapes(m: int, n: int, k: int, want: int) -> None:
-    """The split counts the H200 sweeps found best for the defaults (132 SMs), and no split
-    when K has too few tiles."""
-    from kernelbay_quant_nvfp4.triton_configs import config_for, split_k_for
+    """The split counts the H200 sweeps found best for the default Triton kernels (132 SMs),
+    and no split when K has too few tiles."""
+    from kernelbay_quant_nvfp4.triton_configs import WGMMA_FALLBACK, config_for, split_k_for
 
-    assert split_k_for(config_for(m), m, n, k, 132) == want
+    assert split_k_for(config_for(m, WGMMA_FALLBACK), m, n, k, 132) == want
 
 
 def test_tiles_layout_round_trips_and_rejects_partial_tiles() -> None:
@@ -162,14 +162,14 @@ def test_explain_note_names_the_kernel_per_batch(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(cuda_jit, "find_nvrtc", lambda: "/lib/libnvrtc.so")
     assert note(4096, 4096) == ("kernels by batch (tiles layout): M <= 8: CUDA GEMV "
-                                "(ct-default, NVRTC), M <= 16: pt-16x64x256-p3, M <= 64: "
+                                "(ct-default, NVRTC), M <= 16: pt-16x64x256-p3, M <= 32: "
                                 "pt-64x128x128-w8, larger M: CUDA wgmma GEMM (cw-default, "
                                 "NVRTC, sm_90a) where its grid fills the GPU, else "
-                                "pt-128x128x128-w8")
+                                "pt-64x128x128-w8 up to M = 64 / pt-128x128x128-w8")
     assert "M <= 8: pt-16x64x256-p3 (the CUDA GEMV: float16 activations)" in \
         note(4096, 4096, "float16")
-    assert "larger M: pt-128x128x128-w8 (the CUDA wgmma GEMM: float16 activations)" in \
-        note(4096, 4096, "float16")
+    assert ("larger M: pt-64x128x128-w8 up to M = 64 / pt-128x128x128-w8 (the CUDA wgmma GEMM: "
+            "float16 activations)") in note(4096, 4096, "float16")
     assert "(the CUDA GEMV: not on rocm gfx942)" in note(4096, 4096, device="gfx942")
     assert "(the CUDA wgmma GEMM: needs compute capability 9.0, not cuda sm_80)" in \
         note(4096, 4096, device="sm_80")

@@ -23,10 +23,11 @@ if TYPE_CHECKING:
     import torch
     from kernelbay.cuda_jit import Kernel
 
-__all__ = ["ARCH", "DEFAULT", "MAX_SPLIT", "WIDE", "WgmmaConfig", "base_config", "broken_reason",
-           "build_options", "config_for_m", "launch_wgmma", "mark_broken", "mma_source",
-           "nvfp4_wgmma_cuda", "prefers", "register_cap", "registers_needed", "shared_bytes",
-           "source", "split_for", "wgmma_kernel", "wgmma_unsupported"]
+__all__ = ["ARCH", "DEFAULT", "FILL", "MAX_SPLIT", "NARROW", "NARROW_MIN_M", "WIDE", "WgmmaConfig",
+           "base_config", "broken_reason", "build_options", "config_for_m", "launch_wgmma",
+           "mark_broken", "mma_source", "nvfp4_wgmma_cuda", "prefers", "register_cap",
+           "registers_needed", "shared_bytes", "source", "split_for", "wgmma_kernel",
+           "wgmma_unsupported"]
 
 #: The architecture the kernel is built for: ``wgmma`` is an sm_90a feature (compute
 #: capability 9.0 exactly; later architectures do not run sm_90a code).
@@ -104,9 +105,28 @@ DEFAULT = WgmmaConfig(2, 128, 4, 1)
 WIDE = WgmmaConfig(2, 256, 3, 1)
 
 
+#: The default build from ``NARROW_MIN_M`` to 64 tokens: four warpgroups (256 weight rows) and
+#: 64 tokens per CTA, four stages. Each CTA reads the activations of its K range once for 256
+#: rows (they come from L2, and at 64 tokens they outweigh the weight), and 16 warps per SM hide
+#: more of the decode's latency. At M = 64 on the H200 it ran 26.7 / 80.0 / 73.8 us (8192 x 8192
+#: split in four, 28672 x 8192 unsplit, 8192 x 28672 split in four) against 27.9 / 85.4 / 79.6
+#: for the Triton kernel (bench/results/nvfp4-sweep-wgmma-m64-h200.md).
+NARROW = WgmmaConfig(4, 64, 4, 1)
+#: The fewest tokens the default build serves; below, the Triton kernels (not measured
+#: against it there).
+NARROW_MIN_M = 33
+#: The share of the SMs a default build's CTAs (over ``split_for`` K ranges) must reach for
+#: ``prefers``, and what ``split_for`` splits towards: at 28672 rows ``NARROW``'s 112 CTAs
+#: (85% of 132 SMs) ran faster unsplit than split in two (80.0 against 88.6 us).
+FILL = 0.8
+
+
 def base_config(m: int) -> WgmmaConfig:
-    """The unsplit default build for ``m`` tokens: ``WIDE`` above 128, else ``DEFAULT``."""
-    return WIDE if m > DEFAULT.ntok else DEFAULT
+    """The unsplit default build for ``m`` tokens: ``WIDE`` above 128, ``DEFAULT`` above 64,
+    else ``NARROW``."""
+    if m > DEFAULT.ntok:
+        return WIDE
+    return DEFAULT if m > NARROW.ntok else NARROW
 
 
 def _default_ctas(m: int, n: int) -> int:
@@ -122,31 +142,32 @@ MIN_SPLIT_CHUNKS = 4
 
 def split_for(m: int, n: int, k: int, sms: int) -> int:
     """K ranges for the default build at ``m`` tokens, ``n`` rows and ``k`` inputs on ``sms``
-    multiprocessors: enough for its CTAs (one per SM) to number about 90% of the SMs, at most
+    multiprocessors: enough for its CTAs (one per SM) to number ``FILL`` of the SMs, at most
     ``MAX_SPLIT`` and at least ``MIN_SPLIT_CHUNKS`` chunks of 128 per range. From the H200
     sweeps (``bench/results/nvfp4-sweep-wgmma-splitk-h200.md``, ``...-wide-h200.md``): M = 128
     on 8192-wide layers (64 CTAs) split in two ran 37.5 / 112 us against 44 / 132 for the
     Triton kernel, M = 256 (``WIDE``, 64 CTAs) split in two 55 / 168 us against 85 / 280
     unsplit; where the grid is already full (28672 rows) splitting lost 5-16%."""
-    want = -(-int(0.9 * sms) // max(_default_ctas(m, n), 1))
+    want = -(-int(FILL * sms) // max(_default_ctas(m, n), 1))
     return max(1, min(MAX_SPLIT, want, (k // 128) // MIN_SPLIT_CHUNKS))
 
 
 def config_for_m(m: int, n: int = 0, k: int = 0, sms: int = 132) -> WgmmaConfig:
     """The build for ``m`` tokens, ``n`` output rows and ``k`` inputs on ``sms``
-    multiprocessors: above 64 tokens ``base_config`` split over ``split_for`` K ranges; at
-    most 64 (never the default there: slower than the Triton kernel in every sweep, split or
-    not) one warpgroup and the batch rounded up to 8 tokens."""
-    if m <= 64:
+    multiprocessors: from ``NARROW_MIN_M`` tokens ``base_config`` split over ``split_for`` K
+    ranges; below (never the default there) one warpgroup and the batch rounded up to 8
+    tokens."""
+    if m < NARROW_MIN_M:
         return WgmmaConfig(1, max(8, -(-m // 8) * 8), 4, 2)
     return replace(base_config(m), split=split_for(m, n, k, sms))
 
 
 def prefers(m: int, n: int, k: int, sms: int) -> bool:
     """Whether the default build should serve ``m`` tokens, ``n`` rows and ``k`` inputs on
-    ``sms`` multiprocessors: above 64 tokens, when its CTAs over ``split_for`` K ranges number
-    at least 90% of the SMs (fewer leave SMs idle; the split-K Triton kernel is faster there)."""
-    return m > 64 and _default_ctas(m, n) * split_for(m, n, k, sms) >= 0.9 * sms
+    ``sms`` multiprocessors: from ``NARROW_MIN_M`` tokens, when its CTAs over ``split_for`` K
+    ranges number at least ``FILL`` of the SMs (fewer leave SMs idle; the split-K Triton
+    kernel is faster there)."""
+    return m >= NARROW_MIN_M and _default_ctas(m, n) * split_for(m, n, k, sms) >= FILL * sms
 
 
 def mma_source(ntok: int) -> str:

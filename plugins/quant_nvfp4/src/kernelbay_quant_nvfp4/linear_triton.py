@@ -384,6 +384,7 @@ def kernel_plan(request: LinearRequest, device: DeviceCapability,
 
     rows = table_for(request.out_features, request.in_features, table)
     parts = []
+    above = 0   # the largest M of the row before
     for largest, config in rows:
         text = config.name
         if config.path in ("cuda", "cuda-tiles"):
@@ -396,12 +397,16 @@ def kernel_plan(request: LinearRequest, device: DeviceCapability,
             why = cuda_why_not(device.platform == "cuda" and device.compute_capability == (9, 0),
                                f"needs compute capability 9.0, not {device.platform} "
                                f"{device.arch}")
-            fallback = WGMMA_FALLBACK[-1][1].name
+            # the Triton rows this row's batch sizes fall back to
+            under = [(b, c.name) for b, c in WGMMA_FALLBACK if b > above]
+            fallback = " / ".join(name if i == len(under) - 1 else f"{name} up to M = {b}"
+                                  for i, (b, name) in enumerate(under))
             text = (f"CUDA wgmma GEMM ({config.name}, NVRTC, sm_90a) where its grid fills the "
                     f"GPU, else {fallback}" if not why
                     else f"{fallback} (the CUDA wgmma GEMM: {why})")
         bound = "larger M" if largest >= 1 << 62 else f"M <= {largest}"
         parts.append(f"{bound}: {text}")
+        above = largest
     return f"kernels by batch ({table_layout(rows)} layout): " + ", ".join(parts)
 
 

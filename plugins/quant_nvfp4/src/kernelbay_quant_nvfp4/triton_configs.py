@@ -34,17 +34,19 @@ can retune:
 * M <= 64: 64 x 128 tiles with 8 warps (two warpgroups of 64 weight rows), split for about
   two programs per SM; larger M: 128-row tiles, one program per SM (splitting them wrote
   more partials than it gained).
-* Larger M on compute capability 9.0 (bf16, NVRTC): the wgmma GEMM of ``cuda_wgmma``
-  (``cw-default``: two warpgroups of 64 weight rows, 128 tokens per CTA, four stages, up to
-  M = 128; 256 tokens per CTA and three stages above), where its grid, split over K where it
+* M > 32 on compute capability 9.0 (bf16, NVRTC): the wgmma GEMM of ``cuda_wgmma``
+  (``cw-default``: four warpgroups of 64 weight rows and 64 tokens per CTA up to M = 64; two
+  warpgroups, 128 tokens per CTA and four stages up to M = 128; 256 tokens per CTA and three
+  stages above), where its grid, split over K where it
   is small (``cuda_wgmma.split_for``), gives about a CTA per SM (``cuda_wgmma.prefers``):
   each warpgroup decodes the next 64-element half of the weight while the tensor cores run
   the previous one, which the Triton loop cannot express. H200, M = 256 (256 tokens per CTA):
   55 / 197 / 168 us against 75-84 / 295-328 / 258-297 us for the Triton kernels at
   8192 x 8192 / 28672 x 8192 / 8192 x 28672 (cuBLAS on the bf16 weight: 51 / 201 / 194 us);
   M = 128: 127 against 146 us at 28672 x 8192 (64 x 224 CTAs, unsplit) and, split in two,
-  37.5 / 112 against 44 / 132 us on the 8192-wide shapes. Elsewhere ``WGMMA_FALLBACK`` runs
-  the Triton kernel of the tiles layout.
+  37.5 / 112 against 44 / 132 us on the 8192-wide shapes; M = 64: 26.7 / 80.0 / 73.8 against
+  27.9 / 85.4 / 79.6 us. Elsewhere ``WGMMA_FALLBACK`` runs the Triton kernel of the tiles
+  layout.
 """
 
 from __future__ import annotations
@@ -121,7 +123,8 @@ _TILES_TRITON: tuple[tuple[int, KernelConfig], ...] = (
 )
 DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
     (8, KernelConfig("ct-default", "cuda-tiles")),
-    *_TILES_TRITON[:2],
+    _TILES_TRITON[0],
+    (32, _TILES_TRITON[1][1]),
     (1 << 62, KernelConfig("cw-default", "cuda-wgmma")),
 )
 

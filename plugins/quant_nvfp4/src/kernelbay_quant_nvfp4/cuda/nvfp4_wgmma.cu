@@ -125,7 +125,7 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   __syncthreads();
 
   // Chunk j's activations into slot j % STAGES (thread 0).
-  auto load_x = [&](int j) {
+  auto load_x = [&](u32 j) {
     const int slot = j % STAGES;
     const u32 bar = full + slot * 8;
     mbar_expect(bar, X_STAGE);
@@ -148,8 +148,8 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   const u32* wsrc = words + (tile * tile_chunks + c0) * 256 + lane * 4;
   const unsigned char* csrc = codes + (tile * tile_chunks + c0) * 128 + lane * 16;
 
-  auto fetch_w = [&](int j) {   // chunk j's weight into slot j % STAGES, then commit
-    if (j < chunks) {
+  auto fetch_w = [&](u32 j) {   // chunk j's weight into slot j % STAGES, then commit
+    if (j < (u32)chunks) {
       const u32 wb = ws + (j % STAGES) * W_STAGE;
       copy16(wb + wdst[0], wsrc + j * 256);
       copy16(wb + wdst[1], wsrc + j * 256 + 128);
@@ -170,7 +170,7 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   struct Raw {        // a half's codes (rows g and g + 8) and words (two groups, two rows)
     u32 c0, c1, u[2][2];
   };
-  auto load_half = [&](int j, int q) {
+  auto load_half = [&](u32 j, int q) {
     const u32 wb = ws + (j % STAGES) * W_STAGE;
     Raw raw;
     raw.c0 = lds32(wb + cread + 4 * q);
@@ -198,7 +198,7 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
       }
     }
   };
-  auto decode = [&](u32 (&a)[4][4], int j, int q) { unpack(a, load_half(j, q)); };
+  auto decode = [&](u32 (&a)[4][4], u32 j, int q) { unpack(a, load_half(j, q)); };
 
   float acc[NTOK / 2];
 #pragma unroll
@@ -207,12 +207,14 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   // Half q of chunk j as one wgmma group of four k16 steps: step s reads activation half q
   // at byte 32 s. The operands are pinned before the fence so that nothing defining them is
   // scheduled inside the group (ptxas would serialize it).
-  auto issue = [&](u32 (&a)[4][4], int j, int q) {
-    const u32 xb = xs + (j % STAGES) * X_STAGE + q * (NTOK * 128);
+  auto issue = [&](u32 (&a)[4][4], u32 j, int q) {
+    // Step s starts 32 bytes (two 16-byte units of the descriptor's address field) after step
+    // s - 1; the field cannot carry over (shared addresses stay below 2^18).
+    const u64 desc0 = operand_desc(xs + (j % STAGES) * X_STAGE + q * (NTOK * 128));
     u64 desc[4];
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      desc[s] = operand_desc(xb + s * 32);
+      desc[s] = desc0 + 2 * s;
       pin(desc[s]);
 #pragma unroll
       for (int r = 0; r < 4; ++r) pin(a[s][r]);
@@ -231,10 +233,10 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   };
 
   if (tid == 0) {
-    for (int j = 0; j < STAGES && j < chunks; ++j) load_x(j);
+    for (u32 j = 0; j < STAGES && j < (u32)chunks; ++j) load_x(j);
   }
 #pragma unroll
-  for (int j = 0; j < STAGES; ++j) fetch_w(j);
+  for (u32 j = 0; j < STAGES; ++j) fetch_w(j);
   // Three register sets for the halves h = 2j + q in turn (set h % 3).
   u32 r0[4][4];
   u32 r1[4][4];
@@ -246,20 +248,20 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   // weight slot is free (decoded in step j - 1): chunk j + STAGES's weight goes there. After
   // the first wait chunk j - 1 is retired: this warp releases its slot, and thread 0 refills
   // the slot of chunk j - 2 (released by every warp in step j - 1, unless one lags behind).
-  auto step = [&](u32 (&a)[4][4], u32 (&b)[4][4], u32 (&c)[4][4], int j) {
+  auto step = [&](u32 (&a)[4][4], u32 (&b)[4][4], u32 (&c)[4][4], u32 j) {
     __syncwarp();   // every lane's reads of chunk j's weight slot before the copies refill it
     fetch_w(j + STAGES);
     weights_landed();
     mbar_wait(full + (j % STAGES) * 8, (j / STAGES) & 1);
     // The next chunk's words and codes are read before each group is issued, so that their
     // latency passes during the wait (3% faster at N = K = 8192, M = 256 than after).
-    const bool more = j + 1 < chunks;
+    const bool more = j + 1 < (u32)chunks;
     Raw next;
     if (more) next = load_half(j + 1, 0);
     issue(a, j, 0);
     wgmma_wait<1>();
     if (j >= 1 && lane == 0) mbar_arrive(empty + ((j - 1) % STAGES) * 8);
-    if (tid == 0 && j >= 2 && j - 2 + STAGES < chunks) {
+    if (tid == 0 && j >= 2 && j - 2 + STAGES < (u32)chunks) {
       mbar_wait(empty + ((j - 2) % STAGES) * 8, ((j - 2) / STAGES) & 1);
       load_x(j - 2 + STAGES);
     }
@@ -271,10 +273,10 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
     wgmma_wait<1>();
     if (more) unpack(a, next);
   };
-  for (int j = 0; j < chunks; j += 3) {
+  for (u32 j = 0; j < (u32)chunks; j += 3) {
     step(r0, r1, r2, j);
-    if (j + 1 < chunks) step(r2, r0, r1, j + 1);
-    if (j + 2 < chunks) step(r1, r2, r0, j + 2);
+    if (j + 1 < (u32)chunks) step(r2, r0, r1, j + 1);
+    if (j + 2 < (u32)chunks) step(r1, r2, r0, j + 2);
   }
   wgmma_wait<0>();
 #pragma unroll
