@@ -108,8 +108,8 @@ WIDE = WgmmaConfig(2, 256, 3, 1)
 #: The default build from ``NARROW_MIN_M`` to 64 tokens: four warpgroups (256 weight rows) and
 #: 64 tokens per CTA, four stages. Each CTA reads the activations of its K range once for 256
 #: rows (they come from L2, and at 64 tokens they outweigh the weight), and 16 warps per SM hide
-#: more of the decode's latency. At M = 64 on the H200 it ran 26.7 / 80.0 / 73.8 us (8192 x 8192
-#: split in four, 28672 x 8192 unsplit, 8192 x 28672 split in four) against 27.9 / 85.4 / 79.6
+#: more of the decode's latency. At M = 64 on the H200 it ran 26.7 / 79.7 / 72.7 us (8192 x 8192
+#: split in four, 28672 x 8192 unsplit, 8192 x 28672 split in four) against 28.1 / 84.6 / 76.9
 #: for the Triton kernel (bench/results/nvfp4-sweep-wgmma-m64-h200.md).
 NARROW = WgmmaConfig(4, 64, 4, 1)
 #: The fewest tokens the default build serves; below, the Triton kernels (not measured
@@ -117,7 +117,7 @@ NARROW = WgmmaConfig(4, 64, 4, 1)
 NARROW_MIN_M = 33
 #: The share of the SMs a default build's CTAs (over ``split_for`` K ranges) must reach for
 #: ``prefers``, and what ``split_for`` splits towards: at 28672 rows ``NARROW``'s 112 CTAs
-#: (85% of 132 SMs) ran faster unsplit than split in two (80.0 against 88.6 us).
+#: (85% of 132 SMs) ran faster unsplit than split in two (79.7 against 87.8 us).
 FILL = 0.8
 
 

@@ -44,8 +44,8 @@ can retune:
   55 / 197 / 168 us against 75-84 / 295-328 / 258-297 us for the Triton kernels at
   8192 x 8192 / 28672 x 8192 / 8192 x 28672 (cuBLAS on the bf16 weight: 51 / 201 / 194 us);
   M = 128: 127 against 146 us at 28672 x 8192 (64 x 224 CTAs, unsplit) and, split in two,
-  37.5 / 112 against 44 / 132 us on the 8192-wide shapes; M = 64: 26.7 / 80.0 / 73.8 against
-  27.9 / 85.4 / 79.6 us. Elsewhere ``WGMMA_FALLBACK`` runs the Triton kernel of the tiles
+  37.5 / 112 against 44 / 132 us on the 8192-wide shapes; M = 64: 26.7 / 79.7 / 72.7 against
+  28.1 / 84.6 / 76.9 us. Elsewhere ``WGMMA_FALLBACK`` runs the Triton kernel of the tiles
   layout.
 """
 
