@@ -189,8 +189,9 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int s = 2 * gi + hh;
-        const u32 m0 = multiplier(raw.c0 >> (8 * s));
-        const u32 m1 = multiplier(raw.c1 >> (8 * s));
+        // byte s of the codes, zero-extended, by one byte permute (a shift and a mask before)
+        const u32 m0 = multiplier(__byte_perm(raw.c0, 0u, 0x4440u + s));
+        const u32 m1 = multiplier(__byte_perm(raw.c1, 0u, 0x4440u + s));
         a[s][0] = scaled(lanes_of(raw.u[gi][0], 2 * hh), m0);
         a[s][1] = scaled(lanes_of(raw.u[gi][1], 2 * hh), m1);
         a[s][2] = scaled(lanes_of(raw.u[gi][0], 2 * hh + 1), m0);
