@@ -1,4 +1,4 @@
-"""The NVFP4 GEMM of ``cuda/nvfp4_wgmma.cu`` for larger batches (the default table: M > 64) on
+"""The NVFP4 GEMM of ``cuda/nvfp4_wgmma.cu`` for larger batches (the default table: M > 32) on
 compute capability 9.0 (H100, H200; ``sm_90a``), bf16 activations, compiled at run time by
 NVRTC (``cuda_jit``).
 
@@ -95,7 +95,8 @@ def shared_bytes(config: WgmmaConfig) -> int:
 
 
 #: The default build up to 128 tokens: two warpgroups (128 weight rows) and 128 tokens per CTA,
-#: four stages (the fastest at M = 128 in the H200 sweeps, bench/results/nvfp4-sweep-*.md).
+#: four stages (the fastest at M = 128 in the H200 sweeps,
+#: bench/results/nvfp4-sweep-wgmma-splitk-h200.md and ...-cluster-h200.md).
 DEFAULT = WgmmaConfig(2, 128, 4, 1)
 #: The default build above 128 tokens: 256 tokens per warpgroup, so each decoded weight
 #: register feeds twice the multiply-adds of ``DEFAULT`` (the decode was what bounded it at
