@@ -31,6 +31,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from settle import settle  # from bench/, put on the path above
+
 BATCHES = (1, 16, 64, 128)
 CONTEXTS = (1024, 8192, 32768)
 HEADS = (16, 128)
@@ -161,12 +164,13 @@ def _warm(jobs: list[tuple[str, int, dict]], workers: int) -> list[str]:
         return [f"precompiling stopped: {type(exc).__name__}: {str(exc)[:200]}"]
 
 
-def _time(fn, rep: int, eager: bool) -> float:
+def _time(fn, rep: int, eager: bool, settle_s: float) -> float:
     """Milliseconds per call of ``fn``: replayed from a CUDA graph (the kernels' own time,
     no Python or launch overhead; what an engine step captured in a graph pays), or launched
-    eagerly with ``eager``."""
+    eagerly with ``eager``; after ``settle_s`` seconds of idle GPU (``bench/settle.py``)."""
     import triton.testing
 
+    settle(settle_s)
     if eager:
         return float(triton.testing.do_bench(fn, warmup=10, rep=rep))
     return float(triton.testing.do_bench_cudagraph(fn, rep=rep))
@@ -180,6 +184,8 @@ def main() -> int:
     parser.add_argument("--heads", default=",".join(map(str, HEADS)))
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--rep", type=int, default=20, help="timing rep time (ms)")
+    parser.add_argument("--settle-s", type=float, default=0.25,
+                        help="idle seconds before each timing (bench/settle.py)")
     parser.add_argument("--eager", action="store_true",
                         help="time eager launches (host work included) instead of CUDA-graph "
                              "replays")
@@ -378,7 +384,7 @@ def _measure(mla_decode, record, cache, meta, query, scale: float, launch: dict,
     out, _ = mla_decode(query, cache, record, PAGE, meta, scale, **launch)
     err = _check(record, cache, meta, query, out, scale)
     ms = _time(functools.partial(mla_decode, query, cache, record, PAGE, meta, scale,
-                                 **launch), args.rep, args.eager)
+                                 **launch), args.rep, args.eager, args.settle_s)
     return err, ms
 
 
@@ -404,7 +410,8 @@ def _write(args, props, sms: int, rows: list[dict], tuning: list[dict], notes: l
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": props.name, "sms": sms, "torch": torch.__version__,
-            "timing": "eager do_bench" if args.eager else "CUDA graph replay",
+            "timing": ("eager do_bench" if args.eager else "CUDA graph replay")
+            + f", each after {args.settle_s} s idle",
             "block_n": args.block_n, "warps": args.warps,
             "stages": args.stages, "grouped": args.grouped, "l2_ahead": args.l2_ahead,
             "triton": triton.__version__, "page_size": PAGE, "seconds": seconds,
