@@ -421,7 +421,8 @@ def _write(args, props, sms: int, rows: list[dict], tuning: list[dict], notes: l
     timing = ("eager launches (host work included)" if args.eager else
               "CUDA-graph replays (kernel time only; metadata and tables made before timing)")
     lines = [f"# MLA decode (mla-triton: Triton and CUDA kernels), {props.name}", "",
-             f"One decode step, page {PAGE}, random page tables, timed as {timing}; KV TB/s "
+             f"One decode step, page {PAGE}, random page tables, timed as {timing}, each "
+             f"after {args.settle_s} s of idle GPU; KV TB/s "
              "counts each context record once; x bf16 = bf16-record time / this time (same "
              "run).", "",
              "| kind | dims | B/token | batch | context | heads | kernel | splits | ms | "
