@@ -25,6 +25,7 @@ from kernelbay_quant_nvfp4.cuda_wgmma import (
     shared_bytes,
     source,
     split_for,
+    stream_plan,
     wgmma_unsupported,
 )
 from kernelbay_quant_nvfp4.cuda_wgmma import (
@@ -45,7 +46,8 @@ BUILDS = [WgmmaConfig(1, 64, 4, 2), WgmmaConfig(2, 128, 4, 1), WgmmaConfig(1, 25
           WgmmaConfig(2, 64, 4, 1), WgmmaConfig(1, 16, 6, 3), WgmmaConfig(4, 32, 3, 1),
           WgmmaConfig(3, 48, 3, 1), WgmmaConfig(2, 128, 5, 1), WgmmaConfig(1, 64, 4, 2, 3),
           WgmmaConfig(2, 128, 4, 1, 2), WIDE, replace(WIDE, split=2), WgmmaConfig(4, 64, 4, 1, 4),
-          WgmmaConfig(3, 48, 3, 1, 3)]
+          WgmmaConfig(3, 48, 3, 1, 3), replace(NARROW, stream_k=True),
+          replace(WIDE, stream_k=True), WgmmaConfig(1, 16, 4, 2, stream_k=True)]
 
 
 def _on_sm90() -> bool:
@@ -98,6 +100,9 @@ def test_builds_are_checked_and_fit() -> None:
         WgmmaConfig(1, 64, 2).check()
     with pytest.raises(ValueError, match="split=0"):
         WgmmaConfig(1, 64, 4, 1, 0).check()
+    with pytest.raises(ValueError, match="split=2 with stream_k=True"):
+        WgmmaConfig(4, 64, 4, 1, 2, stream_k=True).check()
+    assert replace(NARROW, stream_k=True).name == "cw-g4n64s4b1sk"
     with pytest.raises(ValueError, match="shared memory"):
         WgmmaConfig(2, 256, 5).check()
     for m in (17, 32, 64, 65, 128, 256, 1000):
@@ -133,6 +138,19 @@ def test_default_build_only_where_its_grid_fills_the_gpu() -> None:
     assert not prefers(1000, 128, 8192, 132)
 
 
+def test_stream_plan_on_the_benchmark_shapes() -> None:
+    """Stream K gives every SM one CTA of equal work and bounds the segments a CTA writes:
+    28672 rows in 256-row tiles (112 tiles of 64 chunks, 54.3 units per CTA) over 132 CTAs
+    touch at most two tiles each, as do 32 tiles (15.5 units); 224 tiles (108.6 units) up to
+    three; a layer with fewer units than SMs gets a CTA per unit; 13-14 units over tiles of 4
+    touch four."""
+    assert stream_plan(112, 64, 132) == (132, 2)
+    assert stream_plan(224, 64, 132) == (132, 3)
+    assert stream_plan(32, 64, 132) == (132, 2)
+    assert stream_plan(1, 3, 132) == (3, 1)
+    assert stream_plan(10, 4, 3) == (3, 4)
+
+
 def test_mma_wrapper_names_every_accumulator() -> None:
     """The generated wgmma wrapper has one in-out operand per accumulator register, then the
     four A registers, the descriptor and the scale-d flag."""
@@ -165,13 +183,15 @@ def test_wgmma_groups_are_not_serialized(tmp_path: Any, monkeypatch: pytest.Monk
     """The point of the kernel: its wgmma groups stay asynchronous. When ptxas finds a register
     of a pending group written, it waits after every HGMMA (each one then completes the
     group and is followed by a wait for zero pending); here each group of four k16 steps
-    completes once and the wait leaves one group pending."""
+    completes once and the wait leaves one group pending. The stream-K build reads its
+    accumulators only between segments, outside the loop that issues the groups (reading them
+    inside it serialized every group)."""
     import re
 
     from kernelbay.testing.cubins import cubin_sass
 
     monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
-    for build in (DEFAULT_BUILD, WgmmaConfig(1, 64, 4, 2)):
+    for build in (DEFAULT_BUILD, WgmmaConfig(1, 64, 4, 2), replace(NARROW, stream_k=True)):
         sass = cubin_sass(compile_cubin(source(build), "nvfp4_wgmma", ARCH,
                                         build_options(build)))
         if sass is None:

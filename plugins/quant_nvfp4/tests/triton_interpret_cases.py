@@ -174,3 +174,40 @@ def test_halfword_decodes_every_code_and_scale(config: KernelConfig) -> None:
     w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
     got = run_on(config, eye, tensors, None)
     assert torch.equal(got, w.T.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize(("row_tiles", "rows", "chunks", "ctas", "m", "n"),
+                         [(7, 64, 5, 9, 3, 420), (3, 128, 4, 4, 17, 384), (2, 64, 1, 5, 1, 128),
+                          (4, 64, 9, 3, 5, 250)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_stream_k_segments_sum_to_the_product(row_tiles: int, rows: int, chunks: int,
+                                              ctas: int, m: int, n: int, bias: bool) -> None:
+    """The stream-K plan and fix-up: the (row tile, chunk) units cut into equal CTA ranges,
+    each CTA's segments written as the wgmma kernel writes them (partial[p, s, token, row of
+    the tile], s = its tile minus the tile of its first unit), and ``sum_stream_segments``
+    adds every tile's segments in CTA order: the product per chunk summed over K, bias added,
+    rows past N dropped. Tiles shared by up to four CTAs, CTAs with several tiles, a CTA per
+    chunk."""
+    from kernelbay_quant_nvfp4.cuda_wgmma import stream_plan
+    from kernelbay_quant_nvfp4.triton_kernels import sum_stream_segments
+
+    gen = torch.Generator().manual_seed(row_tiles * 100 + chunks * 10 + ctas)
+    per_chunk = torch.randn(row_tiles, chunks, m, rows, generator=gen)   # tile, chunk: [m, rows]
+    p, segments = stream_plan(row_tiles, chunks, ctas)
+    units = row_tiles * chunks
+    part = torch.full((p, segments, m, rows), float("nan"))
+    for q in range(p):
+        first, end = q * units // p, (q + 1) * units // p
+        for u in range(first, end):
+            r, c = divmod(u, chunks)
+            s = r - first // chunks
+            if u == first or c == 0:
+                part[q, s] = 0.0
+            part[q, s] += per_chunk[r, c]
+    b = torch.randn(n, generator=gen).bfloat16() if bias else None
+    out = torch.empty(m, n, dtype=torch.bfloat16)
+    sum_stream_segments(part, b, out, chunks)
+    want = per_chunk.sum(dim=1).permute(1, 0, 2).reshape(m, row_tiles * rows)[:, :n]
+    if b is not None:
+        want = want + b.float()
+    torch.testing.assert_close(out.float(), want.bfloat16().float(), rtol=2**-7, atol=1e-5)

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 __all__ = ["ARCH", "DEFAULT", "FILL", "MAX_SPLIT", "NARROW", "NARROW_MIN_M", "WIDE", "WgmmaConfig",
            "base_config", "broken_reason", "build_options", "config_for_m", "launch_wgmma",
            "mark_broken", "mma_source", "nvfp4_wgmma_cuda", "prefers", "register_cap",
-           "registers_needed", "shared_bytes", "source", "split_for", "wgmma_kernel",
-           "wgmma_unsupported"]
+           "registers_needed", "shared_bytes", "source", "split_for", "stream_plan",
+           "wgmma_kernel", "wgmma_unsupported"]
 
 #: The architecture the kernel is built for: ``wgmma`` is an sm_90a feature (compute
 #: capability 9.0 exactly; later architectures do not run sm_90a code).
@@ -48,11 +48,16 @@ class WgmmaConfig:
     min_blocks: int = 1
     #: K ranges (split K: fp32 partials summed in split order by a second kernel).
     split: int = 1
+    #: Stream K instead: one CTA per SM and token tile, each taking an equal range of the
+    #: layer's (row tile, chunk) units across tile boundaries (``stream_plan``); the tiles'
+    #: segments summed like split K.
+    stream_k: bool = False
 
     @property
     def name(self) -> str:
         return (f"cw-g{self.wg}n{self.ntok}s{self.stages}b{self.min_blocks}"
-                + (f"k{self.split}" if self.split > 1 else ""))
+                + (f"k{self.split}" if self.split > 1 else "")
+                + ("sk" if self.stream_k else ""))
 
     def check(self) -> None:
         """``ValueError`` naming the field when the build cannot exist."""
@@ -65,6 +70,9 @@ class WgmmaConfig:
             raise ValueError(f"nvfp4 wgmma: stages={self.stages}; valid: >= 3")
         if self.split < 1:
             raise ValueError(f"nvfp4 wgmma: split={self.split}; valid: >= 1")
+        if self.stream_k and self.split != 1:
+            raise ValueError(f"nvfp4 wgmma: split={self.split} with stream_k=True; stream K "
+                             "sets its own ranges, valid: split=1")
         if shared_bytes(self) > 227 * 1024:
             raise ValueError(f"nvfp4 wgmma: {self.name} needs {shared_bytes(self)} bytes of "
                              "shared memory; at most 232448 on sm_90")
@@ -85,6 +93,19 @@ def registers_needed(config: WgmmaConfig) -> int:
 def register_cap(config: WgmmaConfig) -> int:
     """Registers per thread available to ``min_blocks`` CTAs of ``wg`` warpgroups per SM."""
     return min(255, 65536 // (128 * config.wg * config.min_blocks))
+
+
+def stream_plan(row_tiles: int, chunks: int, ctas: int) -> tuple[int, int]:
+    """(CTAs, segments per CTA) of a stream-K launch over ``row_tiles`` CTA row tiles of
+    ``chunks`` 128-element chunks on at most ``ctas`` CTAs: CTA p takes units
+    ``[p U // P, (p + 1) U // P)`` of the ``U = row_tiles * chunks`` (row tile, chunk) units
+    (none empty), one segment per row tile its range touches; the second number is the most
+    segments a CTA has."""
+    units = row_tiles * chunks
+    p = max(1, min(ctas, units))
+    segments = max(((q + 1) * units // p - 1) // chunks - (q * units // p) // chunks + 1
+                   for q in range(p))
+    return p, segments
 
 
 def shared_bytes(config: WgmmaConfig) -> int:
@@ -173,20 +194,21 @@ def prefers(m: int, n: int, k: int, sms: int) -> bool:
 
 def mma_source(ntok: int) -> str:
     """``wgmma_k16``: one ``wgmma.mma_async m64n{ntok}k16`` (bf16 in, fp32 accumulators in
-    place) with the A fragment from four registers and B from a shared-memory descriptor.
-    Written out per ``ntok`` because every accumulator is an operand of the instruction."""
+    place, or overwritten when ``add`` is 0) with the A fragment from four registers and B
+    from a shared-memory descriptor. Written out per ``ntok`` because every accumulator is an
+    operand of the instruction."""
     regs = ntok // 2
     acc = ", ".join(f"%{i}" for i in range(regs))
     a = ", ".join(f"%{regs + i}" for i in range(4))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     return (
         "__device__ __forceinline__ void wgmma_k16(float (&d)[" + str(regs) + "], u32 a0, "
-        "u32 a1, u32 a2, u32 a3, unsigned long long desc) {\n"
+        "u32 a1, u32 a2, u32 a3, unsigned long long desc, u32 add = 1) {\n"
         '  asm volatile("{\\n.reg .pred p;\\nsetp.ne.b32 p, %' + str(regs + 5) + ', 0;\\n"\n'
         f'    "wgmma.mma_async.sync.aligned.m64n{ntok}k16.f32.bf16.bf16 {{{acc}}}, {{{a}}}, '
         f'%{regs + 4}, p, 1, 1, 0;\\n}}\\n"\n'
         f'    : {outs}\n'
-        '    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));\n'
+        '    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(add));\n'
         "}\n")
 
 
@@ -198,7 +220,7 @@ def source(config: WgmmaConfig) -> str:
 def build_options(config: WgmmaConfig) -> list[str]:
     """The NVRTC options (macros) of a build."""
     return [f"-DWG={config.wg}", f"-DNTOK={config.ntok}", f"-DSTAGES={config.stages}",
-            f"-DMIN_BLOCKS={config.min_blocks}"]
+            f"-DMIN_BLOCKS={config.min_blocks}", f"-DSTREAM_K={int(config.stream_k)}"]
 
 
 @functools.cache
@@ -301,13 +323,22 @@ def launch_wgmma(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     scale = global_scale.reshape(-1)[:1].to(x2.device, torch.float32).contiguous()
     device = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
     kernel = wgmma_kernel(config, device)
-    # K ranges of whole chunks, none empty (at most one per chunk).
     chunks = k // 128
-    per_split = -(-chunks // max(1, min(config.split, chunks)))
-    splits = -(-chunks // per_split)
-    part = torch.empty(splits, m, n, dtype=torch.float32, device=x2.device) if splits > 1 \
-        else None
-    grid = (-(-m // config.ntok), -(-n // (64 * config.wg)), splits)
+    token_tiles = -(-m // config.ntok)
+    row_tiles = -(-n // (64 * config.wg))
+    if config.stream_k:
+        sms = torch.cuda.get_device_properties(x2.device).multi_processor_count
+        ctas, per_split = stream_plan(row_tiles, chunks, max(1, sms // token_tiles))
+        part = torch.empty(ctas, per_split, m, 64 * config.wg, dtype=torch.float32,
+                           device=x2.device)
+        grid = (token_tiles, ctas, 1)
+    else:
+        # K ranges of whole chunks, none empty (at most one per chunk).
+        per_split = -(-chunks // max(1, min(config.split, chunks)))
+        splits = -(-chunks // per_split)
+        part = torch.empty(splits, m, n, dtype=torch.float32, device=x2.device) \
+            if splits > 1 else None
+        grid = (token_tiles, row_tiles, splits)
     # The activations' TMA map: boxes of 64 elements (one 128-byte swizzle span) x ntok rows.
     # One row has no stride to speak of (a [1, K] view may carry any): give it its own length.
     stride = x2.stride(0) if m > 1 else k
@@ -320,7 +351,11 @@ def launch_wgmma(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
             ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(per_split)]
     kernel.launch(grid, (128 * config.wg, 1, 1), args,
                   torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config))
-    if part is not None:
+    if config.stream_k:
+        from kernelbay_quant_nvfp4.triton_kernels import sum_stream_segments
+
+        sum_stream_segments(part, bias, out, chunks)
+    elif part is not None:
         from kernelbay_quant_nvfp4.triton_kernels import sum_partials
 
         sum_partials(part, bias, out)

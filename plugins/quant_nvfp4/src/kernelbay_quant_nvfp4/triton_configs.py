@@ -257,7 +257,11 @@ CANDIDATES: tuple[KernelConfig, ...] = (
         # 64 tokens over 192 or 256 rows per CTA: the activations (64 tokens x 256 bytes per
         # chunk, from L2) are read once per CTA, so wider CTAs read fewer of them
         WgmmaConfig(4, 64, 4, 1, 2), WgmmaConfig(4, 64, 4, 1, 3), WgmmaConfig(4, 64, 4, 1, 4),
-        WgmmaConfig(3, 64, 4, 1), WgmmaConfig(3, 64, 4, 1, 2), WgmmaConfig(3, 64, 4, 1, 3))),
+        WgmmaConfig(3, 64, 4, 1), WgmmaConfig(3, 64, 4, 1, 2), WgmmaConfig(3, 64, 4, 1, 3),
+        # stream K: one CTA per SM over equal ranges of (row tile, chunk) units, for grids
+        # that leave SMs idle or a partial last wave (not measured yet)
+        WgmmaConfig(4, 64, 4, 1, stream_k=True), WgmmaConfig(2, 128, 4, 1, stream_k=True),
+        WgmmaConfig(2, 256, 3, 1, stream_k=True))),
     # The repacked word layout (``kernelbay.formats.e2m1_words``): natural K order, no
     # activation permutation, no 16-bit repacking; the K loop of pr-16x128x128 has 4.3 SASS
     # instructions per element against 4.8 for pw-16x64x256-p3 (LOP3 128, shifts 96, no PRMT).

@@ -20,7 +20,9 @@ factors: the dequantized weight is the reference's bit for bit before its cast t
 activation dtype.
 
 Split-K (decode batches): the fused kernels write fp32 partials [split, M, N];
-``splitk_reduce`` adds them in split order (deterministic), adds the bias and casts.
+``splitk_reduce`` adds them in split order (deterministic), adds the bias and casts. The
+stream-K build of the CUDA wgmma GEMM writes one partial per (CTA, row-tile segment);
+``stream_fixup`` adds each row tile's segments in CTA order (= K order), the same way.
 
 Interpreter: whether ``triton.jit`` builds an interpreted function is decided when the
 decorator runs (``TRITON_INTERPRET``), so callers get the kernels through ``kernels()``, which
@@ -44,7 +46,8 @@ import triton
 import triton.language as tl
 
 __all__ = ["Nvfp4Kernels", "dequantize_nvfp4_triton", "e2m1_2m14", "e4m3_2m8", "interpreting",
-           "kernels", "scale_bits", "split_plan", "store_tile", "sum_partials"]
+           "kernels", "scale_bits", "split_plan", "store_tile", "sum_partials",
+           "sum_stream_segments"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class Nvfp4Kernels:
 
     reduce: Any
     dequant: Any
+    stream_fixup: Any
 
 
 @triton.jit
@@ -101,6 +105,31 @@ def splitk_reduce(part_ptr, b_ptr, out_ptr, MN, N, SPLIT_K,
 
 
 @triton.jit
+def stream_fixup(part_ptr, b_ptr, out_ptr, M, N, C, U, P, SEGS,
+                 HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
+    # Row tile r of ROWS rows, tokens [BLOCK_M * pid(1), ...): the CTAs q whose unit ranges
+    # [q U // P, (q + 1) U // P) meet the tile's units [r C, r C + C), in order; the tile is
+    # segment r - (first unit of q) // C of CTA q.
+    r = tl.program_id(0)
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, ROWS)
+    rn = r * ROWS + rows
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    q0 = ((r * C + 1) * P - 1) // U
+    q1 = ((r * C + C) * P - 1) // U
+    acc = tl.zeros((BLOCK_M, ROWS), dtype=tl.float32)
+    for q in range(q0, q1 + 1):
+        seg = r - (q * U // P) // C
+        base = (q * SEGS + seg).to(tl.int64) * M * ROWS
+        acc += tl.load(part_ptr + base + rm.to(tl.int64)[:, None] * ROWS + rows[None, :],
+                       mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def nvfp4_dequant(w_ptr, s_ptr, g_ptr, out_ptr, N, K,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     HALF: tl.constexpr = BLOCK_K // 2
@@ -142,7 +171,7 @@ def kernels() -> Nvfp4Kernels:
     if interpreting() != _BUILT_INTERPRETED:
         module = importlib.reload(sys.modules[__name__])
         return module.kernels()  # type: ignore[no-any-return]
-    return Nvfp4Kernels(splitk_reduce, nvfp4_dequant)
+    return Nvfp4Kernels(splitk_reduce, nvfp4_dequant, stream_fixup)
 
 
 def scale_bits(scales: torch.Tensor) -> torch.Tensor:
@@ -167,6 +196,24 @@ def sum_partials(part: torch.Tensor, bias: torch.Tensor | None,
     kernels().reduce[(-(-(m * n) // block),)](part, bias if bias is not None else out, out,
                                               m * n, n, SPLIT_K=split_k,
                                               HAS_BIAS=bias is not None, BLOCK=block)
+    return out
+
+
+def sum_stream_segments(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+                        chunks: int) -> torch.Tensor:
+    """``out [M, N]`` from the stream-K partials ``part [P, segments, M, rows]`` of row tiles
+    of ``rows`` rows and ``chunks`` K chunks each (``cuda_wgmma.stream_plan``): each tile's
+    segments added in CTA order (+ bias), cast to out's dtype, by ``stream_fixup``."""
+    ctas, segments, m, rows = part.shape
+    n = out.shape[1]
+    if out.stride(1) != 1 or out.stride(0) != n:
+        raise ValueError(f"nvfp4 stream-K sum: needs a contiguous [M, N] output, got strides "
+                         f"{tuple(out.stride())}")
+    row_tiles = -(-n // rows)
+    block_m = 16
+    kernels().stream_fixup[(row_tiles, -(-m // block_m))](
+        part, bias if bias is not None else out, out, m, n, chunks, row_tiles * chunks, ctas,
+        segments, HAS_BIAS=bias is not None, ROWS=rows, BLOCK_M=block_m)
     return out
 
 

@@ -33,6 +33,15 @@
 // * 2^8 (the decoded lanes are e2m1 * S * 2^-8); with one K range (gridDim.z == 1) plus the
 // bias, rounded once to bf16; with several (split K: CTA z takes chunks [z per, (z+1) per))
 // as fp32 partials [z, M, N] that the host sums in split order.
+//
+// STREAM_K = 1 balances the work of a grid whose CTAs would leave SMs idle or run a partial
+// second wave (28672 rows in 256-row CTAs: 112 CTAs on 132 SMs): the (CTA row tile r, chunk c)
+// units u = r C + c of the whole layer are cut into gridDim.y = P equal ranges, CTA p taking
+// [floor(p U / P), floor((p + 1) U / P)). A range crosses tile boundaries; at each, the
+// accumulators of the tile's segment go out as fp32 partials and start again from zero.
+// Segment s of CTA p (s = its tile minus the tile of its first unit) goes to
+// partial[p, s, m, row of the CTA tile] (per_split segments per CTA at most); the host's fix-up
+// kernel adds each tile's segments in K order (CTA order), adds the bias and rounds.
 
 typedef unsigned short u16;
 typedef unsigned long long u64;
@@ -48,6 +57,9 @@ typedef unsigned long long u64;
 #endif
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
+#endif
+#ifndef STREAM_K
+#define STREAM_K 0
 #endif
 #if STAGES < 3
 #error "STAGES must be >= 3 (the activations are refilled two chunks behind)"
@@ -98,14 +110,35 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   const int warp = tid >> 5;               // warp w of warpgroup w / 4 owns 16-row tile w
   const int g = lane >> 2;
   const int t = lane & 3;
+  const int tiles = (N + 15) >> 4;
+  const int tok0 = blockIdx.x * NTOK;
+  const long long tile_chunks = K >> 7;
+#if STREAM_K
+  // This CTA's units [u0, u0 + chunks) (the host gives every CTA at least one).
+  const u32 C = (u32)tile_chunks;
+  const u32 U = (u32)((tiles + WG * 4 - 1) / (WG * 4)) * C;
+  const u32 P = gridDim.y;
+  const u32 u0 = (u32)((unsigned long long)blockIdx.y * U / P);
+  const int chunks = (int)((unsigned long long)(blockIdx.y + 1) * U / P - u0);
+  const int c0 = 0;
+  // Where this warp's weight copies and thread 0's activation copies are: the unit's CTA row
+  // tile and chunk, advanced one unit per copy (both go through the units in order).
+  u32 wr = u0 / C, wc = u0 - (u0 / C) * C;
+  u32 xc = wc;
+  auto tile_of = [&](u32 r) {
+    // Tiles past the last read the last (valid memory; their rows are not stored).
+    return (long long)min((int)r * (WG * 4) + warp, tiles - 1);
+  };
+  long long tile = tile_of(wr);
+  int row_tile = (int)wr * (WG * 4) + warp;
+#else
   // This CTA's K range: chunks [c0, c0 + chunks) (the host makes none empty).
   const int c0 = blockIdx.z * per_split;
   const int chunks = min(per_split, (K >> 7) - c0);
-  const int tiles = (N + 15) >> 4;
-  const int tok0 = blockIdx.x * NTOK;
   const int row_tile = blockIdx.y * (WG * 4) + warp;
   // Tiles past the last read the last (valid memory; their rows are not stored).
   const long long tile = min(row_tile, tiles - 1);
+#endif
 
   // The swizzle needs 1024-byte aligned activation slots (the host adds 1 KB of slack).
   const u32 base = ((u32)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
@@ -128,9 +161,15 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   auto load_x = [&](u32 j) {
     const int slot = j % STAGES;
     const u32 bar = full + slot * 8;
+#if STREAM_K
+    const int k0 = xc * 128;
+    if (++xc == C) xc = 0;
+#else
+    const int k0 = (c0 + j) * 128;
+#endif
     mbar_expect(bar, X_STAGE);
-    bulk_tensor_2d(xs + slot * X_STAGE, &xmap, (c0 + j) * 128, tok0, bar);
-    bulk_tensor_2d(xs + slot * X_STAGE + NTOK * 128, &xmap, (c0 + j) * 128 + 64, tok0, bar);
+    bulk_tensor_2d(xs + slot * X_STAGE, &xmap, k0, tok0, bar);
+    bulk_tensor_2d(xs + slot * X_STAGE + NTOK * 128, &xmap, k0 + 64, tok0, bar);
   };
 
   // Weight: each warp copies its own tile's chunk (1 KB of words: 16-byte pieces lane and
@@ -144,16 +183,34 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
     const int r = (u >> 2) & 7;
     wdst[q] = warp * 1024 + ((u & ~3) + ((u & 3) ^ ((r >> 1) & 3))) * 16;
   }
-  const long long tile_chunks = K >> 7;
+#if STREAM_K
+  const u32* wsrc = words + (tile * tile_chunks + wc) * 256 + lane * 4;
+  const unsigned char* csrc = codes + (tile * tile_chunks + wc) * 128 + lane * 16;
+#else
   const u32* wsrc = words + (tile * tile_chunks + c0) * 256 + lane * 4;
   const unsigned char* csrc = codes + (tile * tile_chunks + c0) * 128 + lane * 16;
+#endif
 
   auto fetch_w = [&](u32 j) {   // chunk j's weight into slot j % STAGES, then commit
     if (j < (u32)chunks) {
       const u32 wb = ws + (j % STAGES) * W_STAGE;
+#if STREAM_K
+      copy16(wb + wdst[0], wsrc);
+      copy16(wb + wdst[1], wsrc + 128);
+      if (lane < 8) copy16(wb + W_WORDS + warp * 128 + lane * 16, csrc);
+      wsrc += 256;
+      csrc += 128;
+      if (++wc == C) {   // on to the next CTA row tile's first chunk
+        wc = 0;
+        const long long next = tile_of(++wr);
+        wsrc = words + next * tile_chunks * 256 + lane * 4;
+        csrc = codes + next * tile_chunks * 128 + lane * 16;
+      }
+#else
       copy16(wb + wdst[0], wsrc + j * 256);
       copy16(wb + wdst[1], wsrc + j * 256 + 128);
       if (lane < 8) copy16(wb + W_WORDS + warp * 128 + lane * 16, csrc + j * 128);
+#endif
     }
     commit();
   };
@@ -204,6 +261,9 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   float acc[NTOK / 2];
 #pragma unroll
   for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.f;
+#if STREAM_K
+  bool fresh = true;   // the next group starts a segment
+#endif
 
   // Half q of chunk j as one wgmma group of four k16 steps: step s reads activation half q
   // at byte 32 s. The operands are pinned before the fence so that nothing defining them is
@@ -221,10 +281,50 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
       for (int r = 0; r < 4; ++r) pin(a[s][r]);
     }
     wgmma_fence();
+#if STREAM_K
+    // A segment's first step overwrites the accumulators (they are never written in the loop:
+    // ptxas would serialize every group).
+    wgmma_k16(acc, a[0][0], a[0][1], a[0][2], a[0][3], desc[0], fresh ? 0u : 1u);
+    fresh = false;
+#pragma unroll
+    for (int s = 1; s < 4; ++s) wgmma_k16(acc, a[s][0], a[s][1], a[s][2], a[s][3], desc[s]);
+#else
 #pragma unroll
     for (int s = 0; s < 4; ++s) wgmma_k16(acc, a[s][0], a[s][1], a[s][2], a[s][3], desc[s]);
+#endif
     wgmma_commit();
   };
+
+  const float factor = global_scale[0] * 256.f;
+#if STREAM_K
+  // The chunk of the tile the loop is at (the consumer's position; the copies run ahead).
+  u32 cc = u0 - (u0 / C) * C;
+  // The segment of the consumer's tile ends: its accumulators to partial[p, s] (rows of the
+  // CTA tile past N are not written), then the accumulators start again from zero.
+  auto flush = [&]() {
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NTOK / 2; ++i) pin(acc[i]);
+    const u32 seg = (u32)row_tile / (WG * 4) - u0 / C;
+    float* dst = partial + ((long long)blockIdx.y * per_split + seg) * M * (WG * 64);
+    const int row = row_tile * 16 + g;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (row + 8 * h >= N) continue;
+      const int in_tile = (warp * 16 + g + 8 * h);
+#pragma unroll
+      for (int i = 0; i < NTOK / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int m = tok0 + 8 * i + 2 * t + e;
+          if (m < M) dst[(long long)m * (WG * 64) + in_tile] = acc[4 * i + 2 * h + e] * factor;
+        }
+      }
+    }
+    fresh = true;
+    row_tile += WG * 4;
+  };
+#endif
 
   // Until this warp's copies of chunk j + 1's weight have landed (committed: chunks up to
   // j + STAGES; before the loop: chunk 0's, committed up to STAGES - 1).
@@ -274,6 +374,27 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
     wgmma_wait<1>();
     if (more) unpack(a, next);
   };
+#if STREAM_K
+  // One segment at a time, so that no accumulator is read inside the loop that issues the
+  // groups (ptxas would serialize them); the copies and decodes run on across segments, the
+  // register sets turning with the chunk index.
+  for (u32 j = 0; j < (u32)chunks;) {
+    const u32 end = min((u32)chunks, j + (C - cc));
+    for (; j < end; ++j) {
+      const u32 phase = j % 3;
+      if (phase == 0) {
+        step(r0, r1, r2, j);
+      } else if (phase == 1) {
+        step(r2, r0, r1, j);
+      } else {
+        step(r1, r2, r0, j);
+      }
+    }
+    cc = 0;
+    flush();
+  }
+  wait_groups<0>();
+#else
   for (u32 j = 0; j < (u32)chunks; j += 3) {
     step(r0, r1, r2, j);
     if (j + 1 < (u32)chunks) step(r2, r0, r1, j + 1);
@@ -285,7 +406,6 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   wait_groups<0>();
 
   // acc[4i + e]: row g (e < 2) or g + 8, token 8i + 2t + e % 2.
-  const float factor = global_scale[0] * 256.f;
   const int row = row_tile * 16 + g;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -309,4 +429,5 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
       }
     }
   }
+#endif
 }
