@@ -278,6 +278,14 @@ for s in "$@"; do
       else
         lane_a; lane_b
       fi ;;
+    streamk)  # the NVFP4 wgmma GEMM's GPU tests (stream-K builds included), then its builds
+      # at M = 64, 128, 256 (stream K against the split and unsplit defaults) and the table
+      section wgmma-tests 150 $py -m pytest -q -p no:cacheprovider -x \
+        plugins/quant_nvfp4/tests/test_nvfp4_cuda_wgmma.py
+      section wgmma-sweep 150 $py bench/nvfp4/run.py --configs cw-g4n64s4b1,cw-g2n128s4b1,cw-g2n256s3b1,cw-default \
+        --ms 64,128,256 --rep-ms 15 --rounds 1 --out /tmp/res/wgmma-sweep
+      section nvfp4-table 120 $py bench/nvfp4/run.py --rep-ms 15 --ms 1,4,8,16,64,256 \
+        --out /tmp/res/nvfp4-table ;;
     invariant)  # the batch-invariant matmul sweep, then the engine's bit-exact check
       section bi-bench 100 $py bench/batch_invariant/run.py --configs all --budget 70 \
         --out /tmp/res/bi-bench
