@@ -110,10 +110,10 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   const int warp = tid >> 5;               // warp w of warpgroup w / 4 owns 16-row tile w
   const int g = lane >> 2;
   const int t = lane & 3;
+#if STREAM_K
   const int tiles = (N + 15) >> 4;
   const int tok0 = blockIdx.x * NTOK;
   const long long tile_chunks = K >> 7;
-#if STREAM_K
   // This CTA's units [u0, u0 + chunks) (the host gives every CTA at least one).
   const u32 C = (u32)tile_chunks;
   const u32 U = (u32)((tiles + WG * 4 - 1) / (WG * 4)) * C;
@@ -135,6 +135,8 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   // This CTA's K range: chunks [c0, c0 + chunks) (the host makes none empty).
   const int c0 = blockIdx.z * per_split;
   const int chunks = min(per_split, (K >> 7) - c0);
+  const int tiles = (N + 15) >> 4;
+  const int tok0 = blockIdx.x * NTOK;
   const int row_tile = blockIdx.y * (WG * 4) + warp;
   // Tiles past the last read the last (valid memory; their rows are not stored).
   const long long tile = min(row_tile, tiles - 1);
@@ -161,15 +163,16 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   auto load_x = [&](u32 j) {
     const int slot = j % STAGES;
     const u32 bar = full + slot * 8;
+    mbar_expect(bar, X_STAGE);
 #if STREAM_K
     const int k0 = xc * 128;
     if (++xc == C) xc = 0;
-#else
-    const int k0 = (c0 + j) * 128;
-#endif
-    mbar_expect(bar, X_STAGE);
     bulk_tensor_2d(xs + slot * X_STAGE, &xmap, k0, tok0, bar);
     bulk_tensor_2d(xs + slot * X_STAGE + NTOK * 128, &xmap, k0 + 64, tok0, bar);
+#else
+    bulk_tensor_2d(xs + slot * X_STAGE, &xmap, (c0 + j) * 128, tok0, bar);
+    bulk_tensor_2d(xs + slot * X_STAGE + NTOK * 128, &xmap, (c0 + j) * 128 + 64, tok0, bar);
+#endif
   };
 
   // Weight: each warp copies its own tile's chunk (1 KB of words: 16-byte pieces lane and
@@ -187,6 +190,7 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   const u32* wsrc = words + (tile * tile_chunks + wc) * 256 + lane * 4;
   const unsigned char* csrc = codes + (tile * tile_chunks + wc) * 128 + lane * 16;
 #else
+  const long long tile_chunks = K >> 7;
   const u32* wsrc = words + (tile * tile_chunks + c0) * 256 + lane * 4;
   const unsigned char* csrc = codes + (tile * tile_chunks + c0) * 128 + lane * 16;
 #endif
@@ -295,8 +299,8 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
     wgmma_commit();
   };
 
-  const float factor = global_scale[0] * 256.f;
 #if STREAM_K
+  const float factor = global_scale[0] * 256.f;
   // The chunk of the tile the loop is at (the consumer's position; the copies run ahead).
   u32 cc = u0 - (u0 / C) * C;
   // The segment of the consumer's tile ends: its accumulators to partial[p, s] (rows of the
@@ -406,6 +410,7 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   wait_groups<0>();
 
   // acc[4i + e]: row g (e < 2) or g + 8, token 8i + 2t + e % 2.
+  const float factor = global_scale[0] * 256.f;
   const int row = row_tile * 16 + g;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
