@@ -51,7 +51,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from l2_rotation import copies_for, rotating  # from bench/, put on the path above
-from settle import settle
+from settle import SETTLE_S, settle
 
 SHAPES = ((8192, 8192), (28672, 8192), (8192, 28672))
 MS = (1, 4, 16, 64, 256)
@@ -178,7 +178,7 @@ def main() -> int:
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,
         "method": chosen_name,
-        "timing": "triton.testing.do_bench_cudagraph, median, each after 0.25 s idle",
+        "timing": f"triton.testing.do_bench_cudagraph, median, each after {SETTLE_S} s idle",
         "configs": args.configs,
         "sweep_cut_by_budget": sweep_cut,
         "wrong": list(WRONG),

@@ -222,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": name, "sms": sms,
         "torch": torch.__version__, "triton": triton.__version__, "dtype": args.dtype,
-        "timer": args.timer, "rounds": max(1, args.rounds), "configs": args.configs,
+        "timer": args.timer, "settle_s": args.settle_s, "rounds": max(1, args.rounds),
+        "configs": args.configs,
         "rows": rows, "failures": failures,
     }
     out = Path(args.out)
@@ -240,8 +241,8 @@ def markdown(result: dict[str, Any]) -> str:
     best = result["configs"] != "default"
     lines = [f"# NVFP4 weight-only linear vs bf16 ({result['device']})", "",
              f"{result['date']}, torch {result['torch']}, triton {result['triton']}, "
-             f"{result['dtype']} activations, timer {result['timer']}, each timing after 0.25 s "
-             f"idle, bf16 and nvfp4 the fastest of {result.get('rounds', 1)} alternating "
+             f"{result['dtype']} activations, timer {result['timer']}, each timing after "
+             f"{result.get('settle_s', 0)} s idle, bf16 and nvfp4 the fastest of {result.get('rounds', 1)} alternating "
              "rounds. Bandwidth = (weight + "
              "activation bytes) / time.", "",
              "| N | K | M | bf16 us | nvfp4 us | ratio | bf16 GB/s | nvfp4 GB/s | config |"

@@ -149,6 +149,13 @@ def test_stream_plan_on_the_benchmark_shapes() -> None:
     assert stream_plan(32, 64, 132) == (132, 2)
     assert stream_plan(1, 3, 132) == (3, 1)
     assert stream_plan(10, 4, 3) == (3, 4)
+    for row_tiles, chunks, ctas in ((7, 5, 9), (112, 64, 132), (3, 1, 8), (13, 7, 5)):
+        units = row_tiles * chunks
+        p = min(ctas, units)
+        tiles_per_cta = [len({u // chunks for u in range(q * units // p, (q + 1) * units // p)})
+                         for q in range(p)]
+        assert min(tiles_per_cta) >= 1 and stream_plan(row_tiles, chunks, ctas) == (
+            p, max(tiles_per_cta))
 
 
 def test_mma_wrapper_names_every_accumulator() -> None:

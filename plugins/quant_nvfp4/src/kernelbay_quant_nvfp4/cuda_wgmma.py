@@ -95,12 +95,13 @@ def register_cap(config: WgmmaConfig) -> int:
     return min(255, 65536 // (128 * config.wg * config.min_blocks))
 
 
+@functools.cache
 def stream_plan(row_tiles: int, chunks: int, ctas: int) -> tuple[int, int]:
     """(CTAs, segments per CTA) of a stream-K launch over ``row_tiles`` CTA row tiles of
     ``chunks`` 128-element chunks on at most ``ctas`` CTAs: CTA p takes units
     ``[p U // P, (p + 1) U // P)`` of the ``U = row_tiles * chunks`` (row tile, chunk) units
     (none empty), one segment per row tile its range touches; the second number is the most
-    segments a CTA has."""
+    segments a CTA has. Cached: a launch asks it for every call of a layer."""
     units = row_tiles * chunks
     p = max(1, min(ctas, units))
     segments = max(((q + 1) * units // p - 1) // chunks - (q * units // p) // chunks + 1

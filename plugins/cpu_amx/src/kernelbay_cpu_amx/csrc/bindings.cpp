@@ -19,38 +19,38 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch
                      const std::string& conv) {
   KB_CHECK(x.device().is_cpu() && w.device().is_cpu(), "kernelbay-cpu-amx runs on CPU");
   KB_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1,
-              "x must be a 2-D bfloat16 tensor with contiguous rows, got ", x.sizes(), " ",
-              x.scalar_type());
+           "x must be a 2-D bfloat16 tensor with contiguous rows, got ", x.sizes(), " ",
+           x.scalar_type());
   KB_CHECK(w.dim() == 3 && w.size(2) == 64 && w.is_contiguous(),
-              "packed weight must be contiguous [N/32, K/2, 64], got ", w.sizes());
+           "packed weight must be contiguous [N/32, K/2, 64], got ", w.sizes());
   KB_CHECK(w.scalar_type() == at::kByte || w.scalar_type() == at::kBFloat16,
-              "packed weight dtype must be uint8 (E4M3 bits) or bfloat16, got ", w.scalar_type());
+           "packed weight dtype must be uint8 (E4M3 bits) or bfloat16, got ", w.scalar_type());
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0) * 32;
   KB_CHECK(w.size(1) * 2 == K, "x has K=", K, " but the packed weight has K=", w.size(1) * 2);
   KB_CHECK(scale.dim() == 2 && scale.scalar_type() == at::kFloat,
-              "scale must be a 2-D float32 view [num_k_blocks, groups], got ", scale.sizes(), " ",
-              scale.scalar_type());
+           "scale must be a 2-D float32 view [num_k_blocks, groups], got ", scale.sizes(), " ",
+           scale.scalar_type());
   KB_CHECK(scale.size(1) == 1 || scale.stride(1) == 1, "scale columns must be contiguous");
   const int64_t nkb = scale.size(0);
   KB_CHECK(nkb > 0 && K % nkb == 0, "K=", K, " is not a multiple of num_k_blocks=", nkb);
   const int64_t bk = K / nkb;
   KB_CHECK(bk % 32 == 0, "K block ", bk, " (K=", K, " / ", nkb, " blocks) is not a multiple of 32");
   KB_CHECK(group_n == 1 || group_n % 16 == 0, "group_n=", group_n,
-              " must be 1 or a multiple of 16");
+           " must be 1 or a multiple of 16");
   KB_CHECK((N + group_n - 1) / group_n <= scale.size(1), "scale has ", scale.size(1),
-              " groups, N=", N, " with group_n=", group_n, " needs ", (N + group_n - 1) / group_n);
+           " groups, N=", N, " with group_n=", group_n, " needs ", (N + group_n - 1) / group_n);
   if (bias.has_value()) {
     KB_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == N,
-                "bias must be contiguous float32 [", N, "], got ", bias->sizes(), " ",
-                bias->scalar_type());
+             "bias must be contiguous float32 [", N, "], got ", bias->sizes(), " ",
+             bias->scalar_type());
   }
   KB_CHECK(path == "decode" || path == "tiled", "path must be 'decode' or 'tiled', got '",
-              path, "'");
+           path, "'");
   KB_CHECK(conv == "auto" || conv == "int" || conv == "vbmi",
-              "conv must be 'auto', 'int' or 'vbmi', got '", conv, "'");
+           "conv must be 'auto', 'int' or 'vbmi', got '", conv, "'");
   KB_CHECK(conv != "vbmi" || vbmi_supported(), "conv='vbmi' but this CPU lacks avx512vbmi");
   KB_CHECK(!use_amx || amx_request_permission(),
-              "AMX requested but the CPU or the OS does not grant it");
+           "AMX requested but the CPU or the OS does not grant it");
   auto out = torch::empty({M, N}, x.options().dtype(out_fp32 ? at::kFloat : at::kBFloat16));
   if (M == 0) return out;
   LinearArgs a{};

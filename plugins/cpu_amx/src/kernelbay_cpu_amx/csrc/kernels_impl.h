@@ -384,7 +384,7 @@ void tiled(const LinearArgs& a, bool use_amx) {
 template <class Conv>
 void run(const LinearArgs& a, Path path, bool use_amx) {
   KB_CHECK(!use_amx || amx_compiled(),
-              "kernelbay-cpu-amx: AMX requested but this build has no AMX code");
+           "kernelbay-cpu-amx: AMX requested but this build has no AMX code");
   if (path == Path::kDecode) {
     a.N % 64 == 0 ? decode<4, Conv>(a) : decode<2, Conv>(a);
   } else if (a.N % 64 == 0) {

@@ -121,10 +121,11 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   const u32 u0 = (u32)((unsigned long long)blockIdx.y * U / P);
   const int chunks = (int)((unsigned long long)(blockIdx.y + 1) * U / P - u0);
   const int c0 = 0;
+  const u32 c_first = u0 % C;   // the chunk of its tile the range starts at
   // Where this warp's weight copies and thread 0's activation copies are: the unit's CTA row
   // tile and chunk, advanced one unit per copy (both go through the units in order).
-  u32 wr = u0 / C, wc = u0 - (u0 / C) * C;
-  u32 xc = wc;
+  u32 wr = u0 / C, wc = c_first;
+  u32 xc = c_first;
   auto tile_of = [&](u32 r) {
     // Tiles past the last read the last (valid memory; their rows are not stored).
     return (long long)min((int)r * (WG * 4) + warp, tiles - 1);
@@ -301,8 +302,6 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
 
 #if STREAM_K
   const float factor = global_scale[0] * 256.f;
-  // The chunk of the tile the loop is at (the consumer's position; the copies run ahead).
-  u32 cc = u0 - (u0 / C) * C;
   // The segment of the consumer's tile ends: its accumulators to partial[p, s] (rows of the
   // CTA tile past N are not written), then the accumulators start again from zero.
   auto flush = [&]() {
@@ -383,7 +382,8 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   // groups (ptxas would serialize them); the copies and decodes run on across segments, the
   // register sets turning with the chunk index.
   for (u32 j = 0; j < (u32)chunks;) {
-    const u32 end = min((u32)chunks, j + (C - cc));
+    // the first segment runs to the end of the range's first tile, the others a whole tile
+    const u32 end = min((u32)chunks, j + C - (j == 0 ? c_first : 0));
     for (; j < end; ++j) {
       const u32 phase = j % 3;
       if (phase == 0) {
@@ -394,7 +394,6 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
         step(r1, r2, r0, j);
       }
     }
-    cc = 0;
     flush();
   }
   wait_groups<0>();
