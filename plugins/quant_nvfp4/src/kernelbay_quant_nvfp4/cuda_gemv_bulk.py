@@ -1,0 +1,177 @@
+"""The bulk-copy NVFP4 GEMV of ``cuda/nvfp4_gemv_bulk.cu`` for M <= 16 on sm_90 GPUs (bf16
+activations), compiled at run time by NVRTC (``cuda_jit``).
+
+It reads the ``tiles`` layout the other kernels store (``linear_triton.layout_tensors``) and
+decodes as ``cuda_gemv`` does; what differs is how the bytes arrive. A producer warp per CTA
+streams whole stages by bulk copies (each 16-row tile's chunks of words and codes, and each
+token row's slice of the activations), so a CTA keeps several stages in flight at the cost of
+a few instructions, and its consumer warps share the activations from shared memory instead of
+each reading them from L2. K is split between the ``wk`` consumer warps of a CTA and between
+the ``splits`` CTAs of a thread-block cluster, whose partial sums are added in a fixed order
+in distributed shared memory: one kernel, no workspace, the result independent of scheduling.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kernelbay_quant_nvfp4.cuda_gemv import cuda_source
+
+if TYPE_CHECKING:
+    import torch
+    from kernelbay.cuda_jit import Kernel
+
+__all__ = ["MAX_M", "BulkGemvConfig", "build_options", "bulk_kernel", "config_for_m",
+           "launch_bulk", "shared_bytes", "splits_for"]
+
+#: Largest batch the kernel serves (two 8-token MMA tiles).
+MAX_M = 16
+#: Largest split of K (CTAs per cluster; 8 is the portable cluster size).
+MAX_SPLITS = 8
+#: Shared memory one SM offers to CTAs (H100 / H200: 227 KB), for the CTAs-per-SM estimate.
+SM_SHARED = 227 * 1024
+
+
+@dataclass(frozen=True)
+class BulkGemvConfig:
+    """One build: ``wn`` x ``wk`` consumer warps (over rows x over K) and a producer warp,
+    ``tm`` 16-row tiles per consumer warp, ``nt`` 8-token tiles, ``stages`` shared-memory
+    stages of ``wk`` chunks each, K split over ``splits`` CTAs of a cluster (0: chosen per
+    shape by ``splits_for``)."""
+
+    wn: int = 4
+    tm: int = 2
+    wk: int = 2
+    nt: int = 1
+    stages: int = 4
+    splits: int = 0
+    min_blocks: int = 1
+
+    @property
+    def name(self) -> str:
+        split = "a" if self.splits == 0 else str(self.splits)
+        return (f"cb-t{self.tm}n{self.nt}w{self.wn}x{self.wk}s{self.stages}k{split}"
+                f"b{self.min_blocks}")
+
+    @property
+    def rows(self) -> int:
+        """Weight rows per CTA."""
+        return self.wn * self.tm * 16
+
+    def with_splits(self, splits: int) -> BulkGemvConfig:
+        """The same build with K split over ``splits`` CTAs."""
+        return BulkGemvConfig(self.wn, self.tm, self.wk, self.nt, self.stages, splits,
+                              self.min_blocks)
+
+
+def stage_bytes(config: BulkGemvConfig) -> int:
+    """Shared memory of one stage: words and codes of every tile's ``wk`` chunks, then the
+    token rows' slices (each padded by 16 bytes)."""
+    tiles = config.wn * config.tm
+    return tiles * config.wk * 1152 + config.nt * 8 * (config.wk * 256 + 16)
+
+
+def shared_bytes(config: BulkGemvConfig) -> int:
+    """Dynamic shared memory of one CTA (the stages; the partial sums reuse them)."""
+    return config.stages * stage_bytes(config)
+
+
+def splits_for(config: BulkGemvConfig, n: int, k: int, sms: int = 132) -> int:
+    """The split of K for ``n`` x ``k``: the fewest CTAs per cluster (1..8) whose grid fills
+    the GPU's CTA slots (CTAs per SM from shared memory) to at least 90% in its last wave,
+    each CTA keeping at least two stages of chunks; else the best-filled split."""
+    blocks = -(-n // config.rows)
+    per_sm = max(1, min(SM_SHARED // (shared_bytes(config) + 1024), 32 // (config.wn
+                                                                           * config.wk + 1)))
+    slots = sms * per_sm
+    best, best_fill = 1, 0.0
+    for s in range(1, MAX_SPLITS + 1):
+        if k // 128 < 2 * s * config.wk:
+            break
+        ctas = blocks * s
+        fill = ctas / (-(-ctas // slots) * slots)
+        if fill >= 0.9 and ctas >= slots * 0.9:
+            return s
+        if fill > best_fill:
+            best, best_fill = s, fill
+    return best
+
+
+def config_for_m(m: int) -> BulkGemvConfig:
+    """The default build for ``m`` tokens (one or two 8-token tiles)."""
+    return BulkGemvConfig(nt=1 if m <= 8 else 2)
+
+
+@functools.cache
+def _source() -> str:
+    return cuda_source("nvfp4_gemv_bulk.cu")
+
+
+def build_options(config: BulkGemvConfig) -> list[str]:
+    """The NVRTC options (macros) of a build; ``splits`` must be resolved (>= 1)."""
+    return [f"-DWN={config.wn}", f"-DTM={config.tm}", f"-DWK={config.wk}", f"-DNT={config.nt}",
+            f"-DSTAGES={config.stages}", f"-DKS={config.splits}",
+            f"-DMIN_BLOCKS={config.min_blocks}"]
+
+
+@functools.cache
+def bulk_kernel(config: BulkGemvConfig, device: int) -> Kernel:
+    """The compiled and loaded kernel of ``config`` (``splits`` resolved) for CUDA
+    ``device`` (NVRTC, cached on disk and per process)."""
+    import torch
+    from kernelbay.cuda_jit import compile_cubin, load_kernel
+
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 9:
+        raise ValueError(f"nvfp4 bulk GEMV: needs compute capability >= 9.0 (bulk copies, "
+                         f"clusters), got {major}.{minor}")
+    if not 1 <= config.splits <= MAX_SPLITS:
+        raise ValueError(f"nvfp4 bulk GEMV: splits={config.splits}; valid: 1..{MAX_SPLITS}")
+    if config.wn * config.tm + 8 * config.nt > 32:
+        raise ValueError(f"nvfp4 bulk GEMV: {config.name} needs more than the producer warp's "
+                         f"32 lanes (one per tile and token row)")
+    cubin = compile_cubin(_source(), "nvfp4_gemv_bulk", f"sm_{major}{minor}",
+                          build_options(config))
+    kernel = load_kernel(cubin, "nvfp4_gemv_bulk", device)
+    kernel.set_max_dynamic_shared(shared_bytes(config))
+    return kernel
+
+
+def launch_bulk(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
+                global_scale: torch.Tensor, bias: torch.Tensor | None,
+                config: BulkGemvConfig, sms: int = 132) -> torch.Tensor:
+    """``x2 [M, K] @ dequant(words, codes, global_scale)^T (+ bias)`` -> bf16 [M, N] for
+    operands already checked by ``cuda_gemv.gemv_unsupported`` (``tiles`` layout)."""
+    import torch
+
+    m, k = x2.shape
+    n = words.shape[0] * 16
+    out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
+    if m == 0 or n == 0:
+        return out
+    if m > 8 * config.nt:
+        raise ValueError(f"nvfp4 bulk GEMV: config {config.name} serves M <= {8 * config.nt}, "
+                         f"got M = {m}")
+    if config.splits == 0:
+        config = config.with_splits(splits_for(config, n, k, sms))
+    if k // 128 < config.splits:
+        raise ValueError(f"nvfp4 bulk GEMV: K = {k} has fewer 128-element chunks than "
+                         f"splits = {config.splits}")
+    if bias is not None:
+        bias = bias.to(torch.bfloat16).contiguous()
+    scale = global_scale.reshape(-1)[:1].float().contiguous()
+    device = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    kernel = bulk_kernel(config, device)
+    grid = (-(-n // config.rows), config.splits, 1)
+    args = [ctypes.c_void_p(x2.data_ptr()), ctypes.c_longlong(x2.stride(0)),
+            ctypes.c_void_p(words.data_ptr()), ctypes.c_void_p(codes.data_ptr()),
+            ctypes.c_void_p(scale.data_ptr()),
+            ctypes.c_void_p(bias.data_ptr() if bias is not None else 0),
+            ctypes.c_void_p(out.data_ptr()), ctypes.c_longlong(out.stride(0)),
+            ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k)]
+    kernel.launch(grid, ((config.wn * config.wk + 1) * 32, 1, 1), args,
+                  torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config))
+    return out

@@ -1,0 +1,118 @@
+"""The bulk-copy NVFP4 GEMV (``cuda_gemv_bulk``, sm_90, built by NVRTC) against the reference
+(``kernelbay.formats.dequantize_nvfp4`` + matmul in float32) with the bound of the other
+kernels' tests (``nvfp4_triton_helpers.check_close``); on any machine, its builds compile and
+its split of K follows the GPU's CTA slots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from kernelbay.cuda_jit import compile_cubin, nvrtc_available
+from kernelbay.formats import dequantize_nvfp4
+from kernelbay_quant_nvfp4.cuda_gemv_bulk import (
+    BulkGemvConfig,
+    config_for_m,
+    launch_bulk,
+    shared_bytes,
+    splits_for,
+)
+from kernelbay_quant_nvfp4.linear_triton import layout_tensors
+from nvfp4_triton_helpers import (
+    check_close,
+    cuda_weights,
+    edge_scales,
+    every_code_and_scale,
+    nvfp4_weights,
+    strided_extreme_activations,
+)
+
+BUILDS = [BulkGemvConfig(splits=1), BulkGemvConfig(splits=3), BulkGemvConfig(nt=2, splits=4),
+          BulkGemvConfig(2, 2, 4, 1, 3, 2), BulkGemvConfig(8, 1, 1, 2, 6, 8),
+          BulkGemvConfig(4, 2, 2, 2, 4, 0)]
+
+
+def _gpu_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+def test_splits_fill_the_slots() -> None:
+    """The split of K: none where the row blocks already fill the CTA slots in their last
+    wave; at 8192 x 8192 (64 row blocks of 128 rows, two CTAs per SM) four CTAs per cluster;
+    never more CTAs per split than K has stages for."""
+    config = BulkGemvConfig()
+    assert shared_bytes(config) * 2 <= 227 * 1024
+    assert splits_for(config, 8192, 8192, 132) == 4
+    assert splits_for(config, 8192 * 32, 8192, 132) == 1
+    assert splits_for(config, 8192, 512, 132) == 1     # 4 chunks: two stages of two
+    for n, k in ((4096, 8192), (28672, 8192), (8192, 28672)):
+        s = splits_for(config, n, k, 132)
+        assert 1 <= s <= 8 and k // 128 >= 2 * s * config.wk
+    assert config_for_m(8).nt == 1 and config_for_m(9).nt == 2
+
+
+@pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
+def test_builds_compile_without_local_memory(tmp_path: Any,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every build of the tests compiles for sm_90 with everything in registers."""
+    from kernelbay.testing.cubins import cubin_resources
+    from kernelbay_quant_nvfp4.cuda_gemv_bulk import _source, build_options
+
+    monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
+    for build in BUILDS:
+        build = build if build.splits else build.with_splits(2)
+        cubin = compile_cubin(_source(), "nvfp4_gemv_bulk", "sm_90", build_options(build))
+        usage = cubin_resources(cubin)
+        assert usage is None or ("STACK:0 " in usage and "LOCAL:0 " in usage), (build.name,
+                                                                                usage)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("config", BUILDS, ids=lambda c: c.name)
+@pytest.mark.parametrize(("n", "k"), [(16, 1024), (48, 3200), (1008, 3200), (304, 8192)])
+def test_bulk_gemv_matches_reference(config: BulkGemvConfig, n: int, k: int) -> None:
+    """Row blocks that the last CTA does not fill, K splits of uneven chunk counts (a short
+    last stage included), every M from 1 to 16 that changes the token tiles, bias or none,
+    edge block scales."""
+    if config.splits and k // 128 < config.splits * config.wk:
+        pytest.skip("fewer chunks than the split needs")
+    gen = torch.Generator().manual_seed(n * 7 + k)
+    tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
+    edge_scales(tensors)
+    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
+    words, codes = layout_tensors(tensors["weight"], tensors["weight_scale"], "tiles")
+    for m in (1, 2, 7, 8, 9, 16):
+        if m > 8 * config.nt:
+            continue
+        bias = torch.randn(n, generator=gen).bfloat16().cuda() if m % 2 else None
+        x = torch.randn(m, k, generator=gen).bfloat16().cuda()
+        got = launch_bulk(x, words, codes, tensors["weight_scale_2"], bias, config)
+        check_close(got, x, w, bias)
+        again = launch_bulk(x, words, codes, tensors["weight_scale_2"], bias, config)
+        assert torch.equal(got, again)   # a fixed order of sums: the same bits every run
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_sm90(), reason="needs an sm_90 GPU")
+def test_bulk_gemv_strided_activations_extremes_and_every_code() -> None:
+    """Strided activation rows at bf16's extremes stay within the bound; every E2M1 code under
+    every finite E4M3 block scale times identity activations is the reference, bit for bit."""
+    gen = torch.Generator().manual_seed(11)
+    tensors, w = cuda_weights(208, 1024, gen)
+    words, codes = layout_tensors(tensors["weight"], tensors["weight_scale"], "tiles")
+    x = strided_extreme_activations(5, 1024, gen)
+    got = launch_bulk(x, words, codes, tensors["weight_scale_2"], None,
+                      BulkGemvConfig(splits=2))
+    check_close(got, x, w, None)
+
+    tensors, eye = every_code_and_scale()
+    tensors = {name: t.cuda() for name, t in tensors.items()}
+    w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
+    words, codes = layout_tensors(tensors["weight"], tensors["weight_scale"], "tiles")
+    eye = eye.cuda()
+    config = BulkGemvConfig(nt=2, splits=2)
+    got = torch.cat([launch_bulk(eye[i:i + 16], words, codes, tensors["weight_scale_2"], None,
+                                 config) for i in range(0, eye.shape[0], 16)])
+    assert torch.equal(got, w.T.to(torch.bfloat16))
