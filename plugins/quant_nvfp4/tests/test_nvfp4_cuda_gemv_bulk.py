@@ -13,7 +13,7 @@ from kernelbay.cuda_jit import compile_cubin, nvrtc_available
 from kernelbay.formats import dequantize_nvfp4
 from kernelbay_quant_nvfp4.cuda_gemv_bulk import (
     BulkGemvConfig,
-    config_for_m,
+    config_for,
     launch_bulk,
     shared_bytes,
     splits_for,
@@ -28,28 +28,33 @@ from nvfp4_triton_helpers import (
     strided_extreme_activations,
 )
 
-BUILDS = [BulkGemvConfig(splits=1), BulkGemvConfig(splits=3), BulkGemvConfig(nt=2, splits=4),
-          BulkGemvConfig(2, 2, 4, 1, 3, 2), BulkGemvConfig(8, 1, 1, 2, 6, 8),
-          BulkGemvConfig(4, 2, 2, 2, 4, 0)]
+#: The defaults (M <= 8, M <= 16), uneven splits, and the multi-tile builds of the sweep.
+BUILDS = [BulkGemvConfig(), BulkGemvConfig(splits=3), BulkGemvConfig(nt=2, stages=4, splits=2),
+          BulkGemvConfig(4, 2, 2, 1, 4, 4), BulkGemvConfig(2, 2, 4, 2, 4, 2),
+          BulkGemvConfig(8, 1, 1, 2, 4, 8)]
 
 
 def _gpu_sm90() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
 
 
-def test_splits_fill_the_slots() -> None:
-    """The split of K: none where the row blocks already fill the CTA slots in their last
-    wave; at 8192 x 8192 (64 row blocks of 128 rows, two CTAs per SM) four CTAs per cluster;
-    never more CTAs per split than K has stages for."""
-    config = BulkGemvConfig()
-    assert shared_bytes(config) * 2 <= 227 * 1024
-    assert splits_for(config, 8192, 8192, 132) == 4
-    assert splits_for(config, 8192 * 32, 8192, 132) == 1
-    assert splits_for(config, 8192, 512, 132) == 1     # 4 chunks: two stages of two
-    for n, k in ((4096, 8192), (28672, 8192), (8192, 28672)):
-        s = splits_for(config, n, k, 132)
-        assert 1 <= s <= 8 and k // 128 >= 2 * s * config.wk
-    assert config_for_m(8).nt == 1 and config_for_m(9).nt == 2
+def test_rule_picks_small_layers_and_splits_within_one_wave() -> None:
+    """The bulk build serves layers with at most one 16-row tile per SM (else ``None``: the
+    per-lane GEMV); K is split as far as one CTA per SM and four stages per CTA allow; every
+    build the rule makes fits an sm_90 SM's shared memory."""
+    assert config_for(1, 1024, 8192, 132) == BulkGemvConfig(splits=2)
+    assert config_for(1, 2048, 8192, 132) == BulkGemvConfig(splits=1)
+    assert config_for(16, 1024, 4096, 132) == BulkGemvConfig(nt=2, stages=4, splits=1)
+    assert config_for(16, 512, 8192, 132) == BulkGemvConfig(nt=2, stages=4, splits=2)
+    assert config_for(1, 4096, 8192, 132) is None
+    assert config_for(17, 1024, 8192, 132) is None
+    for m in (1, 8, 9, 16):
+        for n in (16, 1024, 2112):
+            build = config_for(m, n, 8192, 132)
+            assert build is not None and 8 * build.nt >= m
+            assert shared_bytes(build) <= 227 * 1024
+            assert -(-n // build.rows) * build.splits <= 132
+    assert splits_for(BulkGemvConfig(), 16, 8192 * 8, 132) == 8
 
 
 @pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
@@ -76,7 +81,7 @@ def test_bulk_gemv_matches_reference(config: BulkGemvConfig, n: int, k: int) -> 
     """Row blocks that the last CTA does not fill, K splits of uneven chunk counts (a short
     last stage included), every M from 1 to 16 that changes the token tiles, bias or none,
     edge block scales."""
-    if config.splits and k // 128 < config.splits * config.wk:
+    if k // 128 < max(config.splits, 1) * config.wk:
         pytest.skip("fewer chunks than the split needs")
     gen = torch.Generator().manual_seed(n * 7 + k)
     tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
@@ -116,3 +121,45 @@ def test_bulk_gemv_strided_activations_extremes_and_every_code() -> None:
     got = torch.cat([launch_bulk(eye[i:i + 16], words, codes, tensors["weight_scale_2"], None,
                                  config) for i in range(0, eye.shape[0], 16)])
     assert torch.equal(got, w.T.to(torch.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_sm90(), reason="needs an sm_90 GPU")
+def test_default_runs_bulk_on_small_layers_and_falls_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ct-default`` on a small layer launches the rule's bulk build; when that build fails
+    to compile or load, one warning says so, the per-lane GEMV serves the call (same bound)
+    and the device is marked so that later calls skip the bulk build."""
+    from kernelbay.cuda_jit import CudaJitError
+    from kernelbay_quant_nvfp4 import cuda_gemv_bulk, linear_triton
+    from kernelbay_quant_nvfp4.triton_configs import DEFAULT_CONFIGS
+
+    gen = torch.Generator().manual_seed(21)
+    tensors, w = cuda_weights(1024, 2048, gen)
+    words, codes = layout_tensors(tensors["weight"], tensors["weight_scale"], "tiles")
+    x = torch.randn(4, 2048, generator=gen).bfloat16().cuda()
+    builds: list[BulkGemvConfig] = []
+    launch = cuda_gemv_bulk.launch_bulk
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        builds.append(args[5])
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(cuda_gemv_bulk, "launch_bulk", spy)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    got = linear_triton.run_config(DEFAULT_CONFIGS[0][1], x, words, codes,
+                                   tensors["weight_scale_2"], None)
+    check_close(got, x, w, None)
+    assert builds == [config_for(4, 1024, 2048, sms)]
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise CudaJitError("NVRTC could not compile nvfp4_gemv_bulk for sm_99: unknown arch")
+
+    monkeypatch.setattr(cuda_gemv_bulk, "_BROKEN", {})
+    monkeypatch.setattr(cuda_gemv_bulk, "bulk_kernel", failing)
+    with pytest.warns(RuntimeWarning, match="bulk-copy GEMV is off.*per-lane GEMV"):
+        got = linear_triton.run_config(DEFAULT_CONFIGS[0][1], x, words, codes,
+                                       tensors["weight_scale_2"], None)
+    check_close(got, x, w, None)
+    assert "unknown arch" in str(cuda_gemv_bulk.broken_reason(x.device.index or 0))
+    assert len(builds) == 1

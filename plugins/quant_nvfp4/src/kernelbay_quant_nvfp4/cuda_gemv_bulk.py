@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kernelbay_quant_nvfp4.cuda_gemv import cuda_source
@@ -24,14 +24,14 @@ if TYPE_CHECKING:
     import torch
     from kernelbay.cuda_jit import Kernel
 
-__all__ = ["MAX_M", "BulkGemvConfig", "build_options", "bulk_kernel", "config_for_m",
-           "launch_bulk", "shared_bytes", "splits_for"]
+__all__ = ["MAX_M", "BulkGemvConfig", "broken_reason", "build_options", "bulk_kernel",
+           "config_for", "fit_tokens", "launch_bulk", "mark_broken", "shared_bytes", "splits_for"]
 
 #: Largest batch the kernel serves (two 8-token MMA tiles).
 MAX_M = 16
 #: Largest split of K (CTAs per cluster; 8 is the portable cluster size).
 MAX_SPLITS = 8
-#: Shared memory one SM offers to CTAs (H100 / H200: 227 KB), for the CTAs-per-SM estimate.
+#: Shared memory a CTA may use on sm_90 (227 KB).
 SM_SHARED = 227 * 1024
 
 
@@ -40,21 +40,24 @@ class BulkGemvConfig:
     """One build: ``wn`` x ``wk`` consumer warps (over rows x over K) and a producer warp,
     ``tm`` 16-row tiles per consumer warp, ``nt`` 8-token tiles, ``stages`` shared-memory
     stages of ``wk`` chunks each, K split over ``splits`` CTAs of a cluster (0: chosen per
-    shape by ``splits_for``)."""
+    shape by ``splits_for``). The defaults are the H200 sweep's best at M <= 8
+    (``bench/results/nvfp4-sweep-bulk-h200.md``): one tile per CTA, eight warps over K, six
+    stages (one CTA per SM)."""
 
-    wn: int = 4
-    tm: int = 2
-    wk: int = 2
+    wn: int = 1
+    tm: int = 1
+    wk: int = 8
     nt: int = 1
-    stages: int = 4
+    stages: int = 6
     splits: int = 0
     min_blocks: int = 1
 
     @property
     def name(self) -> str:
+        """E.g. ``cb-t1w1x8s6ka``: tiles per warp, warps over rows x K, stages, split of K
+        (``a``: ``splits_for``); token tiles follow M, so the name leaves them out."""
         split = "a" if self.splits == 0 else str(self.splits)
-        return (f"cb-t{self.tm}n{self.nt}w{self.wn}x{self.wk}s{self.stages}k{split}"
-                f"b{self.min_blocks}")
+        return f"cb-t{self.tm}w{self.wn}x{self.wk}s{self.stages}k{split}"
 
     @property
     def rows(self) -> int:
@@ -63,8 +66,7 @@ class BulkGemvConfig:
 
     def with_splits(self, splits: int) -> BulkGemvConfig:
         """The same build with K split over ``splits`` CTAs."""
-        return BulkGemvConfig(self.wn, self.tm, self.wk, self.nt, self.stages, splits,
-                              self.min_blocks)
+        return replace(self, splits=splits)
 
 
 def stage_bytes(config: BulkGemvConfig) -> int:
@@ -80,29 +82,39 @@ def shared_bytes(config: BulkGemvConfig) -> int:
 
 
 def splits_for(config: BulkGemvConfig, n: int, k: int, sms: int = 132) -> int:
-    """The split of K for ``n`` x ``k``: the fewest CTAs per cluster (1..8) whose grid fills
-    the GPU's CTA slots (CTAs per SM from shared memory) to at least 90% in its last wave,
-    each CTA keeping at least two stages of chunks; else the best-filled split."""
+    """The split of K for ``n`` x ``k``: the most CTAs per cluster (1..8) that keep the grid
+    within one CTA per SM and give every CTA at least four stages of chunks. In the H200
+    sweep a second wave, or a CTA of two or three stages, cost more than the split gained
+    (1024 x 8192: 5.8 us split in two, 11.8 in four)."""
     blocks = -(-n // config.rows)
-    per_sm = max(1, min(SM_SHARED // (shared_bytes(config) + 1024), 32 // (config.wn
-                                                                           * config.wk + 1)))
-    slots = sms * per_sm
-    best, best_fill = 1, 0.0
-    for s in range(1, MAX_SPLITS + 1):
-        if k // 128 < 2 * s * config.wk:
-            break
-        ctas = blocks * s
-        fill = ctas / (-(-ctas // slots) * slots)
-        if fill >= 0.9 and ctas >= slots * 0.9:
-            return s
-        if fill > best_fill:
-            best, best_fill = s, fill
+    chunks = k // 128
+    best = 1
+    for s in range(2, MAX_SPLITS + 1):
+        if blocks * s <= sms and chunks >= 4 * s * config.wk:
+            best = s
     return best
 
 
-def config_for_m(m: int) -> BulkGemvConfig:
-    """The default build for ``m`` tokens (one or two 8-token tiles)."""
-    return BulkGemvConfig(nt=1 if m <= 8 else 2)
+def config_for(m: int, n: int, k: int, sms: int = 132) -> BulkGemvConfig | None:
+    """The build for ``m`` tokens and an ``n`` x ``k`` weight on a GPU of ``sms``
+    multiprocessors, or ``None`` where the per-lane GEMV of ``cuda_gemv`` is faster: layers
+    with more 16-row tiles than SMs (the bulk build runs one CTA per SM; at 3584 x 8192 and
+    above the per-lane build's four CTAs per SM hide the decode's latency better). From the
+    H200 sweep: 1024 x 8192 5.8 against 8.9 us, 2048 x 8192 6.8 against 9.2, 1536 x 7168 6.1
+    against 8.3 at M = 1; at M = 16 7.8, 11.1 and 9.4 against 13.5, 13.8 and 12.5."""
+    if m > MAX_M or -(-n // 16) > sms:
+        return None
+    config = BulkGemvConfig(nt=1 if m <= 8 else 2, stages=6 if m <= 8 else 4)
+    return config.with_splits(splits_for(config, n, k, sms))
+
+
+def fit_tokens(config: BulkGemvConfig, m: int) -> BulkGemvConfig:
+    """``config`` with the token tiles ``m`` needs, and as many of its stages as then fit
+    an SM's shared memory (two token tiles double each stage's activation rows)."""
+    fitted = replace(config, nt=1 if m <= 8 else 2)
+    while fitted.stages > 2 and shared_bytes(fitted) > SM_SHARED:
+        fitted = replace(fitted, stages=fitted.stages - 1)
+    return fitted
 
 
 @functools.cache
@@ -138,6 +150,21 @@ def bulk_kernel(config: BulkGemvConfig, device: int) -> Kernel:
     kernel = load_kernel(cubin, "nvfp4_gemv_bulk", device)
     kernel.set_max_dynamic_shared(shared_bytes(config))
     return kernel
+
+
+#: Devices where building or loading the kernel failed, with the error (``mark_broken``).
+_BROKEN: dict[int, str] = {}
+
+
+def mark_broken(device: int, reason: str) -> None:
+    """Stop using the kernel on CUDA ``device`` for the rest of the process (the per-lane
+    GEMV of ``cuda_gemv`` serves its layers)."""
+    _BROKEN[device] = reason
+
+
+def broken_reason(device: int) -> str | None:
+    """Why the kernel is off on ``device`` (``mark_broken``), or ``None``."""
+    return _BROKEN.get(device)
 
 
 def launch_bulk(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,

@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     import torch
     from kernelbay.device import DeviceCapability
 
+    from kernelbay_quant_nvfp4.cuda_gemv_bulk import BulkGemvConfig
+
 __all__ = ["Nvfp4TritonLinear", "check_finite_scales", "checkpoint_tensors", "fragment_of_tiles",
            "gpu_triton_checks", "layout_tensors", "run_config", "stored_tensors",
            "tiles_of_fragment"]
@@ -232,6 +234,14 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
         if out is not None:
             return out
         config = CUDA_FALLBACK[layout_of(config)]
+    if config.path == "cuda-bulk":
+        sms = _sm_count(x2.device.index or 0) if x2.is_cuda else 132
+        out = None
+        if m <= 16 and cuda_gemv_reason(x2, packed, scales, True) is None:
+            out = _run_bulk(x2, packed, scales, global_scale, bias, sms, config.bulk)
+        if out is not None:
+            return out
+        config = CUDA_FALLBACK["tiles"]
     if config.path == "cuda-wgmma":
         out = _run_wgmma(config, x2, packed, scales, global_scale, bias)
         if out is not None:
@@ -321,13 +331,13 @@ def _device_index(x2: torch.Tensor) -> int:
 
 
 def _turn_off(kernel: str, mark_broken: Callable[[int, str], None], x2: torch.Tensor,
-              exc: Exception) -> None:
+              exc: Exception, instead: str = "the Triton kernel") -> None:
     """A CUDA kernel's build or load failed: it is off on this device for good (one
-    warning), and the caller runs the Triton kernel on the same stored weight."""
+    warning), and the caller runs ``instead`` on the same stored weight."""
     device = _device_index(x2)
     mark_broken(device, str(exc).splitlines()[0])
-    warnings.warn(f"nvfp4-triton: the {kernel} is off on cuda:{device} ({exc}); the Triton "
-                  "kernel serves its batch sizes", RuntimeWarning, stacklevel=3)
+    warnings.warn(f"nvfp4-triton: the {kernel} is off on cuda:{device} ({exc}); {instead} "
+                  "serves its batch sizes", RuntimeWarning, stacklevel=3)
 
 
 def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
@@ -352,6 +362,10 @@ def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
     if cuda_gemv_reason(x2[:rows], words, codes, tiled) is not None:
         return None
     sms = _sm_count(x2.device.index or 0) if x2.is_cuda else 132
+    if tiled and x2.shape[0] <= 16 and config.gemv is None:
+        out = _run_bulk(x2, words, codes, global_scale, bias, sms)
+        if out is not None:
+            return out
     build = config.gemv or config_for_m(rows, stored_rows(words, tiled), x2.shape[1], sms)
     parts = [x2[start:start + rows] for start in range(0, x2.shape[0], rows)]
     builds = [replace(build, nt=1 if part.shape[0] <= 8 else 2, tiled=tiled) for part in parts]
@@ -364,6 +378,38 @@ def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
     outs = [launch_gemv(part, words, codes, global_scale, bias, b)
             for part, b in zip(parts, builds, strict=True)]
     return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def _run_bulk(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
+              global_scale: torch.Tensor, bias: torch.Tensor | None, sms: int,
+              build: BulkGemvConfig | None = None) -> torch.Tensor | None:
+    """``x2`` (M <= 16, checked by ``cuda_gemv_reason``) through the bulk-copy GEMV of
+    ``cuda_gemv_bulk`` on compute capability >= 9.0: ``build`` (its token tiles and stages
+    fitted to M), else the build its rule picks (at most one 16-row tile per SM); ``None``
+    where it does not run, or did not build (then it is off on the device and the per-lane
+    GEMV serves the layer)."""
+    import torch
+    from kernelbay.cuda_jit import CudaJitError
+
+    from kernelbay_quant_nvfp4 import cuda_gemv_bulk as bulk
+
+    if not x2.is_cuda:
+        return None
+    device = _device_index(x2)
+    if torch.cuda.get_device_capability(device)[0] < 9 or bulk.broken_reason(device):
+        return None
+    if build is not None:
+        build = bulk.fit_tokens(build, x2.shape[0])
+    else:
+        build = bulk.config_for(x2.shape[0], stored_rows(words, True), x2.shape[1], sms)
+    if build is None:
+        return None
+    try:   # only building and loading turn it off; a failed launch is an error
+        bulk.bulk_kernel(build, device)
+    except CudaJitError as exc:
+        _turn_off("bulk-copy GEMV", bulk.mark_broken, x2, exc, "the per-lane GEMV")
+        return None
+    return bulk.launch_bulk(x2, words, codes, global_scale, bias, build, sms)
 
 
 def kernel_plan(request: LinearRequest, device: DeviceCapability,
@@ -393,6 +439,18 @@ def kernel_plan(request: LinearRequest, device: DeviceCapability,
             fallback = CUDA_FALLBACK[layout_of(config)].name
             text = (f"CUDA GEMV ({config.name}, NVRTC)" if not why
                     else f"{fallback} (the CUDA GEMV: {why})")
+            if not why and config.gemv is None and device.cc_at_least(9, 0):
+                # cuda_gemv_bulk.config_for: one 16-row tile per SM at most
+                text = text[:-1] + (f"; the bulk-copy build on GPUs of at least "
+                                    f"{-(-request.out_features // 16)} SMs)")
+        elif config.path == "cuda-bulk":
+            why = cuda_why_not(device.platform == "cuda" and device.cc_at_least(9, 0),
+                               f"needs compute capability >= 9.0, not {device.platform} "
+                               f"{device.arch}")
+            fallback = CUDA_FALLBACK["tiles"].name
+            text = (f"bulk-copy CUDA GEMV ({config.name}, NVRTC) on GPUs of at least "
+                    f"{-(-request.out_features // 16)} SMs, else {fallback}" if not why
+                    else f"{fallback} (the bulk-copy CUDA GEMV: {why})")
         elif config.path == "cuda-wgmma":
             why = cuda_why_not(device.platform == "cuda" and device.compute_capability == (9, 0),
                                f"needs compute capability 9.0, not {device.platform} "

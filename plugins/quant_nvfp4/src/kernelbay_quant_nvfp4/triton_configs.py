@@ -54,6 +54,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kernelbay_quant_nvfp4.cuda_gemv import GemvConfig
+from kernelbay_quant_nvfp4.cuda_gemv_bulk import BulkGemvConfig
 from kernelbay_quant_nvfp4.cuda_wgmma import WgmmaConfig
 
 __all__ = ["CANDIDATES", "CUDA_FALLBACK", "DEFAULT_CONFIGS", "FRAGMENT_CONFIGS",
@@ -70,7 +71,7 @@ class KernelConfig:
     kernel reading 32-bit words, ``triton_halfword.decode_words``), ``fragment`` / ``tiles``
     (the transposed product on fragment-order words with scale codes, in the fragment or the
     tiles layout), ``cuda`` / ``cuda-tiles`` (the CUDA GEMV of ``cuda_gemv`` on either layout,
-    build ``gemv``), ``cuda-wgmma`` (the sm_90a GEMM of ``cuda_wgmma`` on the tiles layout,
+    build ``gemv``), ``cuda-bulk`` (the bulk-copy GEMV of ``cuda_gemv_bulk``, build ``bulk``), ``cuda-wgmma`` (the sm_90a GEMM of ``cuda_wgmma`` on the tiles layout,
     build ``wgmma``) or ``dequant`` (Triton dequantize into a temporary, then ``F.linear``).
     ``split_k`` 0 means "choose by ``split_k_for``"."""
 
@@ -90,6 +91,11 @@ class KernelConfig:
     #: The CUDA wgmma GEMM build of a ``cuda-wgmma`` config (``None``:
     #: ``cuda_wgmma.config_for_m``).
     wgmma: WgmmaConfig | None = None
+    #: The build of a ``cuda-bulk`` config (the bulk-copy GEMV of ``cuda_gemv_bulk``, its
+    #: token tiles following M; ``None``: ``cuda_gemv_bulk.config_for``, which picks a build
+    #: for small layers on sm_90 and none elsewhere: then ``CUDA_FALLBACK`` runs).
+    #: ``ct-default`` also runs that rule's build where it picks one.
+    bulk: BulkGemvConfig | None = None
 
 
 #: (largest M served, config) in increasing M; the last entry serves every larger M.
@@ -168,7 +174,8 @@ def table_for(n: int, k: int, table: tuple[tuple[int, KernelConfig], ...] = DEFA
 LAYOUTS = ("checkpoint", "repacked", "fragment", "tiles")
 
 _LAYOUT_OF_PATH = {"repacked": "repacked", "fragment": "fragment", "cuda": "fragment",
-                   "cuda-tiles": "tiles", "tiles": "tiles", "cuda-wgmma": "tiles"}
+                   "cuda-tiles": "tiles", "tiles": "tiles", "cuda-wgmma": "tiles",
+                   "cuda-bulk": "tiles"}
 
 
 def layout_of(config: KernelConfig) -> str:
@@ -239,6 +246,14 @@ CANDIDATES: tuple[KernelConfig, ...] = (
           (1, 8, 6, 2, True, 1), (2, 16, 4, 1, True, 1), (4, 4, 4, 2, True, 1),
           (1, 2, 6, 2, True, 4), (1, 4, 4, 1, True, 4), (2, 2, 4, 2, True, 4),
           (2, 4, 4, 1, True, 2), (1, 4, 8, 1, True, 4), (2, 1, 6, 2, True, 8))),
+    # The bulk-copy GEMV (``cuda_gemv_bulk``, sm_90) on the tiles layout: the default build
+    # (one tile per CTA, eight warps over K) with the rule's split and fixed ones, and wider
+    # CTAs (more rows sharing each stage's activations).
+    KernelConfig("cb-default", "cuda-bulk"),
+    *(KernelConfig(b.name, "cuda-bulk", bulk=b) for b in (
+        BulkGemvConfig(), BulkGemvConfig(splits=1), BulkGemvConfig(splits=2),
+        BulkGemvConfig(1, 2, 8, 1, 4), BulkGemvConfig(2, 1, 4, 1, 4),
+        BulkGemvConfig(2, 2, 4, 1, 4), BulkGemvConfig(4, 2, 2, 1, 4))),
     # The sm_90a wgmma GEMM (``cuda_wgmma``) on the tiles layout; ``cw-default`` is
     # ``cuda_wgmma.config_for_m``.
     KernelConfig("cw-default", "cuda-wgmma"),
