@@ -40,12 +40,14 @@ def _gpu_sm90() -> bool:
 
 def test_rule_picks_small_layers_and_splits_within_one_wave() -> None:
     """The bulk build serves layers with at most one 16-row tile per SM (else ``None``: the
-    per-lane GEMV); K is split as far as one CTA per SM and four stages per CTA allow; every
+    per-lane GEMV); K is split as far as one CTA per SM and three stages per CTA allow; every
     build the rule makes fits an sm_90 SM's shared memory."""
     assert config_for(1, 1024, 8192, 132) == BulkGemvConfig(splits=2)
     assert config_for(1, 2048, 8192, 132) == BulkGemvConfig(splits=1)
     assert config_for(16, 1024, 4096, 132) == BulkGemvConfig(nt=2, stages=4, splits=1)
     assert config_for(16, 512, 8192, 132) == BulkGemvConfig(nt=2, stages=4, splits=2)
+    # above 8 tokens, two tiles per CTA once the layer has more tiles than half the SMs
+    assert config_for(16, 2048, 8192, 132) == BulkGemvConfig(tm=2, nt=2, stages=4, splits=2)
     assert config_for(1, 4096, 8192, 132) is None
     assert config_for(17, 1024, 8192, 132) is None
     for m in (1, 8, 9, 16):

@@ -85,7 +85,7 @@ def ragged_k(config: KernelConfig) -> int:
     groups of 32 for the fragment-order words (which need K a multiple of 32), or 3200 = 25
     chunks of 128 for the CUDA GEMV and the wgmma GEMM (which need whole chunks; 25 do not
     split evenly over the GEMV's warps)."""
-    if config.path in ("cuda", "cuda-tiles", "tiles", "cuda-wgmma"):
+    if config.path in ("cuda", "cuda-tiles", "tiles", "cuda-wgmma", "cuda-bulk"):
         return 3200
     return 3104 if config.path == "fragment" else 3088
 

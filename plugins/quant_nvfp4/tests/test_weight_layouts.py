@@ -163,7 +163,8 @@ def test_explain_note_names_the_kernel_per_batch(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(cuda_jit, "find_nvrtc", lambda: "/lib/libnvrtc.so")
     assert note(4096, 4096) == ("kernels by batch (tiles layout): M <= 8: CUDA GEMV "
                                 "(ct-default, NVRTC; the bulk-copy build on GPUs of at least "
-                                "256 SMs), M <= 16: pt-16x64x256-p3, M <= 32: "
+                                "256 SMs), M <= 16: bulk-copy CUDA GEMV (cb-default, NVRTC) "
+                                "on GPUs of at least 256 SMs, else pt-16x64x256-p3, M <= 32: "
                                 "pt-64x128x128-w8, larger M: CUDA wgmma GEMM (cw-default, "
                                 "NVRTC, sm_90a) where its grid fills the GPU, else "
                                 "pt-64x128x128-w8 up to M = 64 / pt-128x128x128-w8")
@@ -175,7 +176,9 @@ def test_explain_note_names_the_kernel_per_batch(monkeypatch: pytest.MonkeyPatch
     assert "(the CUDA wgmma GEMM: needs compute capability 9.0, not cuda sm_80)" in \
         note(4096, 4096, device="sm_80")
     assert note(4104, 4096).startswith("kernels by batch (fragment layout): M <= 16: pf-")
-    assert "M <= 8: CUDA GEMV (ct-default, NVRTC), M <= 16" in note(1024, 4096, device="sm_80")
+    assert ("M <= 8: CUDA GEMV (ct-default, NVRTC), M <= 16: pt-16x64x256-p3 (the bulk-copy "
+            "CUDA GEMV: needs compute capability >= 9.0, not cuda sm_80)") in \
+        note(1024, 4096, device="sm_80")
     monkeypatch.setattr(cuda_jit, "find_nvrtc", lambda: None)
     assert "(the CUDA GEMV: no NVRTC on this machine)" in note(4096, 4096)
     assert "(the CUDA wgmma GEMM: no NVRTC on this machine)" in note(4096, 4096)

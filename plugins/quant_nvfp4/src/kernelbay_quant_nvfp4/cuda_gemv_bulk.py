@@ -83,28 +83,35 @@ def shared_bytes(config: BulkGemvConfig) -> int:
 
 def splits_for(config: BulkGemvConfig, n: int, k: int, sms: int = 132) -> int:
     """The split of K for ``n`` x ``k``: the most CTAs per cluster (1..8) that keep the grid
-    within one CTA per SM and give every CTA at least four stages of chunks. In the H200
-    sweep a second wave, or a CTA of two or three stages, cost more than the split gained
-    (1024 x 8192: 5.8 us split in two, 11.8 in four)."""
+    within one CTA per SM and give every CTA at least three stages of chunks. In the H200
+    sweep a second wave, or a CTA of two stages, cost more than the split gained (1024 x
+    8192: 5.8 us split in two, 11.8 in four)."""
     blocks = -(-n // config.rows)
     chunks = k // 128
     best = 1
     for s in range(2, MAX_SPLITS + 1):
-        if blocks * s <= sms and chunks >= 4 * s * config.wk:
+        if blocks * s <= sms and chunks >= 3 * s * config.wk:
             best = s
     return best
 
 
 def config_for(m: int, n: int, k: int, sms: int = 132) -> BulkGemvConfig | None:
     """The build for ``m`` tokens and an ``n`` x ``k`` weight on a GPU of ``sms``
-    multiprocessors, or ``None`` where the per-lane GEMV of ``cuda_gemv`` is faster: layers
-    with more 16-row tiles than SMs (the bulk build runs one CTA per SM; at 3584 x 8192 and
-    above the per-lane build's four CTAs per SM hide the decode's latency better). From the
-    H200 sweep: 1024 x 8192 5.8 against 8.9 us, 2048 x 8192 6.8 against 9.2, 1536 x 7168 6.1
-    against 8.3 at M = 1; at M = 16 7.8, 11.1 and 9.4 against 13.5, 13.8 and 12.5."""
-    if m > MAX_M or -(-n // 16) > sms:
+    multiprocessors, or ``None`` where the other kernels are faster: layers with more 16-row
+    tiles than SMs (the bulk build runs one CTA per SM; at 3584 x 8192 and above the per-lane
+    GEMV's four CTAs per SM hide the decode's latency better). Above 8 tokens, layers of more
+    than half an SM's worth of tiles take two tiles per CTA (each stage's 16 activation rows
+    then feed twice the weight). From the H200 sweep
+    (``bench/results/nvfp4-sweep-bulk-h200.md``): at M = 1 1024 x 8192 5.8 against 8.9 us for
+    the per-lane GEMV, 2048 x 8192 6.8 against 9.2, 1536 x 7168 6.1 against 8.3; at M = 16
+    7.8, 9.9 and 9.1 against 9.5, 11.7 and 9.7 for the Triton ``pt-16x64x256-p3``."""
+    tiles = -(-n // 16)
+    if m > MAX_M or tiles > sms:
         return None
-    config = BulkGemvConfig(nt=1 if m <= 8 else 2, stages=6 if m <= 8 else 4)
+    if m <= 8:
+        config = BulkGemvConfig()
+    else:
+        config = BulkGemvConfig(tm=2 if tiles > sms // 2 else 1, nt=2, stages=4)
     return config.with_splits(splits_for(config, n, k, sms))
 
 

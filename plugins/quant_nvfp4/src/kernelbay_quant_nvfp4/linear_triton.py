@@ -400,6 +400,9 @@ def _run_bulk(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
         return None
     if build is not None:
         build = bulk.fit_tokens(build, x2.shape[0])
+        if build.splits == 0:
+            build = build.with_splits(bulk.splits_for(build, stored_rows(words, True),
+                                                      x2.shape[1], sms))
     else:
         build = bulk.config_for(x2.shape[0], stored_rows(words, True), x2.shape[1], sms)
     if build is None:

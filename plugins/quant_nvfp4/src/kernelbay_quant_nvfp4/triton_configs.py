@@ -129,7 +129,7 @@ _TILES_TRITON: tuple[tuple[int, KernelConfig], ...] = (
 )
 DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
     (8, KernelConfig("ct-default", "cuda-tiles")),
-    _TILES_TRITON[0],
+    (16, KernelConfig("cb-default", "cuda-bulk")),
     (32, _TILES_TRITON[1][1]),
     (1 << 62, KernelConfig("cw-default", "cuda-wgmma")),
 )
@@ -137,7 +137,7 @@ DEFAULT_CONFIGS: tuple[tuple[int, KernelConfig], ...] = (
 #: What a CUDA GEMV config runs where the GEMV cannot (no NVRTC, fp16 activations, ROCm, a
 #: CPU under the interpreter), by the layout it reads: the Triton row for M <= 16 of that
 #: layout's table.
-CUDA_FALLBACK = {"tiles": DEFAULT_CONFIGS[1][1], "fragment": FRAGMENT_CONFIGS[0][1]}
+CUDA_FALLBACK = {"tiles": _TILES_TRITON[0][1], "fragment": FRAGMENT_CONFIGS[0][1]}
 
 #: What a ``cuda-wgmma`` config runs where the wgmma GEMM cannot (not compute capability
 #: 9.0, no NVRTC, fp16 activations): the Triton kernels of the tiles layout, by M.
