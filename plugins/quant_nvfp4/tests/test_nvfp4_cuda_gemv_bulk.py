@@ -39,8 +39,8 @@ def _gpu_sm90() -> bool:
 
 
 def test_rule_picks_small_layers_and_splits_within_one_wave() -> None:
-    """The bulk build serves layers with at most one 16-row tile per SM (else ``None``: the
-    per-lane GEMV); K is split as far as one CTA per SM and three stages per CTA allow; every
+    """The bulk build serves layers of at most one CTA per SM (one 16-row tile each, two
+    above 8 tokens once the tiles outnumber half the SMs; else ``None``); K is split as far as one CTA per SM and three stages per CTA allow; every
     build the rule makes fits an sm_90 SM's shared memory."""
     assert config_for(1, 1024, 8192, 132) == BulkGemvConfig(splits=2)
     assert config_for(1, 2048, 8192, 132) == BulkGemvConfig(splits=1)
@@ -49,6 +49,8 @@ def test_rule_picks_small_layers_and_splits_within_one_wave() -> None:
     # above 8 tokens, two tiles per CTA once the layer has more tiles than half the SMs
     assert config_for(16, 2048, 8192, 132) == BulkGemvConfig(tm=2, nt=2, stages=4, splits=2)
     assert config_for(1, 4096, 8192, 132) is None
+    assert config_for(16, 3584, 8192, 132) == BulkGemvConfig(tm=2, nt=2, stages=4, splits=1)
+    assert config_for(16, 4608, 8192, 132) is None
     assert config_for(17, 1024, 8192, 132) is None
     for m in (1, 8, 9, 16):
         for n in (16, 1024, 2112):
@@ -119,7 +121,7 @@ def test_bulk_gemv_strided_activations_extremes_and_every_code() -> None:
     w = dequantize_nvfp4(tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"])
     words, codes = layout_tensors(tensors["weight"], tensors["weight_scale"], "tiles")
     eye = eye.cuda()
-    config = BulkGemvConfig(nt=2, splits=2)
+    config = BulkGemvConfig(nt=2, stages=4, splits=2)
     got = torch.cat([launch_bulk(eye[i:i + 16], words, codes, tensors["weight_scale_2"], None,
                                  config) for i in range(0, eye.shape[0], 16)])
     assert torch.equal(got, w.T.to(torch.bfloat16))

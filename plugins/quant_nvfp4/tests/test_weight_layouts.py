@@ -164,7 +164,7 @@ def test_explain_note_names_the_kernel_per_batch(monkeypatch: pytest.MonkeyPatch
     assert note(4096, 4096) == ("kernels by batch (tiles layout): M <= 8: CUDA GEMV "
                                 "(ct-default, NVRTC; the bulk-copy build on GPUs of at least "
                                 "256 SMs), M <= 16: bulk-copy CUDA GEMV (cb-default, NVRTC) "
-                                "on GPUs of at least 256 SMs, else pt-16x64x256-p3, M <= 32: "
+                                "where its CTAs fit one per SM, else pt-16x64x256-p3, M <= 32: "
                                 "pt-64x128x128-w8, larger M: CUDA wgmma GEMM (cw-default, "
                                 "NVRTC, sm_90a) where its grid fills the GPU, else "
                                 "pt-64x128x128-w8 up to M = 64 / pt-128x128x128-w8")

@@ -451,8 +451,8 @@ def kernel_plan(request: LinearRequest, device: DeviceCapability,
                                f"needs compute capability >= 9.0, not {device.platform} "
                                f"{device.arch}")
             fallback = CUDA_FALLBACK["tiles"].name
-            text = (f"bulk-copy CUDA GEMV ({config.name}, NVRTC) on GPUs of at least "
-                    f"{-(-request.out_features // 16)} SMs, else {fallback}" if not why
+            text = (f"bulk-copy CUDA GEMV ({config.name}, NVRTC) where its CTAs fit one per "
+                    f"SM, else {fallback}" if not why
                     else f"{fallback} (the bulk-copy CUDA GEMV: {why})")
         elif config.path == "cuda-wgmma":
             why = cuda_why_not(device.platform == "cuda" and device.compute_capability == (9, 0),
