@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         config_for,
         fit_block_m,
         layout_of,
+        serving_name,
     )
 
     candidates = [] if args.configs == "default" else [
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if dev == "cuda":
         props = torch.cuda.get_device_properties(0)
         name, sms = props.name, props.multi_processor_count
+    bulk_ok = dev == "cuda" and torch.cuda.get_device_capability(0)[0] >= 9
 
     def bench(fn: Callable[[], Any]) -> float:
         if dev != "cuda":
@@ -185,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                 bf_t = min(bf_t, bench(bf_fn))
                 nv_t = min(nv_t, bench(nv_fn)) if ok else float("nan")
             row: dict[str, Any] = {
-                "n": n, "k": k, "m": m, "config": fit_block_m(default, m).name
+                "n": n, "k": k, "m": m,
+                "config": serving_name(fit_block_m(default, m), m, n, k, sms, bulk_ok)
                 if default.path != "dequant" else default.name,
                 "bf16_us": bf_t, "nvfp4_us": nv_t, "ratio": bf_t / nv_t,
                 "bf16_gbps": (bf_bytes + act_bytes) / bf_t / 1e3,

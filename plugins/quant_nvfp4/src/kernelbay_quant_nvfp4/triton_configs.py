@@ -59,7 +59,7 @@ from kernelbay_quant_nvfp4.cuda_wgmma import WgmmaConfig
 
 __all__ = ["CANDIDATES", "CUDA_FALLBACK", "DEFAULT_CONFIGS", "FRAGMENT_CONFIGS",
            "K_ORDER_CONFIGS", "LAYOUTS", "WGMMA_FALLBACK", "KernelConfig",
-           "config_for", "layout_of", "split_k_for", "table_for", "table_layout"]
+           "config_for", "layout_of", "serving_name", "split_k_for", "table_for", "table_layout"]
 
 
 @dataclass(frozen=True)
@@ -332,6 +332,22 @@ CANDIDATES: tuple[KernelConfig, ...] = (
       for s in (2, 3, 5, 6, 7, 8)),
 )
 
+
+
+def serving_name(config: KernelConfig, m: int, n: int, k: int, sms: int, bulk_ok: bool) -> str:
+    """The kernel that serves ``config`` at batch ``m`` for an ``n`` x ``k`` layer (for
+    tables): a ``cuda-bulk`` config names its fallback where ``cuda_gemv_bulk.config_for``
+    picks no build, and both GEMV defaults name the bulk build they run (``bulk_ok``: a GPU of
+    compute capability >= 9.0)."""
+    from kernelbay_quant_nvfp4.cuda_gemv_bulk import config_for as bulk_config_for
+
+    if config.path == "cuda-bulk" or (config.path == "cuda-tiles" and config.gemv is None):
+        build = (config.bulk or bulk_config_for(m, n, k, sms)) if bulk_ok and m <= 16 else None
+        if build is not None:
+            return f"{config.name} ({build.name})" if config.bulk is None else config.name
+        if config.path == "cuda-bulk":
+            return CUDA_FALLBACK["tiles"].name
+    return config.name
 
 
 def config_for(m: int, table: tuple[tuple[int, KernelConfig], ...] = DEFAULT_CONFIGS
