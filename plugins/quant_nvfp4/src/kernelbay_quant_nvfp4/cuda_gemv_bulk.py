@@ -9,6 +9,13 @@ a few instructions, and its consumer warps share the activations from shared mem
 each reading them from L2. K is split between the ``wk`` consumer warps of a CTA and between
 the ``splits`` CTAs of a thread-block cluster, whose partial sums are added in a fixed order
 in distributed shared memory: one kernel, no workspace, the result independent of scheduling.
+
+Where it runs: ``config_for`` picks it for layers whose CTAs fit one per SM (up to 2112 rows
+on an H200 at M <= 8, about twice that above), where it is 1.2-1.5x faster than the per-lane
+GEMV and the Triton kernel. Larger layers keep those: the decode's dependent instructions
+bound a warp (Nsight Compute on the per-lane GEMV at 8192 x 8192: 3.7 cycles per issued
+instruction, 1.9 warps per scheduler), and the per-lane build's four CTAs per SM hide that
+better than one bulk CTA per SM does.
 """
 
 from __future__ import annotations
@@ -40,9 +47,9 @@ class BulkGemvConfig:
     """One build: ``wn`` x ``wk`` consumer warps (over rows x over K) and a producer warp,
     ``tm`` 16-row tiles per consumer warp, ``nt`` 8-token tiles, ``stages`` shared-memory
     stages of ``wk`` chunks each, K split over ``splits`` CTAs of a cluster (0: chosen per
-    shape by ``splits_for``). The defaults are the H200 sweep's best at M <= 8
+    shape by ``splits_for``). The defaults are the best M <= 8 build of the H200 sweeps
     (``bench/results/nvfp4-sweep-bulk-h200.md``): one tile per CTA, eight warps over K, six
-    stages (one CTA per SM)."""
+    stages (one CTA per SM); wider CTAs sharing each stage's activations lost there."""
 
     wn: int = 1
     tm: int = 1
@@ -84,8 +91,9 @@ def shared_bytes(config: BulkGemvConfig) -> int:
 def splits_for(config: BulkGemvConfig, n: int, k: int, sms: int = 132) -> int:
     """The split of K for ``n`` x ``k``: the most CTAs per cluster (1..8) that keep the grid
     within one CTA per SM and give every CTA at least three stages of chunks. In the H200
-    sweep a second wave, or a CTA of two stages, cost more than the split gained (1024 x
-    8192: 5.8 us split in two, 11.8 in four)."""
+    sweep (``bench/results/nvfp4-sweep-bulk-h200.md``) a second wave cost more than the split
+    gained: at M = 1, 1024 x 8192 took 5.9 us split in two and 6.5 whole, 2048 x 8192 6.9
+    whole and 10.5 split in two."""
     blocks = -(-n // config.rows)
     chunks = k // 128
     best = 1
@@ -98,13 +106,14 @@ def splits_for(config: BulkGemvConfig, n: int, k: int, sms: int = 132) -> int:
 def config_for(m: int, n: int, k: int, sms: int = 132) -> BulkGemvConfig | None:
     """The build for ``m`` tokens and an ``n`` x ``k`` weight on a GPU of ``sms``
     multiprocessors, or ``None`` where the other kernels are faster: layers with more CTAs than
-    SMs (the bulk build runs one CTA per SM; at 3584 x 8192 and M <= 8 the per-lane GEMV's four
-    CTAs per SM hide the decode's latency as well). Above 8 tokens, layers of more tiles than
-    half the SMs take two tiles per CTA (each stage's 16 activation rows then feed twice the
-    weight; 3584 x 8192: 13.1 against 15.5 us for the Triton kernel). From the H200 sweep
-    (``bench/results/nvfp4-sweep-bulk-h200.md``): at M = 1 1024 x 8192 5.8 against 8.9 us for
-    the per-lane GEMV, 2048 x 8192 6.8 against 9.2, 1536 x 7168 6.1 against 8.3; at M = 16
-    7.8, 9.9 and 9.1 against 9.5, 11.7 and 9.7 for the Triton ``pt-16x64x256-p3``."""
+    SMs (the bulk build runs one CTA per SM; from 3584 x 8192 at M <= 8 the per-lane GEMV's
+    four CTAs per SM hide the decode's latency better). Above 8 tokens, layers of more tiles
+    than half the SMs take two tiles per CTA (each stage's 16 activation rows then feed twice
+    the weight). From the H200 sweep (``bench/results/nvfp4-sweep-bulk-h200.md``): at M = 1
+    1024 x 8192 5.9 against 9.0 us for the per-lane GEMV, 2048 x 8192 6.9 against 9.3,
+    1536 x 7168 6.1 against 8.4; at M = 16 7.9, 9.6, 8.8 and 12.9 (3584 x 8192) against 9.5,
+    11.7, 9.5 and 15.4 for the Triton ``pt-16x64x256-p3``; at 4096 x 8192 13.7 against
+    13.3, the one loss measured."""
     tiles = -(-n // 16)
     if m > MAX_M:
         return None
