@@ -274,7 +274,8 @@ CANDIDATES: tuple[KernelConfig, ...] = (
         WgmmaConfig(4, 64, 4, 1, 2), WgmmaConfig(4, 64, 4, 1, 3), WgmmaConfig(4, 64, 4, 1, 4),
         WgmmaConfig(3, 64, 4, 1), WgmmaConfig(3, 64, 4, 1, 2), WgmmaConfig(3, 64, 4, 1, 3),
         # stream K: one CTA per SM over equal ranges of (row tile, chunk) units, for grids
-        # that leave SMs idle or a partial last wave (not measured yet)
+        # that leave SMs idle or a partial last wave (within 2% of the defaults on the H200:
+        # bench/results/nvfp4-sweep-wgmma-streamk-h200.md)
         WgmmaConfig(4, 64, 4, 1, stream_k=True), WgmmaConfig(2, 128, 4, 1, stream_k=True),
         WgmmaConfig(2, 256, 3, 1, stream_k=True))),
     # The repacked word layout (``kernelbay.formats.e2m1_words``): natural K order, no
