@@ -20,14 +20,14 @@ import ctypes
 import functools
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
     from kernelbay.cuda_jit import Kernel
 
 __all__ = ["MAX_M", "GemvConfig", "broken_reason", "build_options", "config_for_m",
-           "gemv_kernel", "gemv_unsupported", "launch_gemv", "mark_broken",
+           "gemv_args", "gemv_kernel", "gemv_unsupported", "launch_gemv", "mark_broken",
            "nvfp4_gemv_cuda", "shared_bytes", "stored_rows"]
 
 #: Largest batch the kernel serves (two 8-token MMA tiles).
@@ -190,6 +190,21 @@ def nvfp4_gemv_cuda(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     return launch_gemv(x2, words, codes, global_scale, bias, config)
 
 
+def gemv_args(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
+              scale: torch.Tensor, bias: torch.Tensor | None,
+              out: torch.Tensor) -> list[ctypes._SimpleCData[Any]]:
+    """The parameters both GEMV kernels take, in order: activations and their row stride,
+    words, codes, the fp32 global scale, the bf16 bias or null, the output and its row
+    stride, M, N, K."""
+    m, k = x2.shape
+    return [ctypes.c_void_p(x2.data_ptr()), ctypes.c_longlong(x2.stride(0)),
+            ctypes.c_void_p(words.data_ptr()), ctypes.c_void_p(codes.data_ptr()),
+            ctypes.c_void_p(scale.data_ptr()),
+            ctypes.c_void_p(bias.data_ptr() if bias is not None else 0),
+            ctypes.c_void_p(out.data_ptr()), ctypes.c_longlong(out.stride(0)),
+            ctypes.c_int(m), ctypes.c_int(out.shape[1]), ctypes.c_int(k)]
+
+
 def launch_gemv(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
                 global_scale: torch.Tensor, bias: torch.Tensor | None,
                 config: GemvConfig) -> torch.Tensor:
@@ -197,7 +212,7 @@ def launch_gemv(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     method's hot path checks once per call, not once per launch)."""
     import torch
 
-    m, k = x2.shape
+    m = x2.shape[0]
     n = stored_rows(words, config.tiled)
     out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     if m == 0 or n == 0:
@@ -212,12 +227,7 @@ def launch_gemv(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     kernel = gemv_kernel(config, device)
     tiles = -(-n // 16)
     grid = (-(-tiles // (config.tm * config.wn)), 1, 1)
-    args = [ctypes.c_void_p(x2.data_ptr()), ctypes.c_longlong(x2.stride(0)),
-            ctypes.c_void_p(words.data_ptr()), ctypes.c_void_p(codes.data_ptr()),
-            ctypes.c_void_p(scale.data_ptr()),
-            ctypes.c_void_p(bias.data_ptr() if bias is not None else 0),
-            ctypes.c_void_p(out.data_ptr()), ctypes.c_longlong(out.stride(0)),
-            ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k)]
+    args = gemv_args(x2, words, codes, scale, bias, out)
     kernel.launch(grid, (32 * config.wk * config.wn, 1, 1), args,
                   torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config))
     return out

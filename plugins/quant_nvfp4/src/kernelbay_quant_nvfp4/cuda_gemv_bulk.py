@@ -20,12 +20,11 @@ better than one bulk CTA per SM does.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from kernelbay_quant_nvfp4.cuda_gemv import cuda_source
+from kernelbay_quant_nvfp4.cuda_gemv import cuda_source, gemv_args
 
 if TYPE_CHECKING:
     import torch
@@ -215,12 +214,7 @@ def launch_bulk(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     device = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
     kernel = bulk_kernel(config, device)
     grid = (-(-n // config.rows), config.splits, 1)
-    args = [ctypes.c_void_p(x2.data_ptr()), ctypes.c_longlong(x2.stride(0)),
-            ctypes.c_void_p(words.data_ptr()), ctypes.c_void_p(codes.data_ptr()),
-            ctypes.c_void_p(scale.data_ptr()),
-            ctypes.c_void_p(bias.data_ptr() if bias is not None else 0),
-            ctypes.c_void_p(out.data_ptr()), ctypes.c_longlong(out.stride(0)),
-            ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k)]
-    kernel.launch(grid, ((config.wn * config.wk + 1) * 32, 1, 1), args,
+    kernel.launch(grid, ((config.wn * config.wk + 1) * 32, 1, 1),
+                  gemv_args(x2, words, codes, scale, bias, out),
                   torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config))
     return out

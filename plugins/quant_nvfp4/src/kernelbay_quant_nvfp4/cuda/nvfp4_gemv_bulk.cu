@@ -24,7 +24,8 @@
 // consumer warp, after its lanes hold the stage in registers.
 
 #include "kernelbay/ptx.cuh"  // u32, bulk copies, mbarriers, shared loads
-// scaled, lanes_of and multiplier: nvfp4_lanes.cuh, which the host puts in front of this text.
+// chunk_mma (decode and mma.sync of one tile chunk) and its helpers: nvfp4_lanes.cuh, which the
+// host puts in front of this text.
 typedef unsigned short u16;
 
 #ifndef WN
@@ -59,17 +60,6 @@ typedef unsigned short u16;
 // read at one offset fall in different banks.
 #define X_ROW (WK * 256 + 16)
 #define STAGE_BYTES (W_BYTES + C_BYTES + COLS * X_ROW)
-
-__device__ __forceinline__ void mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ u32 pick(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
 
 #if KS > 1
 __device__ __forceinline__ void cluster_sync() {
@@ -202,29 +192,7 @@ nvfp4_gemv_bulk(const u16* __restrict__ x, long long stride_xm, const u32* __res
       if (lane == 0) mbar_arrive(empty + 8 * s);
       if (mine) {
 #pragma unroll
-        for (int t = 0; t < TM; ++t) {
-          u32 mult[2][2];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            mult[h][0] = multiplier(code[t][h]);
-            mult[h][1] = multiplier(code[t][h] >> 8);
-          }
-#pragma unroll
-          for (int cw = 0; cw < 4; ++cw) {
-            const u32 u0 = pick(w[t][0], cw);
-            const u32 u1 = pick(w[t][1], cw);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const u32 a0 = scaled(lanes_of(u0, 2 * h), mult[0][h]);
-              const u32 a2 = scaled(lanes_of(u0, 2 * h + 1), mult[0][h]);
-              const u32 a1 = scaled(lanes_of(u1, 2 * h), mult[1][h]);
-              const u32 a3 = scaled(lanes_of(u1, 2 * h + 1), mult[1][h]);
-#pragma unroll
-              for (int n = 0; n < NT; ++n)
-                mma(acc[t][n], a0, a1, a2, a3, pick(xv[n][2 * h], cw), pick(xv[n][2 * h + 1], cw));
-            }
-          }
-        }
+        for (int t = 0; t < TM; ++t) chunk_mma<NT>(acc[t], w[t], code[t], xv);
       }
     }
   }

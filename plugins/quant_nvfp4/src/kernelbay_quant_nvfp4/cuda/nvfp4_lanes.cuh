@@ -1,5 +1,6 @@
-// NVFP4 fragment-word decode shared by the CUDA kernels of this plugin (the host puts this text
-// in front of each kernel's source before NVRTC compiles it: cuda_gemv._source).
+// NVFP4 fragment-word decode (and the GEMVs' product of one tile chunk) shared by the CUDA
+// kernels of this plugin (the host puts this text in front of each kernel's source before NVRTC
+// compiles it: cuda_gemv.cuda_source).
 //
 // A fragment-order word (linear_triton.layout_tensors) holds eight E2M1 codes; register r
 // (0..3) of the word is elements 2r and 2r + 1 of its order as two bf16 lanes reading
@@ -30,4 +31,50 @@ __device__ __forceinline__ u32 lanes_of(u32 u, int r) {
 // The bf16 multiplier pair of a scale code (its low byte).
 __device__ __forceinline__ u32 multiplier(u32 code) {
   return (code & 0xFFu) * 0x100010u + 0x76007600u;
+}
+
+// One mma.sync m16n8k16 with bf16 operands, accumulating in d (fp32).
+__device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                         u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 pick(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// One 16-row tile's 128-element chunk times TOKEN_TILES 8-token tiles, as the GEMVs' lane of group
+// c = lane % 4 holds them: w[h] the words of its row g + 8h, code[h] that row's two scale codes
+// (low bytes), xv[n][q] the four 16-byte pieces of token g + 8n's 32-element group. Step
+// s = 2c' + h feeds register pair (2h, 2h + 1) of word c' as fragment registers (a0, a2), the
+// matching activation pairs as (b0, b1) (the K order inside the chunk is permuted identically
+// for both: a dot product does not care).
+template <int TOKEN_TILES>
+__device__ __forceinline__ void chunk_mma(float (&acc)[TOKEN_TILES][4], const uint4 (&w)[2],
+                                          const u32 (&code)[2],
+                                          const uint4 (&xv)[TOKEN_TILES][4]) {
+  u32 mult[2][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mult[h][0] = multiplier(code[h]);
+    mult[h][1] = multiplier(code[h] >> 8);
+  }
+#pragma unroll
+  for (int cw = 0; cw < 4; ++cw) {
+    const u32 u0 = pick(w[0], cw);
+    const u32 u1 = pick(w[1], cw);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const u32 a0 = scaled(lanes_of(u0, 2 * h), mult[0][h]);
+      const u32 a2 = scaled(lanes_of(u0, 2 * h + 1), mult[0][h]);
+      const u32 a1 = scaled(lanes_of(u1, 2 * h), mult[1][h]);
+      const u32 a3 = scaled(lanes_of(u1, 2 * h + 1), mult[1][h]);
+#pragma unroll
+      for (int n = 0; n < TOKEN_TILES; ++n)
+        mma16816(acc[n], a0, a1, a2, a3, pick(xv[n][2 * h], cw), pick(xv[n][2 * h + 1], cw));
+    }
+  }
 }
