@@ -96,6 +96,13 @@ def _sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
+@functools.cache
+def _cc_major(index: int) -> int:
+    import torch
+
+    return int(torch.cuda.get_device_capability(index)[0])
+
+
 def layout_tensors(packed: torch.Tensor, scales: torch.Tensor, layout: str
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """The checkpoint's weight (uint8 [..., N, K/2]) and E4M3 block scales [..., N, K/16] in
@@ -388,7 +395,6 @@ def _run_bulk(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     fitted to M), else the build its rule picks (at most one 16-row tile per SM); ``None``
     where it does not run, or did not build (then it is off on the device and the per-lane
     GEMV serves the layer)."""
-    import torch
     from kernelbay.cuda_jit import CudaJitError
 
     from kernelbay_quant_nvfp4 import cuda_gemv_bulk as bulk
@@ -396,7 +402,7 @@ def _run_bulk(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     if not x2.is_cuda:
         return None
     device = _device_index(x2)
-    if torch.cuda.get_device_capability(device)[0] < 9 or bulk.broken_reason(device):
+    if _cc_major(device) < 9 or bulk.broken_reason(device):
         return None
     if build is not None:
         build = bulk.fit_tokens(build, x2.shape[0])
