@@ -327,6 +327,7 @@ def launch_wgmma(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     chunks = k // 128
     token_tiles = -(-m // config.ntok)
     row_tiles = -(-n // (64 * config.wg))
+    part: torch.Tensor | None
     if config.stream_k:
         sms = torch.cuda.get_device_properties(x2.device).multi_processor_count
         ctas, per_split = stream_plan(row_tiles, chunks, max(1, sms // token_tiles))
@@ -352,7 +353,7 @@ def launch_wgmma(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
             ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(per_split)]
     kernel.launch(grid, (128 * config.wg, 1, 1), args,
                   torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config))
-    if config.stream_k:
+    if config.stream_k and part is not None:   # stream K always writes partials
         from kernelbay_quant_nvfp4.triton_kernels import sum_stream_segments
 
         sum_stream_segments(part, bias, out, chunks)
