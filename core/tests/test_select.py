@@ -92,6 +92,25 @@ def test_rejection_falls_back_with_one_warning(caplog: pytest.LogCaptureFixture)
     assert on_gpu.name == "gpu-only"
 
 
+def test_dense_method_is_not_applicable_to_routed_experts(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A linear method that is not a ``MoEMethod`` never takes a routed-expert request, even
+    when its ``can_implement`` accepts everything: the trace says why, no fallback warning is
+    logged, and the experts go to a ``MoEMethod``; dense requests still go to it."""
+    from kernelbay.layers.moe import MOE_EXPERTS_ROLE
+
+    registry = registry_with(linear("accepts-all", 90))
+    experts = LinearRequest(128, 256, role=MOE_EXPERTS_ROLE, num_experts=8)
+    with caplog.at_level(logging.WARNING, logger="kernelbay.select"):
+        selection = select(BackendKind.LINEAR, experts, CPU, registry=registry)
+    assert selection.name == "torch-moe"
+    line = next(t for t in selection.trace if t.backend == "accepts-all")
+    assert line.status is CandidateStatus.REJECTED and not line.applicable
+    assert "not a MoEMethod" in line.reason and "8 routed experts" in line.reason
+    assert not [r for r in caplog.records if "accepts-all" in r.getMessage()]
+    assert select(BackendKind.LINEAR, REQ, CPU, registry=registry).name == "accepts-all"
+
+
 def test_decisions_are_cached_per_request_device_and_policy() -> None:
     registry = registry_with(linear("x", 1))
     a = select(BackendKind.LINEAR, REQ, CPU, registry=registry)

@@ -22,6 +22,7 @@ from kernelbay.layers import (
     CheckpointFormat,
     Collective,
     LinearMethod,
+    MoEMethod,
     Proposer,
 )
 from kernelbay.plugins import Candidate, PluginStatus, Registry, get_registry
@@ -79,7 +80,15 @@ class Selection(Generic[BackendT]):
 def ask(backend: type[Backend[Any]], request: object, device: DeviceCapability,
         strict: bool = False) -> Verdict:
     """A candidate's verdict. A probe that raises (or returns a non-Verdict) becomes a
-    rejection quoting the exception; under ``strict`` it is re-raised as ``PluginError``."""
+    rejection quoting the exception; under ``strict`` it is re-raised as ``PluginError``.
+    A routed-expert request (``LinearRequest.num_experts``) is not applicable to a linear
+    method that is not a ``MoEMethod``, whatever its ``can_implement`` says: only a
+    ``MoEMethod`` can run the experts, so a plugin written for dense layers never takes
+    them."""
+    if isinstance(request, LinearRequest) and request.num_experts \
+            and not issubclass(backend, MoEMethod):
+        return Verdict.handles(False, f"serves dense layers (not a MoEMethod), the request is "
+                                      f"{request.num_experts} routed experts")
     try:
         verdict = backend.can_implement(request, device)
         if not isinstance(verdict, Verdict):
