@@ -80,15 +80,7 @@ class Selection(Generic[BackendT]):
 def ask(backend: type[Backend[Any]], request: object, device: DeviceCapability,
         strict: bool = False) -> Verdict:
     """A candidate's verdict. A probe that raises (or returns a non-Verdict) becomes a
-    rejection quoting the exception; under ``strict`` it is re-raised as ``PluginError``.
-    A routed-expert request (``LinearRequest.num_experts``) is not applicable to a linear
-    method that is not a ``MoEMethod``, whatever its ``can_implement`` says: only a
-    ``MoEMethod`` can run the experts, so a plugin written for dense layers never takes
-    them."""
-    if isinstance(request, LinearRequest) and request.num_experts \
-            and not issubclass(backend, MoEMethod):
-        return Verdict.handles(False, f"serves dense layers (not a MoEMethod), the request is "
-                                      f"{request.num_experts} routed experts")
+    rejection quoting the exception; under ``strict`` it is re-raised as ``PluginError``."""
     try:
         verdict = backend.can_implement(request, device)
         if not isinstance(verdict, Verdict):
@@ -100,6 +92,18 @@ def ask(backend: type[Backend[Any]], request: object, device: DeviceCapability,
                               f"{type(exc).__name__}: {exc}") from exc
         return Verdict.reject(f"can_implement raised {type(exc).__name__}: {exc}")
     return verdict
+
+
+def _not_applicable(backend: type[Backend[Any]], request: object) -> Verdict | None:
+    """What selection decides before asking a candidate: a routed-expert request
+    (``LinearRequest.num_experts``) is not applicable to a linear method that is not a
+    ``MoEMethod``, whatever its ``can_implement`` says (only a ``MoEMethod`` can run the
+    experts, so a plugin written for dense layers never takes them)."""
+    if isinstance(request, LinearRequest) and request.num_experts \
+            and not issubclass(backend, MoEMethod):
+        return Verdict.handles(False, f"serves dense layers (not a MoEMethod), the request is "
+                                      f"{request.num_experts} routed experts")
+    return None
 
 
 def _blocked_by(candidate: Candidate, policy: Policy) -> str | None:
@@ -185,7 +189,9 @@ def _decide(kind: BackendKind, request: Any, device: DeviceCapability, policy: P
             lines.append(TraceLine(cls.name, candidate.plugin, CandidateStatus.BLOCKED,
                                    blocked, cls.priority))
             continue
-        verdict = ask(cls, request, device, policy.strict)
+        verdict = _not_applicable(cls, request)
+        if verdict is None:
+            verdict = ask(cls, request, device, policy.strict)
         is_chosen = verdict.accepted and chosen is None
         if is_chosen:
             chosen = (candidate, verdict)
