@@ -137,9 +137,8 @@ class ModelBuilder:
                                 self.tp.rank, tp, num_experts)
         cls = self._select(BackendKind.LINEAR, f"{prefix}.experts", request, TorchMoE)
         method = cls(request)
-        if not isinstance(method, MoEMethod):
-            raise ConfigError(f"{prefix}.experts: the selected linear method {cls.name!r} "
-                              f"accepted a routed-expert request but is not a MoEMethod")
+        # selection offers routed experts to MoEMethods only (select._not_applicable)
+        assert isinstance(method, MoEMethod), cls.name
         return method
 
     def moe(self, prefix: str, hidden: int, intermediate: int, num_experts: int) -> Linear:

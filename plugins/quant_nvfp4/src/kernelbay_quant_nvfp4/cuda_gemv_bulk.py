@@ -56,7 +56,6 @@ class BulkGemvConfig:
     nt: int = 1
     stages: int = 6
     splits: int = 0
-    min_blocks: int = 1
 
     @property
     def name(self) -> str:
@@ -73,6 +72,11 @@ class BulkGemvConfig:
     def with_splits(self, splits: int) -> BulkGemvConfig:
         """The same build with K split over ``splits`` CTAs."""
         return replace(self, splits=splits)
+
+    def resolved(self, n: int, k: int, sms: int) -> BulkGemvConfig:
+        """The build with its split of K chosen for ``n`` x ``k`` (``splits_for``) when it
+        leaves that to the shape (``splits`` 0)."""
+        return self if self.splits else self.with_splits(splits_for(self, n, k, sms))
 
 
 def stage_bytes(config: BulkGemvConfig) -> int:
@@ -122,7 +126,7 @@ def config_for(m: int, n: int, k: int, sms: int = 132) -> BulkGemvConfig | None:
         config = BulkGemvConfig(tm=2 if tiles > sms // 2 else 1, nt=2, stages=4)
     if -(-tiles // config.tm) > sms:
         return None
-    return config.with_splits(splits_for(config, n, k, sms))
+    return config.resolved(n, k, sms)
 
 
 def fit_tokens(config: BulkGemvConfig, m: int) -> BulkGemvConfig:
@@ -142,8 +146,7 @@ def _source() -> str:
 def build_options(config: BulkGemvConfig) -> list[str]:
     """The NVRTC options (macros) of a build; ``splits`` must be resolved (>= 1)."""
     return [f"-DWN={config.wn}", f"-DTM={config.tm}", f"-DWK={config.wk}", f"-DNT={config.nt}",
-            f"-DSTAGES={config.stages}", f"-DKS={config.splits}",
-            f"-DMIN_BLOCKS={config.min_blocks}"]
+            f"-DSTAGES={config.stages}", f"-DKS={config.splits}"]
 
 
 @functools.cache
@@ -203,8 +206,7 @@ def launch_bulk(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     if m > 8 * config.nt:
         raise ValueError(f"nvfp4 bulk GEMV: config {config.name} serves M <= {8 * config.nt}, "
                          f"got M = {m}")
-    if config.splits == 0:
-        config = config.with_splits(splits_for(config, n, k, sms))
+    config = config.resolved(n, k, sms)
     if k // 128 < config.splits:
         raise ValueError(f"nvfp4 bulk GEMV: K = {k} has fewer 128-element chunks than "
                          f"splits = {config.splits}")

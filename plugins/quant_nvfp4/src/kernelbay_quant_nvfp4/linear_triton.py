@@ -405,10 +405,8 @@ def _run_bulk(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     if _cc_major(device) < 9 or bulk.broken_reason(device):
         return None
     if build is not None:
-        build = bulk.fit_tokens(build, x2.shape[0])
-        if build.splits == 0:
-            build = build.with_splits(bulk.splits_for(build, stored_rows(words, True),
-                                                      x2.shape[1], sms))
+        build = bulk.fit_tokens(build, x2.shape[0]).resolved(stored_rows(words, True),
+                                                             x2.shape[1], sms)
     else:
         build = bulk.config_for(x2.shape[0], stored_rows(words, True), x2.shape[1], sms)
     if build is None:
@@ -446,12 +444,12 @@ def kernel_plan(request: LinearRequest, device: DeviceCapability,
             why = cuda_why_not(device.platform == "cuda" and device.cc_at_least(8, 0),
                                f"not on {device.platform} {device.arch}")
             fallback = CUDA_FALLBACK[layout_of(config)].name
-            text = (f"CUDA GEMV ({config.name}, NVRTC)" if not why
+            # cuda_gemv_bulk.config_for: at most one 16-row tile per SM
+            bulk = (f"; the bulk-copy build on GPUs of at least "
+                    f"{-(-request.out_features // 16)} SMs"
+                    if config.gemv is None and device.cc_at_least(9, 0) else "")
+            text = (f"CUDA GEMV ({config.name}, NVRTC{bulk})" if not why
                     else f"{fallback} (the CUDA GEMV: {why})")
-            if not why and config.gemv is None and device.cc_at_least(9, 0):
-                # cuda_gemv_bulk.config_for: one 16-row tile per SM at most
-                text = text[:-1] + (f"; the bulk-copy build on GPUs of at least "
-                                    f"{-(-request.out_features // 16)} SMs)")
         elif config.path == "cuda-bulk":
             why = cuda_why_not(device.platform == "cuda" and device.cc_at_least(9, 0),
                                f"needs compute capability >= 9.0, not {device.platform} "

@@ -211,17 +211,7 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
   float* partial = reinterpret_cast<float*>(smem);
   const int cols = NT * 8;
   const int rows = WN * TM * 16;
-#pragma unroll
-  for (int t = 0; t < TM; ++t) {
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      float* p = partial + (wk * rows + (wn * TM + t) * 16 + g) * cols + n * 8 + 2 * c;
-      p[0] = acc[t][n][0];
-      p[1] = acc[t][n][1];
-      p[8 * cols] = acc[t][n][2];
-      p[8 * cols + 1] = acc[t][n][3];
-    }
-  }
+  store_partials<TM, NT>(partial + wk * rows * cols, acc, wn * TM * 16, lane);
   __syncthreads();
   const float factor = global_scale[0] * 256.f;
   const int row0 = blockIdx.x * rows;

@@ -2,7 +2,7 @@
 // weight streamed by bulk copies (TMA) through a ring of shared-memory stages.
 //
 // Compiled at run time by NVRTC (cuda_jit.py, cuda_gemv_bulk.build_options) with WN, TM, WK,
-// NT, STAGES, KS and MIN_BLOCKS defined by the host. It reads the "tiles" layout of
+// NT, STAGES and KS defined by the host. It reads the "tiles" layout of
 // linear_triton.layout_tensors ([N/16, K/128, 256] fragment-order words and [N/16, K/128, 128]
 // scale codes: each 16-row tile's 128-element chunks contiguous) and decodes exactly as
 // nvfp4_gemv.cu does (nvfp4_lanes.cuh; the same K permutation inside a chunk for weight and
@@ -46,9 +46,6 @@ typedef unsigned short u16;
 #ifndef KS
 #define KS 1
 #endif
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 1
-#endif
 
 #define CONSUMERS (WN * WK)
 #define TILES (WN * TM)                  // 16-row tiles per CTA
@@ -87,7 +84,7 @@ extern "C" __global__ void
 #if KS > 1
 __cluster_dims__(1, KS, 1)
 #endif
-__launch_bounds__((CONSUMERS + 1) * 32, MIN_BLOCKS)
+__launch_bounds__((CONSUMERS + 1) * 32, 1)
 nvfp4_gemv_bulk(const u16* __restrict__ x, long long stride_xm, const u32* __restrict__ words,
                 const unsigned char* __restrict__ codes, const float* __restrict__ global_scale,
                 const u16* __restrict__ bias, u16* __restrict__ out, long long stride_om,
@@ -201,18 +198,8 @@ nvfp4_gemv_bulk(const u16* __restrict__ x, long long stride_xm, const u32* __res
 
   // The consumers' partial sums [WK][ROWS][COLS], then their sum in wk order into slab 0.
   float* partial = reinterpret_cast<float*>(smem);
-  if (warp < CONSUMERS) {
-#pragma unroll
-    for (int t = 0; t < TM; ++t)
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        float* p = partial + (wk * ROWS + (wn * TM + t) * 16 + g) * COLS + n * 8 + 2 * c;
-        p[0] = acc[t][n][0];
-        p[1] = acc[t][n][1];
-        p[8 * COLS] = acc[t][n][2];
-        p[8 * COLS + 1] = acc[t][n][3];
-      }
-  }
+  if (warp < CONSUMERS)
+    store_partials<TM, NT>(partial + wk * ROWS * COLS, acc, wn * TM * 16, lane);
   __syncthreads();
   const int threads = (CONSUMERS + 1) * 32;
 #if WK > 1

@@ -78,3 +78,25 @@ __device__ __forceinline__ void chunk_mma(float (&acc)[TOKEN_TILES][4], const ui
     }
   }
 }
+
+// A warp's accumulators (TILES 16-row tiles x TOKEN_TILES 8-token tiles, the mma.sync C layout)
+// into its slab of partial sums [rows][TOKEN_TILES * 8]: tile t's rows start at first_row + 16t.
+template <int TILES, int TOKEN_TILES>
+__device__ __forceinline__ void store_partials(float* slab,
+                                               const float (&acc)[TILES][TOKEN_TILES][4],
+                                               int first_row, int lane) {
+  const int cols = TOKEN_TILES * 8;
+  const int g = lane >> 2;
+  const int c = lane & 3;
+#pragma unroll
+  for (int t = 0; t < TILES; ++t) {
+#pragma unroll
+    for (int n = 0; n < TOKEN_TILES; ++n) {
+      float* p = slab + (first_row + t * 16 + g) * cols + n * 8 + 2 * c;
+      p[0] = acc[t][n][0];
+      p[1] = acc[t][n][1];
+      p[8 * cols] = acc[t][n][2];
+      p[8 * cols + 1] = acc[t][n][3];
+    }
+  }
+}
