@@ -62,15 +62,17 @@ TUNE_CONFIGS: tuple[dict, ...] = (
     {"block_n": 32, "num_warps": 8, "chunked": True},
     {"block_n": 16, "num_warps": 4, "chunked": True},
 )
-#: CUDA builds (MXFP8 records) the sweep times: tiles in flight x CTAs per SM compiled for.
+#: CUDA builds (MXFP8 records) the sweep times: tiles in flight x CTAs per SM compiled for,
+#: query slices in shared memory, keys per tile, bulk copies, lazy max.
 CUDA_TUNE: tuple[dict, ...] = tuple(
     {"kernel": "cuda", "cuda_build": {"stages": s, "min_blocks": b, "query_in_shared": q,
-                                      "tile": t, "bulk_copy": k}}
-    for s, b, q, t, k in ((3, 4, True, 16, False), (3, 3, False, 16, False),
-                          (3, 4, True, 16, True), (2, 4, True, 16, True),
-                          (2, 3, False, 16, True), (3, 3, False, 16, True),
-                          (4, 3, False, 16, True), (3, 2, False, 32, True),
-                          (2, 3, True, 32, True)))
+                                      "tile": t, "bulk_copy": k, "lazy_max": z}}
+    for s, b, q, t, k, z in ((3, 4, True, 16, False, True), (3, 3, False, 16, False, True),
+                             (3, 4, True, 16, True, True), (2, 4, True, 16, True, True),
+                             (2, 3, False, 16, True, True), (3, 3, False, 16, True, True),
+                             (3, 3, False, 16, True, False), (4, 3, False, 16, True, True),
+                             (3, 2, False, 32, True, True), (2, 3, True, 32, True, True),
+                             (2, 3, True, 32, True, False), (3, 3, True, 32, True, True)))
 #: Split counts the sweep times at the default launch configuration (beside the kernel's
 #: choice), to check the split model (``triton_mla.split_cost``) against the clock.
 TUNE_SPLITS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 33)
@@ -362,7 +364,8 @@ def _kernel_text(cfg: dict) -> str:
         build = asdict(build_for(RECORDS["mxfp8"], **call_build(PAGE, cfg.get("cuda_build"))))
         used += (f" s{build['stages']} b{build['min_blocks']}"
                  f"{' qs' if build['query_in_shared'] else ''} t{build['tile']}"
-                 f"{' ss' if build['split_sum'] else ''}{' tma' if build['bulk_copy'] else ''}")
+                 f"{' ss' if build['split_sum'] else ''}{' tma' if build['bulk_copy'] else ''}"
+                 f"{' lazy' if build['lazy_max'] else ''}")
     return used
 
 

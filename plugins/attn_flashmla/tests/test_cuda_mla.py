@@ -38,6 +38,7 @@ def test_source_compiles_without_local_memory(arch: str, tmp_path: Any,
     for record in (MXFP8, record_for_dims("mxfp8", 480, 32)):
         for build in (cuda_mla.build_for(record), cuda_mla.build_for(record, stages=4, min_blocks=2),
                       cuda_mla.build_for(record, split_sum=False),
+                      cuda_mla.build_for(record, lazy_max=False),
                       cuda_mla.build_for(record, **cuda_mla.preferred_build(64))):
             cubin = compile_cubin(cuda_mla._source(), "mla_decode_mx", arch,
                                   cuda_mla.build_options(build))
@@ -59,12 +60,15 @@ def test_calls_get_the_build_they_name_or_the_preferred_one() -> None:
     assert cuda_mla.call_build(64, None) == cuda_mla.preferred_build(64)
     assert cuda_mla.preferred_build(64)["tile"] == 32 and cuda_mla.call_build(16, {}) == {}
     # a partial choice is taken over build_for's (16-key) defaults, never mixed with the
-    # preference; bulk copies follow the two-phase sum unless named
+    # preference; bulk copies and the lazy max follow the two-phase sum unless named
     assert cuda_mla.call_build(64, {"stages": 4}) == {"stages": 4}
+    assert cuda_mla.build_for(MXFP8).lazy_max and cuda_mla.build_for(MXFP8).bulk_copy
     build = cuda_mla.build_for(MXFP8, **cuda_mla.call_build(64, {"split_sum": False}))
-    assert build.tile == 16 and not build.bulk_copy
-    with pytest.raises(ValueError, match="bulk_copy only with split_sum"):
+    assert build.tile == 16 and not build.bulk_copy and not build.lazy_max
+    with pytest.raises(ValueError, match="bulk_copy and lazy_max only with split_sum"):
         cuda_mla.build_for(MXFP8, split_sum=False, bulk_copy=True)
+    with pytest.raises(ValueError, match=r"lazy_max=True, split_sum=False"):
+        cuda_mla.build_for(MXFP8, split_sum=False, bulk_copy=False, lazy_max=True)
     with pytest.raises(ValueError, match=r"options \['stage'\]; valid: \['stages'"):
         cuda_mla.build_for(MXFP8, stage=2)
 
@@ -164,11 +168,14 @@ def test_an_unaligned_cache_or_record_is_refused() -> None:
 
 #: The build mla_decode prefers for the page size (32-key tiles on pages of 32 keys or more,
 #: else 16), the 16-key build, the one-phase score sum (per-thread copies), the query in
-#: shared memory with four CTAs per SM, and 32-key tiles by per-thread copies.
+#: shared memory with four CTAs per SM, 32-key tiles by per-thread copies, and every warp
+#: running the whole softmax (no lazy max) with 32- and 16-key tiles.
 BUILDS: dict[str, dict[str, Any]] = {
     "default": {}, "tile16": {"tile": 16}, "one-phase-sum": {"split_sum": False},
     "query-in-shared": {"min_blocks": 4, "query_in_shared": True},
-    "thread-copies-32": {**cuda_mla.preferred_build(64), "bulk_copy": False}}
+    "thread-copies-32": {**cuda_mla.preferred_build(64), "bulk_copy": False},
+    "eager-max": {**cuda_mla.preferred_build(64), "lazy_max": False},
+    "eager-max-16": {"tile": 16, "lazy_max": False}}
 
 
 def _compare(case: Any, *, splits: int | None, window: int | None = None,
@@ -252,7 +259,9 @@ def test_single_key_attention_decodes_every_code_exactly_on_gpu() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("build", "page"), [("default", 16), ("default", 32),
-                                             ("tile16", 32), ("thread-copies-32", 32)])
+                                             ("tile16", 32), ("thread-copies-32", 32),
+                                             ("default", 64), ("eager-max", 64),
+                                             ("eager-max-16", 32)])
 def test_full_tiles_decode_every_code_exactly_on_gpu(build: str, page: int) -> None:
     # A page of copies of one record per sequence (whole tiles, no masked key: the copies'
     # and the decode's main path) with typical scale bytes and, in half of the sequences,
@@ -288,7 +297,8 @@ def test_full_tiles_decode_every_code_exactly_on_gpu(build: str, page: int) -> N
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("build", ["default", "tile16", "thread-copies-32", "triton"])
+@pytest.mark.parametrize("build", ["default", "tile16", "thread-copies-32", "eager-max",
+                                   "eager-max-16", "triton"])
 def test_queries_of_extreme_magnitude_on_gpu(build: str) -> None:
     # Heads of 2^30 and 2^-30 beside ordinary ones and a zero head: scores near 2^36 check
     # that the largest probability is exactly 1 (exp2 of a fused s * c - max exceeded it
@@ -303,3 +313,36 @@ def test_queries_of_extreme_magnitude_on_gpu(build: str) -> None:
         _compare(dataclasses.replace(case, query=query), splits=None,
                  build="default" if build == "triton" else build,
                  kernel="triton" if build == "triton" else "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("build", ["default", "tile16", "eager-max"])
+def test_scores_rising_in_steps_on_gpu(build: str) -> None:
+    # Keys along one direction, their length stepping up every 256 positions: the scores of
+    # heads with a positive query rise by about 15 (log2 units) at each step and stay flat in
+    # between, those of negative heads fall. The lazy max then runs both of its paths in one
+    # sequence: the full softmax (and the rescale) on the tiles that raise the max by more than
+    # its slack, the shared probabilities on the others; splits cut the sequence anywhere.
+    from kernelbay_attn_flashmla.triton_mla import mla_write
+
+    gen = torch.Generator().manual_seed(26)
+    page, length, heads = 64, 2048, 16
+    direction = torch.randn(512, generator=gen)
+    steps = 1.0 + 4.0 * (torch.arange(length) // 256).float()
+    latent = (direction * steps[:, None] + 0.1 * torch.randn(length, 512, generator=gen))
+    pages = length // page + 2
+    order = torch.randperm(pages, generator=gen)[:length // page]
+    cache = torch.zeros(pages, MXFP8.page_bytes(page), dtype=torch.uint8, device="cuda")
+    pos = torch.arange(length)
+    slots = order[pos // page].long() * page + pos % page
+    mla_write(cache, MXFP8, page, latent.to("cuda", torch.bfloat16), slots.cuda())
+    alpha = torch.linspace(-0.07, 0.07, heads)
+    query = (alpha[:, None] * direction[None, :]).view(1, heads, 512)
+    meta = AttentionMetadata(torch.tensor([0, 1], dtype=torch.int32).cuda(),
+                             torch.tensor([length], dtype=torch.int32).cuda(),
+                             order.view(1, -1).int().cuda(), torch.zeros(1).cuda())
+    case = _case(MXFP8, [1], [1], heads, page, seed=1, device="cuda")
+    case = dataclasses.replace(case, cache=cache, meta=meta, page=page, lengths=[length],
+                               query=query.to("cuda", torch.bfloat16))
+    for splits in (None, 1, 3):
+        _compare(case, splits=splits, build=build)

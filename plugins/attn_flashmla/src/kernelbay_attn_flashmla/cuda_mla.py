@@ -53,6 +53,7 @@ class DecodeBuild:
     tile: int = TILE
     split_sum: bool = True
     bulk_copy: bool = True
+    lazy_max: bool = True
 
 
 def build_for(record: MLARecord, **options: Any) -> DecodeBuild:
@@ -65,10 +66,14 @@ def build_for(record: MLARecord, **options: Any) -> DecodeBuild:
     copied by one bulk (TMA) copy completing on an mbarrier (``bulk_copy``, sm_90, needs
     ``split_sum``, which it follows when not given; older GPUs take the other path) instead
     of 16-byte copies by every thread (whose requests load the SM's L1 pipeline, the
-    kernel's bottleneck)."""
+    kernel's bottleneck), and each warp exponentiating the score totals it sums against the
+    running max (``lazy_max``, needs ``split_sum`` and follows it when not given: the softmax
+    once per CTA instead of once per warp, except on a tile that raises the max by more than
+    2^8; 7-8% faster on the H200, ``bench/results/mla_decode-h200.md``)."""
     options = dict(options)
-    if options.get("bulk_copy") is None:
-        options["bulk_copy"] = options.get("split_sum", DecodeBuild.split_sum)
+    for follower in ("bulk_copy", "lazy_max"):
+        if options.get(follower) is None:
+            options[follower] = options.get("split_sum", DecodeBuild.split_sum)
     launch = [f.name for f in fields(DecodeBuild)][3:]  # after the record's geometry
     if set(options) - set(launch):
         raise ValueError(f"CUDA MLA decode build: options {sorted(set(options) - set(launch))}; "
@@ -76,12 +81,12 @@ def build_for(record: MLARecord, **options: Any) -> DecodeBuild:
     build = DecodeBuild(record.kv_lora_rank, record.bytes_per_token,
                         record.field("scales").offset, **options)
     if build.stages < 2 or not 1 <= build.min_blocks <= 4 or build.tile not in (16, 32) or (
-            build.bulk_copy and not build.split_sum):
+            (build.bulk_copy or build.lazy_max) and not build.split_sum):
         raise ValueError(f"CUDA MLA decode build: stages={build.stages}, "
                          f"min_blocks={build.min_blocks}, tile={build.tile}, "
-                         f"bulk_copy={build.bulk_copy}, split_sum={build.split_sum}; valid: "
-                         f"stages >= 2, min_blocks in 1..4, tile 16 or 32, bulk_copy only with "
-                         f"split_sum")
+                         f"bulk_copy={build.bulk_copy}, lazy_max={build.lazy_max}, "
+                         f"split_sum={build.split_sum}; valid: stages >= 2, min_blocks in 1..4, "
+                         f"tile 16 or 32, bulk_copy and lazy_max only with split_sum")
     return build
 
 
@@ -107,19 +112,22 @@ def build_options(build: DecodeBuild) -> list[str]:
             f"-DSCALE_OFF={build.scale_offset}", f"-DSTAGES={build.stages}",
             f"-DMIN_BLOCKS={build.min_blocks}", f"-DQSMEM={int(build.query_in_shared)}",
             f"-DTILE={build.tile}", f"-DSPLIT_SUM={int(build.split_sum)}",
-            f"-DBULK={int(build.bulk_copy)}"]
+            f"-DBULK={int(build.bulk_copy)}", f"-DLAZY_MAX={int(build.lazy_max)}"]
 
 
 def shared_bytes(build: DecodeBuild) -> int:
     """Dynamic shared memory of one CTA: ``stages`` tiles of records, the warps' partial
     scores (four floats per lane and 8-key group), with ``split_sum`` their totals, with
-    ``query_in_shared`` the warps' query slices, and with ``bulk_copy`` one mbarrier per
+    ``lazy_max`` the shared probabilities (two bf16 per lane and 8-key group and head half),
+    with ``query_in_shared`` the warps' query slices, and with ``bulk_copy`` one mbarrier per
     stage."""
     query = WARPS * 8 * 32 * 16 if build.query_in_shared else 0  # 8 MMA steps x 32 lanes x 16 B
     scores = WARPS * 32 * build.tile // 2 * 4  # [warps][8-key groups][lanes][4] float32
     totals = scores // WARPS if build.split_sum else 0
+    probabilities = totals // 2 if build.lazy_max else 0
     barriers = 8 * build.stages if build.bulk_copy else 0  # one mbarrier per stage
-    return build.stages * build.tile * build.bytes_per_token + scores + totals + query + barriers
+    return (build.stages * build.tile * build.bytes_per_token + scores + totals + probabilities
+            + query + barriers)
 
 
 @functools.cache

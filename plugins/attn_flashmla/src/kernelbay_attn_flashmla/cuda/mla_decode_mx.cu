@@ -21,7 +21,11 @@
 //   3. adds the four warps' partial scores through shared memory (warp order, so the result
 //      does not depend on scheduling; SPLIT_SUM: each warp sums a quarter, then all read the
 //      totals) and scales them to log2 units once; every warp then runs the same online
-//      softmax;
+//      softmax (LAZY_MAX: each warp exponentiates the quarter it summed against the running
+//      max and shares the probabilities, already as the value product's A fragments; only a
+//      tile with a score more than LAZY_SLACK above that max -- the first tile, a new
+//      maximum -- takes the full softmax, decided by one barrier's vote; each warp keeps the
+//      running sum of its quarter, and the four are added in warp order at the end);
 //   4. transposes each 8 x 8 block of its decoded keys in registers (movmatrix), which turns
 //      the B operand of the score product (k = value, n = key) into the B operand of the value
 //      product (k = key, n = value): the keys are decoded once for both products and never
@@ -64,6 +68,16 @@
 #ifndef QSMEM
 #define QSMEM 0  // 1: the query slice waits in shared memory (32 registers fewer per thread)
 #endif
+#ifndef LAZY_MAX
+#define LAZY_MAX 0  // 1: probabilities against the running max, in the score sum (see below)
+#endif
+#if LAZY_MAX && !SPLIT_SUM
+#error "LAZY_MAX needs SPLIT_SUM (each warp exponentiates the score totals it sums)"
+#endif
+// LAZY_MAX: a tile whose scores stay within LAZY_SLACK (log2 units) of the running max keeps
+// that max, so its probabilities are at most 2^LAZY_SLACK (exact in the bfloat16 products and
+// far from float32's range).
+#define LAZY_SLACK 8.f
 
 
 #ifndef BULK
@@ -182,6 +196,10 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
+__device__ __forceinline__ void sts32(u32 addr, u32 v) {
+  asm volatile("st.shared.u32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
+}
+
 __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
   u32 r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
@@ -219,7 +237,20 @@ __device__ __forceinline__ void chunk_scores(int j, float (*d)[4], const u32 (&k
 }
 
 // 4-5. values, 16 keys per MMA: A = P[16 heads, keys 16k..] (key order = score column
-// order), B = each 8 x 8 block of keys x values of the warp's latent chunks, transposed.
+// order; pa[2i + h]: keys of 8-key group 2k + i, head g + 8h), B = each 8 x 8 block of keys x
+// values of the warp's latent chunks, transposed.
+__device__ __forceinline__ void value_step(float (&acc)[CHUNKS][4][4], const u32 (&pa)[4],
+                                           const u32 (&kb)[G8][CHUNKS][4], int k, int warp) {
+#pragma unroll
+  for (int j = 0; j < CHUNKS; ++j) {
+    if (warp * 128 + j * 32 < RANK) {
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+        mma(acc[j][b], pa, transpose8x8(kb[2 * k][j][b]), transpose8x8(kb[2 * k + 1][j][b]));
+    }
+  }
+}
+
 __device__ __forceinline__ void value_products(float (&acc)[CHUNKS][4][4], const float (&p)[G8][4],
                                                const u32 (&kb)[G8][CHUNKS][4], int warp) {
 #pragma unroll
@@ -227,14 +258,20 @@ __device__ __forceinline__ void value_products(float (&acc)[CHUNKS][4][4], const
     const u32 pa[4] = {pack_bf16(p[2 * k][0], p[2 * k][1]), pack_bf16(p[2 * k][2], p[2 * k][3]),
                        pack_bf16(p[2 * k + 1][0], p[2 * k + 1][1]),
                        pack_bf16(p[2 * k + 1][2], p[2 * k + 1][3])};
+    value_step(acc, pa, kb, k, warp);
+  }
+}
+
+// The same with the A fragments the warps shared (LAZY_MAX): step k's four registers side by
+// side per lane at p_slots + (k * 32 + lane) * 16.
+__device__ __forceinline__ void value_products_shared(float (&acc)[CHUNKS][4][4], u32 p_slots,
+                                                      const u32 (&kb)[G8][CHUNKS][4], int warp,
+                                                      int lane) {
 #pragma unroll
-    for (int j = 0; j < CHUNKS; ++j) {
-      if (warp * 128 + j * 32 < RANK) {
-#pragma unroll
-        for (int b = 0; b < 4; ++b)
-          mma(acc[j][b], pa, transpose8x8(kb[2 * k][j][b]), transpose8x8(kb[2 * k + 1][j][b]));
-      }
-    }
+  for (int k = 0; k < G8 / 2; ++k) {
+    const uint4 v = lds128(p_slots + (k * 32 + lane) * 16);
+    const u32 pa[4] = {v.x, v.y, v.z, v.w};
+    value_step(acc, pa, kb, k, warp);
   }
 }
 
@@ -255,6 +292,10 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   // then (SPLIT_SUM) their totals [G8][32 lanes][4]
   const u32 red_base = tiles_base + STAGES * TILE_BYTES;
   const u32 red_total = red_base + WARPS * G8 * 32 * 16;
+  // (LAZY_MAX) the shared probabilities [G8 / 2 value steps][32 lanes][4] bf16x2, then the
+  // query slices (QSMEM) and the mbarriers (BULK)
+  const u32 p_slots = red_total + (SPLIT_SUM ? G8 * 32 * 16 : 0);
+  const u32 extra_base = p_slots + (LAZY_MAX ? G8 * 32 * 8 : 0);
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
@@ -281,15 +322,13 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   // The query slice of this warp in the permuted order: a[s][0..3] for MMA step s = 2j + h
   // (QSMEM: kept in shared memory, each lane's 16 bytes of a step side by side).
 #if QSMEM
-  const u32 q_slots = red_total + (SPLIT_SUM ? G8 * 32 * 16 : 0)
-                      + (warp * 2 * CHUNKS * 32 + lane) * 16;
+  const u32 q_slots = extra_base + (warp * 2 * CHUNKS * 32 + lane) * 16;
 #endif
   u32 qa[QSMEM ? 1 : 2 * CHUNKS][4];
   const float qk = scale * LOG2E;  // scores -> log2 units
 #if BULK
   // one mbarrier per stage, after the query slices
-  const u32 bars = red_total + (SPLIT_SUM ? G8 * 32 * 16 : 0)
-                   + (QSMEM ? WARPS * 2 * CHUNKS * 32 * 16 : 0);
+  const u32 bars = extra_base + (QSMEM ? WARPS * 2 * CHUNKS * 32 * 16 : 0);
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) mbar_init(bars + 8 * s, 1);
@@ -330,7 +369,8 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[j][b][i] = 0.f;
   float m0 = NEG_INF, m1 = NEG_INF;  // running max (log2 units) of heads g, g + 8
-  float l0 = 0.f, l1 = 0.f;               // this lane's share of the running sums
+  // this lane's share of the running sums (LAZY_MAX: of this warp's quarter of the keys)
+  float l0 = 0.f, l1 = 0.f;
 
   // A tile's page index is loaded one iteration before its copies are issued: issuing
   // them stalls this thread until the index arrives, so it must already be there.
@@ -478,6 +518,15 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     next_page = page_of(tile + STAGES + 1);
 #endif
     static_assert(2 * G8 % WARPS == 0, "every warp sums the same number of pairs");
+    // Pair q: 8-key group q / 2, head g + 8 (q % 2); a warp's pairs share its head (warp % 2).
+#if LAZY_MAX
+    const int tile_pos = lo + tile * TILE;
+    const bool edge_tile = tile_pos < start || tile_pos + TILE > hi;
+    const float mh = (warp & 1) ? m1 : m0;
+    const float zh = mh == NEG_INF ? 0.f : mh;  // no key yet: exp2(-inf - 0) = 0
+    bool over = false;
+    float quarter_sum = 0.f;
+#endif
 #pragma unroll
     for (int r = 0; r < 2 * G8 / WARPS; ++r) {  // a fixed count: no loop over a warp index
       const int q = warp + WARPS * r;
@@ -487,9 +536,32 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
         const float2 a = lds64f(red_base + ((w * G8 + q / 2) * 32 + lane) * 16 + 8 * (q % 2));
         x += a.x; y += a.y;
       }
-      sts64f(red_total + ((q / 2) * 32 + lane) * 16 + 8 * (q % 2), x * qk, y * qk);
+      x *= qk; y *= qk;
+#if LAZY_MAX
+      if (edge_tile) {  // keys outside [start, hi): -inf before anything reads them
+        const int pos = tile_pos + 8 * (q / 2) + 2 * c;
+        if (pos < start || pos >= hi) x = NEG_INF;
+        if (pos + 1 < start || pos + 1 >= hi) y = NEG_INF;
+      }
+      // not within the slack (a NaN score too): the tile takes the full softmax
+      over |= !(x <= mh + LAZY_SLACK) || !(y <= mh + LAZY_SLACK);
+      const float px = exp2_ftz(x - zh), py = exp2_ftz(y - zh);
+      quarter_sum += px + py;
+      sts32(p_slots + ((q / 4) * 32 + lane) * 16 + ((q / 2) % 2 * 2 + q % 2) * 4,
+            pack_bf16(px, py));
+#endif
+      sts64f(red_total + ((q / 2) * 32 + lane) * 16 + 8 * (q % 2), x, y);
     }
+#if LAZY_MAX
+    if (!__syncthreads_or(over)) {
+      // every score within the slack of the running max: it stays, nothing is rescaled
+      if (warp & 1) l1 += quarter_sum; else l0 += quarter_sum;
+      value_products_shared(acc, p_slots, kb, warp, lane);  // 4-5.
+      continue;
+    }
+#else
     __syncthreads();
+#endif
     float s[G8][4];
 #pragma unroll
     for (int n = 0; n < G8; ++n) {
@@ -561,8 +633,18 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       sum0 += p[n][0] + p[n][1];
       sum1 += p[n][2] + p[n][3];
     }
+#if LAZY_MAX
+    // this warp's quarter: the pairs of its head whose group n has n % 2 == warp / 2
+    float own = 0.f;
+#pragma unroll
+    for (int n = 0; n < G8; ++n)
+      if ((n & 1) == (warp >> 1)) own += (warp & 1) ? p[n][2] + p[n][3] : p[n][0] + p[n][1];
+    l0 = l0 * alpha0 + ((warp & 1) ? 0.f : own);
+    l1 = l1 * alpha1 + ((warp & 1) ? own : 0.f);
+#else
     l0 = l0 * alpha0 + sum0;
     l1 = l1 * alpha1 + sum1;
+#endif
     // The running max rarely moves once a few tiles are in: rescale only when it did.
     if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
 #pragma unroll
@@ -577,6 +659,18 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   }
 #if !BULK
   wait_groups<0>();  // no copy left running when the CTA exits
+#endif
+#if LAZY_MAX
+  // the four warps' quarters of the sums, added in warp order
+  __syncthreads();  // every warp is past its last tile's shared-memory reads
+  sts64f(red_base + (warp * 32 + lane) * 8, l0, l1);
+  __syncthreads();
+  l0 = 0.f; l1 = 0.f;
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w) {
+    const float2 v = lds64f(red_base + (w * 32 + lane) * 8);
+    l0 += v.x; l1 += v.y;
+  }
 #endif
 
   // Totals over the quad; lane (g, c) owns columns 128w + 32j + 8c + 2 * (b) + i of block b
