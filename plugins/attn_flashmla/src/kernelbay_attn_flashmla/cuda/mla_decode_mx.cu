@@ -474,10 +474,12 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
 
     const u32 tb = read_slot;
     read_slot = read_slot == last_slot ? tiles_base : read_slot + TILE_BYTES;
-    // 1. decode: kb[n][j][r], key g of group n (keys 8n + g), chunk j, register r
+    // 1. decode: kb[n][j][r], key key_of(g) of group n (key 8n + key_of(g)), chunk j,
+    // register r
     u32 kb[G8][CHUNKS][4];
     u32 scales[G8];
-    // 2. partial scores of this warp's values: sc[n] = S[heads g / g + 8][keys 8n + 2c, +1]
+    // 2. partial scores of this warp's values: sc[n] = S[heads g / g + 8][columns 2c, 2c + 1
+    // of group n, i.e. keys 8n + key_of(2c), 8n + key_of(2c + 1)]
     float sc[G8][4];
 #pragma unroll
     for (int n = 0; n < G8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
