@@ -123,6 +123,17 @@ def test_entry_points_all_run_the_same_commands() -> None:
 # --- the matrix on a temporary tree ----------------------------------------------------------
 
 
+def test_lint_types_every_package_with_sources(tree: Path) -> None:
+    """mypy in the lint job covers the core, every plugin and the vendor example that have a
+    src folder, found on the file system (a new plugin is typed without editing the CI)."""
+    for package in ("core", "plugins/b_two", "examples/vendor_plugin"):
+        (tree / package / "src").mkdir(parents=True)
+    lint = ci.build_jobs(tree)[0]
+    mypy = next(c for c in lint.commands if "mypy" in c)
+    assert mypy[mypy.index("mypy") + 1:] == ("core/src", "plugins/b_two/src",
+                                             "examples/vendor_plugin/src")
+
+
 def test_matrix_from_the_file_system(tree: Path) -> None:
     jobs = ci.build_jobs(tree)
     assert [j.name for j in jobs] == [

@@ -8,7 +8,7 @@ weight memory for speed; the output is rounded back to the activation dtype.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from kernelbay import LinearRequest, Verdict
 from kernelbay.layers import LinearMethod, TensorSpec
@@ -49,12 +49,13 @@ class Fp32UpcastLinear(LinearMethod):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         import torch
 
-        layer.weight_fp32 = torch.nn.Parameter(layer.weight.detach().float(),
-                                               requires_grad=False)
+        weight = cast("torch.Tensor", layer.weight)
+        layer.weight_fp32 = torch.nn.Parameter(weight.detach().float(), requires_grad=False)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         import torch.nn.functional as F
 
         bias = self.rank_bias(layer)
-        y = F.linear(x.float(), layer.weight_fp32, None if bias is None else bias.float())
+        weight = cast("torch.Tensor", layer.weight_fp32)
+        y = F.linear(x.float(), weight, None if bias is None else bias.float())
         return y.to(x.dtype)

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# (Triton kernels are written in its untyped DSL.)
 """Triton kernels for MLA over paged records: split-KV decode, its combine, and cache writes.
 
 Imported only when the ``mla-triton`` backend runs (imports triton). One program of the

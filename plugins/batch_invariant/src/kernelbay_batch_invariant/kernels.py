@@ -1,3 +1,5 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# (Triton kernels are written in its untyped DSL; the Python wrappers are typed.)
 """Triton kernels of the batch-invariant mode: matmul and paged attention.
 
 Each kernel fixes the order of every sum by compile-time constants that depend on the
@@ -227,8 +229,8 @@ def split_ranges(k: int, config: MatmulConfig) -> list[tuple[int, int]]:
 
 def _k_per_split(k: int, config: MatmulConfig) -> int:
     # Whole BLOCK_K tiles per slice, so a slice's tiles are the unsplit walk's tiles.
-    tiles = triton.cdiv(k, config.block_k)
-    return triton.cdiv(tiles, config.split_k) * config.block_k
+    tiles = -(-k // config.block_k)
+    return -(-tiles // config.split_k) * config.block_k
 
 
 def _descriptors(x: torch.Tensor, weight: torch.Tensor, config: MatmulConfig

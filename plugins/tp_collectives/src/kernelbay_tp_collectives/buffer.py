@@ -21,6 +21,9 @@ class SymmetricBuffer:
         import torch.distributed._symmetric_memory as symm_mem
 
         self.group = group if group is not None else dist.group.WORLD
+        if self.group is None:
+            raise RuntimeError("SymmetricBuffer: torch.distributed is not initialized (no "
+                               "process group given and no default group)")
         self.group_name: str = self.group.group_name
         enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
         if enable is not None:  # needed by older torch, a no-op (or absent) in newer
