@@ -23,7 +23,7 @@ from kernelbay_attn_flashmla.mla import mla_attention
 from kernelbay_attn_flashmla.records import RECORDS, record_for_dims
 
 pytest.importorskip("triton")
-from test_triton import _case
+from test_triton import Case, _case
 
 MXFP8 = RECORDS["mxfp8"]
 
@@ -341,8 +341,6 @@ def test_scores_rising_in_steps_on_gpu(build: str) -> None:
     meta = AttentionMetadata(torch.tensor([0, 1], dtype=torch.int32).cuda(),
                              torch.tensor([length], dtype=torch.int32).cuda(),
                              order.view(1, -1).int().cuda(), torch.zeros(1).cuda())
-    case = _case(MXFP8, [1], [1], heads, page, seed=1, device="cuda")
-    case = dataclasses.replace(case, cache=cache, meta=meta, page=page, lengths=[length],
-                               query=query.to("cuda", torch.bfloat16))
+    case = Case(MXFP8, page, cache, meta, query.to("cuda", torch.bfloat16), [length])
     for splits in (None, 1, 3):
         _compare(case, splits=splits, build=build)

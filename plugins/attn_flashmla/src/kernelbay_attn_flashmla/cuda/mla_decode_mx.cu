@@ -602,7 +602,9 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       s[n][0] *= qk; s[n][1] *= qk; s[n][2] *= qk; s[n][3] *= qk;
     }
 #endif
-    // online softmax over the tile's allowed keys (start <= position < hi)
+    // online softmax over the tile's allowed keys (start <= position < hi; LAZY_MAX: the
+    // totals were masked as they were summed)
+#if !LAZY_MAX
     const int pos0 = lo + tile * TILE;
     if (pos0 < start || pos0 + TILE > hi) {  // an edge tile (uniform over the CTA)
 #pragma unroll
@@ -613,6 +615,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
           if (pos < start || pos >= hi) s[n][i] = s[n][2 + i] = NEG_INF;
         }
     }
+#endif
     float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
     for (int n = 0; n < G8; ++n)
@@ -639,12 +642,6 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
         p[n][i] = exp2_ftz(s[n][i] - z0);
         p[n][2 + i] = exp2_ftz(s[n][2 + i] - z1);
       }
-    float sum0 = 0.f, sum1 = 0.f;
-#pragma unroll
-    for (int n = 0; n < G8; ++n) {
-      sum0 += p[n][0] + p[n][1];
-      sum1 += p[n][2] + p[n][3];
-    }
 #if LAZY_MAX
     // this warp's quarter: the pairs of its head whose group n has n % 2 == warp / 2
     float own = 0.f;
@@ -654,6 +651,12 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     l0 = l0 * alpha0 + ((warp & 1) ? 0.f : own);
     l1 = l1 * alpha1 + ((warp & 1) ? own : 0.f);
 #else
+    float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+    for (int n = 0; n < G8; ++n) {
+      sum0 += p[n][0] + p[n][1];
+      sum1 += p[n][2] + p[n][3];
+    }
     l0 = l0 * alpha0 + sum0;
     l1 = l1 * alpha1 + sum1;
 #endif
