@@ -76,12 +76,19 @@ def test_shared_memory_and_defaults() -> None:
     assert config_for_m(1, 8192, 28672, 132).wk == 8
     assert config_for_m(1, 8192, 8192, 132).wk == 4
     assert config_for_m(1, 28672, 28672, 132).wk == 4
+    # two to eight tokens on rows that fill a wave in 128-row blocks: four warps over rows
+    for m in (2, 8):
+        assert config_for_m(m, 28672, 8192, 132) == GemvConfig(2, 1, 2, 4, 2, wn=4)
+    assert config_for_m(1, 28672, 8192, 132) == GemvConfig(2, 1, 4, 4, 4)
+    assert config_for_m(4, 8192, 8192, 132) == GemvConfig(2, 1, 4, 4, 4)
+    assert config_for_m(16, 28672, 8192, 132).wn == 1
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [None, GemvConfig(1, 1, 8, 6, 2), GemvConfig(2, 2, 4, 4, 2),
                                     GemvConfig(4, 1, 8, 4, 1), GemvConfig(1, 2, 16, 2, 1),
                                     GemvConfig(1, 2, 2, 4, 2, wn=4),
+                                    GemvConfig(2, 1, 2, 4, 2, wn=4),
                                     GemvConfig(2, 2, 4, 4, 2, tiled=False)],
                          ids=lambda c: "default" if c is None else c.name)
 @pytest.mark.parametrize(("n", "k"), [(16, 128), (48, 384), (1008, 3200), (304, 8192)])
@@ -145,7 +152,7 @@ def test_every_build_compiles_and_defaults_do_not_spill(arch: str, tmp_path: Any
     from kernelbay_quant_nvfp4.triton_configs import CANDIDATES
 
     monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
-    builds = {config_for_m(m, n, k, 132) for m in (1, 16) for n in (8192, 28672)
+    builds = {config_for_m(m, n, k, 132) for m in (1, 4, 16) for n in (8192, 28672)
               for k in (8192, 28672)}
     sweep = {replace(c.gemv, nt=nt) for c in CANDIDATES if c.gemv is not None for nt in (1, 2)}
     for build in sorted(builds | sweep, key=lambda b: b.name):

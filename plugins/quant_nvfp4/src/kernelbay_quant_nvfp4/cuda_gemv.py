@@ -78,14 +78,21 @@ def config_for_m(m: int, n: int = 0, k: int = 0, sms: int = 132) -> GemvConfig:
     """The default build for ``m`` tokens (one or two 8-token tiles), ``n`` output rows and
     ``k`` inputs on a GPU of ``sms`` multiprocessors: two 16-row tiles per CTA; K split over
     eight warps when the CTAs fit in one wave of two per SM and each warp still gets at
-    least 16 chunks (K >= 16384), else over four warps with four CTAs per SM (more, shorter
-    CTAs; a warp's part of K twice as long). From the H200 sweep
-    (``bench/results/nvfp4-sweep-cuda-h200.md``: 8192 x 8192 13.9 against 14.8 us, 28672 x
-    8192 39.4 against 41.9, 8192 x 28672 36.8 against 38.1 for the eight-warp build)."""
+    least 16 chunks (K >= 16384); for 2 to 8 tokens on layers whose rows fill a wave of two
+    CTAs per SM in 128-row blocks, four warps side by side over rows with K split in two
+    (the four warps read the same activations, so three of every four of those loads hit
+    L1); else K over four warps with four CTAs per SM (more, shorter CTAs; a warp's part of
+    K twice as long). From the H200 sweeps (``bench/results/nvfp4-sweep-cuda-h200.md``:
+    8192 x 8192 13.9 against 14.8 us, 28672 x 8192 39.4 against 41.9, 8192 x 28672 36.8
+    against 38.1 for the eight-warp build; ``bench/results/nvfp4-sweep-rows-h200.md``:
+    28672 x 8192 at 2 / 4 / 8 tokens 40.2 / 40.0 / 41.6 us against 41.9 / 43.0 / 45.0 for
+    the four-warp K split, 39.6 against 38.9 at one token, where it is not taken)."""
     nt = 1 if m <= 8 else 2
     ctas = -(-n // 32)
     if ctas <= 2 * sms * 1.1 and k >= 16384:
         return GemvConfig(2, nt, 8, 4, 2)
+    if 2 <= m <= 8 and n // 128 >= 0.8 * 2 * sms:
+        return GemvConfig(2, nt, 2, 4, 2, wn=4)
     return GemvConfig(2, nt, 4, 4, 4)
 
 

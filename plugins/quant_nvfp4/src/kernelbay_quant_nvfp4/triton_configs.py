@@ -245,7 +245,11 @@ CANDIDATES: tuple[KernelConfig, ...] = (
           (2, 8, 4, 2, True, 1), (2, 4, 4, 4, True, 1), (4, 8, 4, 1, True, 1),
           (1, 8, 6, 2, True, 1), (2, 16, 4, 1, True, 1), (4, 4, 4, 2, True, 1),
           (1, 2, 6, 2, True, 4), (1, 4, 4, 1, True, 4), (2, 2, 4, 2, True, 4),
-          (2, 4, 4, 1, True, 2), (1, 4, 8, 1, True, 4), (2, 1, 6, 2, True, 8))),
+          (2, 4, 4, 1, True, 2), (1, 4, 8, 1, True, 4), (2, 1, 6, 2, True, 8),
+          # warps side by side over rows on large layers at 2-8 tokens (the rows sweep)
+          (2, 2, 6, 2, True, 4), (2, 4, 4, 2, True, 2), (2, 1, 4, 2, True, 8),
+          (4, 2, 4, 1, True, 4), (2, 2, 4, 1, True, 4), (1, 2, 4, 2, True, 8),
+          (2, 2, 8, 2, True, 4), (2, 1, 6, 2, True, 4), (1, 4, 4, 2, True, 4))),
     # The bulk-copy GEMV (``cuda_gemv_bulk``, sm_90) on the tiles layout: the default build
     # (one tile per CTA, eight warps over K) with the rule's split and fixed ones, and wider
     # CTAs (more rows sharing each stage's activations).
