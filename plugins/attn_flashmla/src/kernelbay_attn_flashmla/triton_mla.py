@@ -132,13 +132,15 @@ def split_cost(splits: int, programs: int, slots: int, max_keys: int, block_n: i
 @functools.lru_cache(maxsize=1024)
 def choose_splits(num_tokens: int, head_blocks: int, max_keys: int, num_sms: int,
                   resident: int = DEFAULT_RESIDENT, *, block_n: int = 32,
-                  bytes_per_key: int = 1152, partial_bytes: int = 16 * 512 * 4) -> int:
+                  bytes_per_key: int = 1152, partial_bytes: int = 16 * 512 * 4,
+                  min_split_keys: int = MIN_SPLIT_KEYS) -> int:
     """KV splits per query token: the count from 1 to ``MAX_SPLITS`` (each split keeping at
-    least ``MIN_SPLIT_KEYS`` keys) with the least ``split_cost`` on ``num_sms`` SMs holding
-    ``resident`` programs each; the fewest splits among equals (less to combine)."""
+    least ``min_split_keys`` keys, ``MIN_SPLIT_KEYS`` unless the kernel says otherwise) with
+    the least ``split_cost`` on ``num_sms`` SMs holding ``resident`` programs each; the
+    fewest splits among equals (less to combine)."""
     programs = max(1, num_tokens * head_blocks)
     slots = max(1, num_sms * resident)
-    most = max(1, min(MAX_SPLITS, max_keys // MIN_SPLIT_KEYS))
+    most = max(1, min(MAX_SPLITS, max_keys // max(1, min_split_keys)))
     return min(range(1, most + 1),
                key=lambda s: (split_cost(s, programs, slots, max_keys, block_n, bytes_per_key,
                                          partial_bytes), s))
@@ -516,12 +518,11 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
         if key not in _CUDA_RESIDENT:
             _CUDA_RESIDENT[key] = cuda_mla.resident_programs(compiled, device)
         resident = _CUDA_RESIDENT[key]
-        num_splits = choose_splits(
-            num_tokens, -(-heads // cuda_mla.HEADS),
+        num_splits = cuda_mla.choose_cuda_splits(
+            num_tokens * -(-heads // cuda_mla.HEADS),
             metadata.block_tables.shape[1] * page_size,
-            num_sms if num_sms is not None else _sm_count(device), resident,
-            block_n=compiled.tile, bytes_per_key=record.bytes_per_token,
-            partial_bytes=cuda_mla.HEADS * rank * 4)
+            num_sms if num_sms is not None else _sm_count(device), resident, compiled.tile,
+            record.bytes_per_token, cuda_mla.HEADS * rank * 4)
     part, plse = _partials(out, lse, num_splits)
     # a launch error, unlike a build that fails, is a real failure: it propagates
     cuda_mla.launch_decode(compiled, query, flat, page_bytes, page_size, block_tables, seq,
