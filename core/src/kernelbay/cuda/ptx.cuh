@@ -111,6 +111,10 @@ __device__ __forceinline__ float4 lds128f(u32 addr) {
                      __uint_as_float(v.w));
 }
 
+__device__ __forceinline__ void sts32(u32 addr, u32 v) {
+  asm volatile("st.shared.u32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
+}
+
 __device__ __forceinline__ void sts128(u32 addr, u32 a, u32 b, u32 c, u32 d) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" :: "r"(addr), "r"(a), "r"(b), "r"(c),
                "r"(d));

@@ -91,8 +91,9 @@ def config_for_m(m: int, n: int = 0, k: int = 0, sms: int = 132) -> GemvConfig:
     ctas = -(-n // 32)
     if ctas <= 2 * sms * 1.1 and k >= 16384:
         return GemvConfig(2, nt, 8, 4, 2)
-    if 2 <= m <= 8 and n // 128 >= 0.8 * 2 * sms:
-        return GemvConfig(2, nt, 2, 4, 2, wn=4)
+    rows = GemvConfig(2, nt, 2, 4, 2, wn=4)
+    if 2 <= m <= 8 and n // (16 * rows.tm * rows.wn) >= 0.8 * rows.min_blocks * sms:
+        return rows
     return GemvConfig(2, nt, 4, 4, 4)
 
 

@@ -206,10 +206,6 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-__device__ __forceinline__ void sts32(u32 addr, u32 v) {
-  asm volatile("st.shared.u32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
-}
-
 __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
   u32 r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
@@ -510,6 +506,11 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     }
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) chunk_scores(j, sc, kb, QUERY_ARGS);
+    // An edge tile (uniform over the CTA) holds keys outside [start, hi), whose scores are
+    // set to -inf before anything reads them (LAZY_MAX: as they are summed).
+    const int tile_pos = lo + tile * TILE;
+    const bool edge_tile = tile_pos < start || tile_pos + TILE > hi;
+    auto outside = [&](int pos) { return pos < start || pos >= hi; };
     // 3. the four warps' partial scores added in warp order through shared memory, then
     // scaled to log2 units once: exp2(s - max) below is then exactly 1 at the maximum
     // (exp2(fma(s, qk, -max)) can exceed it by half an ulp of the maximum, past 2^128 for
@@ -532,8 +533,6 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     static_assert(2 * G8 % WARPS == 0, "every warp sums the same number of pairs");
     // Pair q: 8-key group q / 2, head g + 8 (q % 2); a warp's pairs share its head (warp % 2).
 #if LAZY_MAX
-    const int tile_pos = lo + tile * TILE;
-    const bool edge_tile = tile_pos < start || tile_pos + TILE > hi;
     const float mh = (warp & 1) ? m1 : m0;
     const float zh = mh == NEG_INF ? 0.f : mh;  // no key yet: exp2(-inf - 0) = 0
     bool over = false;
@@ -550,10 +549,10 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       }
       x *= qk; y *= qk;
 #if LAZY_MAX
-      if (edge_tile) {  // keys outside [start, hi): -inf before anything reads them
+      if (edge_tile) {
         const int pos = tile_pos + 8 * (q / 2);
-        if (pos + key_of(2 * c) < start || pos + key_of(2 * c) >= hi) x = NEG_INF;
-        if (pos + key_of(2 * c + 1) < start || pos + key_of(2 * c + 1) >= hi) y = NEG_INF;
+        if (outside(pos + key_of(2 * c))) x = NEG_INF;
+        if (outside(pos + key_of(2 * c + 1))) y = NEG_INF;
       }
       // not within the slack (a NaN score too): the tile takes the full softmax
       over |= !(x <= mh + LAZY_SLACK) || !(y <= mh + LAZY_SLACK);
@@ -605,15 +604,12 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     // online softmax over the tile's allowed keys (start <= position < hi; LAZY_MAX: the
     // totals were masked as they were summed)
 #if !LAZY_MAX
-    const int pos0 = lo + tile * TILE;
-    if (pos0 < start || pos0 + TILE > hi) {  // an edge tile (uniform over the CTA)
+    if (edge_tile) {
 #pragma unroll
       for (int n = 0; n < G8; ++n)
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int pos = pos0 + 8 * n + key_of(2 * c + i);
-          if (pos < start || pos >= hi) s[n][i] = s[n][2 + i] = NEG_INF;
-        }
+        for (int i = 0; i < 2; ++i)
+          if (outside(tile_pos + 8 * n + key_of(2 * c + i))) s[n][i] = s[n][2 + i] = NEG_INF;
     }
 #endif
     float mx0 = NEG_INF, mx1 = NEG_INF;
