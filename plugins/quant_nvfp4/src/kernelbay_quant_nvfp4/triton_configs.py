@@ -257,7 +257,12 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     *(KernelConfig(b.name, "cuda-bulk", bulk=b) for b in (
         BulkGemvConfig(), BulkGemvConfig(splits=1), BulkGemvConfig(splits=2),
         BulkGemvConfig(1, 2, 8, 1, 4), BulkGemvConfig(2, 1, 4, 1, 4),
-        BulkGemvConfig(2, 2, 4, 1, 4), BulkGemvConfig(4, 2, 2, 1, 4))),
+        BulkGemvConfig(2, 2, 4, 1, 4), BulkGemvConfig(4, 2, 2, 1, 4),
+        # wide CTAs of up to sixteen consumer warps for the large layers
+        BulkGemvConfig(4, 2, 4, 1, 4), BulkGemvConfig(8, 2, 2, 1, 4),
+        BulkGemvConfig(4, 4, 2, 1, 4), BulkGemvConfig(8, 1, 2, 1, 6),
+        BulkGemvConfig(2, 2, 4, 1, 6), BulkGemvConfig(4, 1, 4, 1, 6),
+        BulkGemvConfig(2, 2, 8, 1, 4), BulkGemvConfig(4, 2, 4, 1, 4, 1))),
     # The sm_90a wgmma GEMM (``cuda_wgmma``) on the tiles layout; ``cw-default`` is
     # ``cuda_wgmma.config_for_m``.
     KernelConfig("cw-default", "cuda-wgmma"),
