@@ -210,6 +210,36 @@ def test_prefill_window_and_sparse_interpreted(interpret: None) -> None:
     _compare(case, splits=2, atol=2e-2, topk=topk, grouped=True)
 
 
+@pytest.mark.parametrize(("splits", "rank"), [(3, 64), (24, 448), (40, 130)])
+def test_combine_matches_reference_interpreted(splits: int, rank: int,
+                                               interpret: None) -> None:
+    """The combine kernel against ``combine_splits`` on random partials: split counts and
+    ranks that are not powers of two (the kernel pads both), splits without keys (lse -inf,
+    partial 0), a head whose splits are all empty (out 0, lse -inf), and strided partials (a
+    view of a larger buffer)."""
+    from kernelbay_attn_flashmla.mla import combine_splits
+    from kernelbay_attn_flashmla.triton_mla import _combine
+
+    gen = torch.Generator().manual_seed(splits * 1000 + rank)
+    tokens, heads = 3, 2
+    big = torch.randn(tokens, splits, heads + 1, rank + 8, generator=gen)
+    part = big[:, :, 1:, 3:rank + 3]
+    plse = torch.randn(tokens, splits, heads, generator=gen) * 4
+    empty = torch.rand(tokens, splits, heads, generator=gen) < 0.3
+    empty[1, :, 0] = True                      # token 1, head 0: no key in any split
+    plse[empty] = float("-inf")
+    part[empty] = 0.0
+    out = torch.empty(tokens, heads, rank, dtype=torch.bfloat16)
+    lse = torch.empty(tokens, heads)
+    _combine(part, plse, out, lse, splits)
+    want, want_lse = combine_splits(part.permute(1, 0, 2, 3), plse.permute(1, 0, 2))
+    torch.testing.assert_close(out.float(), want.bfloat16().float(), atol=1e-2, rtol=1e-2)
+    assert torch.equal(out[1, 0].float(), torch.zeros(rank))
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    torch.testing.assert_close(lse[finite], want_lse[finite], atol=1e-5, rtol=1e-5)
+
+
 def test_backend_on_cpu_interpreter_matches_reference(interpret: None) -> None:
     record = record_for_dims("fp8", 64, 16)
     request = AttentionRequest("mla", 2, 1, 48, 32, 64, 16, kv_cache="fp8", page_size=16)
