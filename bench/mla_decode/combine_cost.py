@@ -1,7 +1,7 @@
 """What the split combine costs the CUDA MXFP8 decode (16 heads, the memory-bound rows of
 bench/mla_decode): one decode step as called (partials, then ``triton_mla._combine``), the
 same without the combine (the partials written, never merged: not a valid result, a timing
-only), and the combine kernel alone, in CUDA graphs after a settle, as run.py times them.
+only), and the combine kernel alone, in CUDA graphs after a settle (run.py's ``_time``).
 
     python bench/mla_decode/combine_cost.py
 """
@@ -13,13 +13,12 @@ import os
 import sys
 
 import torch
-import triton.testing
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-import run  # noqa: E402  (bench/mla_decode/run.py: its cache and metadata builders)
-from settle import settle  # noqa: E402  (from bench/)
+import run  # noqa: E402  (bench/mla_decode/run.py: its cache, metadata and timing helpers)
+from settle import SETTLE_S  # noqa: E402  (from bench/)
 
 CASES = ((16, 8192), (64, 8192), (128, 8192), (16, 32768), (64, 32768), (128, 32768))
 HEADS = 16
@@ -47,8 +46,7 @@ def time_case(batch: int, context: int) -> str:
         for label, combine in (("as called", real), ("without the combine", None)):
             triton_mla._combine = combine or (lambda part, plse, out, lse, splits: None)
             step()
-            settle()
-            us[label] = 1e3 * triton.testing.do_bench_cudagraph(step, rep=40)
+            us[label] = 1e3 * run._time(step, 40, False, SETTLE_S)
     finally:
         triton_mla._combine = real
     splits, _ = triton_mla.last_splits()
@@ -59,9 +57,8 @@ def time_case(batch: int, context: int) -> str:
     lse = torch.empty(batch, HEADS, device="cuda")
     part = torch.randn(batch, splits, HEADS, rank, device="cuda")
     plse = torch.randn(batch, splits, HEADS, device="cuda")
-    settle()
-    us["combine alone"] = 1e3 * triton.testing.do_bench_cudagraph(
-        lambda: real(part, plse, out, lse, splits), rep=40)
+    us["combine alone"] = 1e3 * run._time(lambda: real(part, plse, out, lse, splits), 40,
+                                          False, SETTLE_S)
     return (f"batch {batch}, {context} keys, {splits} splits: "
             + ", ".join(f"{label} {t:.1f} us" for label, t in us.items()))
 

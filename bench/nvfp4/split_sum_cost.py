@@ -35,7 +35,7 @@ def time_case(n: int, k: int, m: int) -> str:
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     scale = g.reshape(1)
     copies = [(words, codes)] + [(words.clone(), codes.clone())
-                                 for _ in range(copies_for(words.numel() * 4) - 1)]
+                                 for _ in range(copies_for(words.nbytes + codes.nbytes) - 1)]
     call = rotating([lambda w=w, c=c: cuda_wgmma.launch_wgmma(x, w, c, scale, None, config)
                      for w, c in copies])
     us = {}
