@@ -32,6 +32,8 @@ Reported: time per call (us), ratio bf16 / mxfp4 (> 1: faster), and GB/s of byte
 
     python bench/mxfp4/run.py --out DIR                 # default configs, about 1 minute
     python bench/mxfp4/run.py --configs all --out DIR   # tuning sweep, under 2 minutes
+    python bench/mxfp4/run.py --configs m16n64k256s4,m16n64k256s2 --ms 1,16 --sweep-ms 1,16
+                                                    # only the candidates named so
     TRITON_INTERPRET=1 python bench/mxfp4/run.py --smoke --configs all --out DIR  # no GPU
 """
 
@@ -139,7 +141,9 @@ def forced_method(n: int, k: int) -> Any:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(HERE), help="folder for results.json/.md")
-    parser.add_argument("--configs", choices=("default", "all"), default="default")
+    parser.add_argument("--configs", default="default",
+                        help="'default', 'all' (sweep every candidate) or comma-separated "
+                             "name prefixes of the candidates to sweep (e.g. m16n64k256s4)")
     parser.add_argument("--ms", default=",".join(map(str, MS)), help="comma-separated M")
     parser.add_argument("--shapes", default="all", help="'all' or N1xK1,N2xK2")
     parser.add_argument("--sweep-ms", default="16,64,256",
@@ -259,7 +263,7 @@ def run_shape(n: int, k: int, ms: tuple[int, ...], args: argparse.Namespace, sta
             args.rep))
         row["default_config"] = default_config(
             m, n, k, layout=weight_layout(layer.weight)).describe()
-        if args.configs == "all" and m in {int(v) for v in args.sweep_ms.split(",")}:
+        if args.configs != "default" and m in {int(v) for v in args.sweep_ms.split(",")}:
             sweep(row, x, packed, scales, w_deq, args, start, state)
         weight_bytes = n * k // 2 + n * k // 32
         io_bytes = 2 * m * k + 2 * m * n
@@ -294,7 +298,10 @@ def sweep(row: dict[str, Any], x: torch.Tensor, packed: torch.Tensor, scales: to
     # each config reads the copies in its own layout
     by_layout = {lay: [layout_weight(p, lay) for _, p in copies]
                  for lay in ("checkpoint", "repacked", "fragment")}
+    prefixes = None if args.configs == "all" else tuple(args.configs.split(","))
     for cfg in candidate_configs(m, n, k):
+        if prefixes and not cfg.describe().startswith(prefixes):
+            continue
         weights = next(by_layout[lay] for lay, paths in READABLE.items() if cfg.path in paths)
         weight = weights[0]
         if time.time() - start > args.budget:
