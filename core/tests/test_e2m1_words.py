@@ -6,6 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 from kernelbay.formats import (
+    GATHER_MASK,
+    GATHER_MULTIPLIER,
+    LANE_MASK,
+    LANE_ROTATIONS,
     checkpoint_layout,
     fragment_k_order,
     repack_e2m1_words,
@@ -20,14 +24,31 @@ def test_positions_use_every_bit_once() -> None:
     assert sorted(flat) == list(range(32))
 
 
-def test_registers_read_as_bf16_after_their_shift() -> None:
-    """Registers 0..2 of a word are the word shifted left by 0, 3, 6 under the mask
-    0x81C081C0: each element's sign lands on bit 15 (+16) and e1 e0 m on bits 8..6."""
+def test_registers_read_as_bf16_after_their_rotation() -> None:
+    """Registers 0..2 of a word are the word rotated left by LANE_ROTATIONS under LANE_MASK:
+    each element's sign lands on bit 15 (+16) and e1 e0 m on bits 8..6."""
     positions = word_bit_positions()
     for e in range(6):
         reg, half = divmod(e, 2)
-        sign, e1, e0, m = (p + 3 * reg for p in positions[e])
-        assert (sign, e1, e0, m) == (15 + 16 * half, 8 + 16 * half, 7 + 16 * half, 6 + 16 * half)
+        moved = tuple((p + LANE_ROTATIONS[reg]) % 32 for p in positions[e])
+        assert moved == (15 + 16 * half, 8 + 16 * half, 7 + 16 * half, 6 + 16 * half)
+
+
+def test_gather_is_exact_for_every_pattern() -> None:
+    """Register 3 (one multiply): for all 256 values of the gathered bits, whatever the word's
+    other bits, the masked product is exactly the two elements' bits at 15 and 8..6 (the
+    shifted copies' other bits and carries never reach the mask)."""
+    positions = word_bit_positions()[6:]
+    gen = torch.Generator().manual_seed(3)
+    noise = torch.randint(0, 2**32, (256,), generator=gen, dtype=torch.int64)
+    for v in range(256):
+        word, want = int(noise[v]) & ~GATHER_MASK, 0
+        for half in (0, 1):
+            for i, (at, target) in enumerate(zip(positions[half], (15, 8, 7, 6), strict=True)):
+                if (v >> (4 * half + i)) & 1:
+                    word |= 1 << at
+                    want |= 1 << (target + 16 * half)
+        assert ((word & GATHER_MASK) * GATHER_MULTIPLIER) & LANE_MASK & 0xFFFFFFFF == want, v
 
 
 @pytest.mark.parametrize(("n", "k"), [(1, 8), (5, 64), (33, 272)])
@@ -91,17 +112,22 @@ def test_fragment_order_round_trip_and_codes(n: int, k: int) -> None:
 
 def _lanes(word: int) -> list[int]:
     """The GPU decode's integer part on one word, as ``e2m1_words_triton.repacked_lanes``
-    computes it: four 32-bit registers of two bf16 lanes each."""
+    computes it, with the constants written out: four 32-bit registers of two bf16 lanes
+    each."""
     keep = 0x81C081C0
-    r3 = ((word << 1) & 0x80008000) | ((word >> 4) & 0x00C000C0) | ((word >> 5) & 0x01000100)
-    regs = [word & keep, (word << 3) & keep, (word << 6) & keep, r3]
+
+    def rotl(value: int, by: int) -> int:
+        return ((value << by) | (value >> (32 - by))) & 0xFFFFFFFF
+
+    r3 = ((word & 0x001B001B) * 0x4108) & keep
+    regs = [word & keep, rotl(word, 13) & keep, rotl(word, 10) & keep, r3]
     return [(r >> (16 * h)) & 0xFFFF for r in regs for h in (0, 1)]
 
 
 def test_lanes_read_as_the_reference_values() -> None:
     """Every code at every position of a word, through the decode's masks and shifts: each
     lane is the bf16 bit pattern of the reference value times 2^-126 (registers 0..2 one
-    shift each, register 3 the three-shift gather)."""
+    rotation each, register 3 the one-multiply gather)."""
     from kernelbay.formats import decode_e2m1
 
     want = (decode_e2m1(torch.arange(16, dtype=torch.uint8)) * 2.0**-126).to(torch.bfloat16)

@@ -7,6 +7,10 @@ imports torch); backends import it when they are built.
 
 from kernelbay.formats.e2m1 import E2M1_MAX, decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
 from kernelbay.formats.e2m1_words import (
+    GATHER_MASK,
+    GATHER_MULTIPLIER,
+    LANE_MASK,
+    LANE_ROTATIONS,
     checkpoint_layout,
     fragment_k_order,
     repack_e2m1_words,
@@ -45,6 +49,10 @@ __all__ = [
     "E8M0_BIAS",
     "E8M0_NAN",
     "FP8_BLOCK",
+    "GATHER_MASK",
+    "GATHER_MULTIPLIER",
+    "LANE_MASK",
+    "LANE_ROTATIONS",
     "MX_BLOCK",
     "NVFP4_BLOCK",
     "MXElem",

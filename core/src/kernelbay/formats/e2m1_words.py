@@ -1,17 +1,26 @@
 """The repacked E2M1 word layout that GPU kernels decode in registers (the NVFP4 and MXFP4
-plugins' ``repacked`` kernels): eight codes per int32 word placed so that the decode is one
-mask for the first two elements, one shift and one mask for the next four and three shifts
-and three masks for the last two, where the checkpoint's nibble order needs about twice as
-many integer instructions and a permutation of the activations. One table
-(``word_bit_positions``) serves both directions and every kernel.
+plugins' ``repacked`` and ``fragment`` kernels): eight codes per int32 word placed so that
+the decode takes eight integer instructions per word (a mask for the first two elements, a
+rotation and a mask for each of the next two pairs, a mask, a multiply and a mask for the
+last pair), where the checkpoint's nibble order needs about twice as many and a permutation
+of the activations. One table (``word_bit_positions``) serves both directions and every
+kernel.
 
 Element ``e`` (0..7) of a word sits in register ``r = e // 2`` (one bf16x2 register of the
 decoded tile), half ``h = e % 2``. The decode wants each lane as bf16 bits ``s`` at 15 and
-``e1 e0 m`` at 8..6 (the lane then reads as ``e2m1 * 2^-126``), i.e. the mask
-``0x81C081C0`` over the 32-bit register. Register 0 is the word itself, registers 1 and 2 the
-word shifted left by 3 and 6 (the only shifts whose sources do not collide), register 3
-collects the 8 bits left over (sign from a left shift by 1, ``m e0`` from a right shift by 4,
-``e1`` from a right shift by 5). ``word_bit_positions`` is the table both directions use.
+``e1 e0 m`` at 8..6 (the lane then reads as ``e2m1 * 2^-126``), i.e. ``LANE_MASK =
+0x81C081C0`` over the 32-bit register:
+
+* register 0 is the word under the mask;
+* registers 1 and 2 are the word rotated left by ``LANE_ROTATIONS`` (13 and 10 bits) under
+  the mask. A rotation is one funnel-shift instruction, and its wrap-around is what lets
+  three registers' sources leave the last pair's bits in a form one multiply can gather:
+  with plain shifts only 0, 3 and 6 fit, and the leftover bits needed three shifts and three
+  masks (the previous layout);
+* register 3 gathers the eight bits left over (``GATHER_MASK``) with one multiply by
+  ``GATHER_MULTIPLIER = 2^3 + 2^8 + 2^14`` (three shifted copies added: each source bit
+  reaches its target through exactly one copy, and the other copies' bits and their carries
+  stay outside the mask, which the tests check for all 256 patterns) under the mask.
 
 Two K orders (``ORDERS``) say which eight elements a word holds:
 
@@ -35,24 +44,36 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["ORDERS", "checkpoint_layout", "fragment_k_order", "repack_e2m1_words",
-           "unpack_e2m1_words", "word_bit_positions", "words_order"]
+__all__ = ["GATHER_MASK", "GATHER_MULTIPLIER", "LANE_MASK", "LANE_ROTATIONS", "ORDERS",
+           "checkpoint_layout", "fragment_k_order", "repack_e2m1_words", "unpack_e2m1_words",
+           "word_bit_positions", "words_order"]
 
 #: The K orders of the repacked words (see the module docstring).
 ORDERS = ("k", "fragment")
+#: Each decoded register keeps these bits: the sign at 15 and ``e1 e0 m`` at 8..6 of both
+#: 16-bit lanes.
+LANE_MASK = 0x81C081C0
+#: The left rotations of a word that give registers 0, 1 and 2 under ``LANE_MASK``.
+LANE_ROTATIONS = (0, 13, 10)
+#: Register 3 is ``((word & GATHER_MASK) * GATHER_MULTIPLIER) & LANE_MASK`` (32-bit product).
+GATHER_MASK = 0x001B001B
+GATHER_MULTIPLIER = (1 << 3) | (1 << 8) | (1 << 14)
+#: Register 3's source bits (sign, e1, e0, m) in the low lane (the high lane's: plus 16), which
+#: the multiplier's copies shifted by 14, 8, 3 and 3 put on 15, 8, 7 and 6.
+_GATHER_SOURCES = (1, 0, 4, 3)
 
 
 def word_bit_positions() -> tuple[tuple[int, int, int, int], ...]:
     """For element e = 0..7 of a word: bit positions (sign, e1, e0, m) in the int32 word."""
-    out = []
+    out: list[tuple[int, int, int, int]] = []
     for e in range(8):
         reg, half = divmod(e, 2)
         base = 16 * half
         if reg == 3:
-            sign, e1, m = 14, 13, 10
-        else:
-            sign, e1, m = 15 - 3 * reg, 8 - 3 * reg, 6 - 3 * reg
-        out.append((sign + base, e1 + base, m + 1 + base, m + base))
+            sign, e1, e0, m = (p + base for p in _GATHER_SOURCES)
+        else:  # the bits that rotating left by LANE_ROTATIONS[reg] moves onto the targets
+            sign, e1, e0, m = ((t + base - LANE_ROTATIONS[reg]) % 32 for t in (15, 8, 7, 6))
+        out.append((sign, e1, e0, m))
     return tuple(out)
 
 

@@ -7,9 +7,10 @@ modules import this, when a backend is built (never ``kernelbay`` or ``kernelbay
 * ``repacked_lanes(u)``: the GPU decode's integer part. From uint32 words, the four 32-bit
   registers whose two 16-bit lanes read as bf16 ``e2m1 * 2^-126`` (sign at bit 15,
   ``e1 e0 m`` at bits 8..6; code 1 is the subnormal 2^-127): element ``2r + h`` of a word in
-  register ``r``, half ``h``. Registers 0..2 are the word shifted left by 0 / 3 / 6 under one
-  mask, register 3 gathers the leftover bits with three shifts. A packed bf16 multiply by the
-  block scale (times 2^126 and whatever power of two the caller folds in) finishes the decode.
+  register ``r``, half ``h``. Registers 0..2 are the word rotated left by ``LANE_ROTATIONS``
+  under one mask, register 3 gathers the leftover bits with one multiply (``e2m1_words``). A
+  packed bf16 multiply by the block scale (times 2^126 and whatever power of two the caller
+  folds in) finishes the decode.
 * ``fragment_to_k(w, R, BK)``: a tile decoded from ``"fragment"``-order words, relabelled to
   K order (no data moves when it feeds an sm_90 ``wgmma`` as the register operand);
   ``fragment_tile`` does the same from the four scaled registers of ``repacked_lanes``;
@@ -26,6 +27,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernelbay.formats.e2m1_words import (
+    GATHER_MASK,
+    GATHER_MULTIPLIER,
+    LANE_MASK,
+    LANE_ROTATIONS,
+    word_bit_positions,
+)
+
 __all__ = ["MULTIPLY_LANES_PTX", "fragment_tile", "fragment_to_k", "repacked_codes",
            "repacked_lanes", "repacked_lanes16", "weight_dot"]
 
@@ -39,14 +48,30 @@ fma.rn.bf16x2 $0, $1, $2, nz;
 }""")
 
 
+_KEEP = tl.constexpr(LANE_MASK)
+_ROT1 = tl.constexpr(LANE_ROTATIONS[1])
+_ROT2 = tl.constexpr(LANE_ROTATIONS[2])
+_GATHER_MASK = tl.constexpr(GATHER_MASK)
+_GATHER_MULTIPLIER = tl.constexpr(GATHER_MULTIPLIER)
+
+
+def _field_at(field: int) -> tl.constexpr:
+    """``word_bit_positions``' column ``field`` (0 sign, 1 e1, 3 m) as one constant: element
+    e's bit position in bits 5e .. 5e + 4, so that a kernel reads the table with shifts."""
+    return tl.constexpr(sum(bits[field] << (5 * e) for e, bits in enumerate(word_bit_positions())))
+
+
+_SIGN_AT, _E1_AT, _M_AT = _field_at(0), _field_at(1), _field_at(3)
+
+
 @triton.jit
 def repacked_lanes(u):
     """Repacked words (uint32) -> the four bf16x2 registers ``e2m1 * 2^-126`` (see above)."""
-    keep = 0x81C081C0
-    r0 = u & keep
-    r1 = (u << 3) & keep
-    r2 = (u << 6) & keep
-    r3 = ((u << 1) & 0x80008000) | ((u >> 4) & 0x00C000C0) | ((u >> 5) & 0x01000100)
+    r0 = u & _KEEP
+    # rotations (one funnel shift each on the GPU)
+    r1 = ((u << _ROT1) | (u >> (32 - _ROT1))) & _KEEP
+    r2 = ((u << _ROT2) | (u >> (32 - _ROT2))) & _KEEP
+    r3 = ((u & _GATHER_MASK) * _GATHER_MULTIPLIER) & _KEEP
     return r0, r1, r2, r3
 
 
@@ -65,12 +90,10 @@ def repacked_lanes16(u, R: tl.constexpr, KQ: tl.constexpr):
 @triton.jit
 def repacked_codes(u):
     """Repacked words uint32 [R, KQ] -> E2M1 codes [R, KQ, 8] in K order."""
-    pos = tl.arange(0, 8)
-    reg = pos // 2
-    half = (pos % 2) * 16
-    sign_at = (tl.where(reg == 3, 14, 15 - 3 * reg) + half).to(tl.uint32)
-    e1_at = (tl.where(reg == 3, 13, 8 - 3 * reg) + half).to(tl.uint32)
-    m_at = (tl.where(reg == 3, 10, 6 - 3 * reg) + half).to(tl.uint32)
+    shift = (tl.arange(0, 8) * 5).to(tl.int64)
+    sign_at = ((tl.full((8,), _SIGN_AT, tl.int64) >> shift) & 31).to(tl.uint32)
+    e1_at = ((tl.full((8,), _E1_AT, tl.int64) >> shift) & 31).to(tl.uint32)
+    m_at = ((tl.full((8,), _M_AT, tl.int64) >> shift) & 31).to(tl.uint32)  # e0: just above m
     w = u[:, :, None]
     return ((((w >> sign_at[None, None, :]) & 1) << 3) | (((w >> e1_at[None, None, :]) & 1) << 2)
             | ((w >> m_at[None, None, :]) & 3))

@@ -160,8 +160,9 @@ def decode_e2m1_pairs(words, sbytes, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.
     otherwise).
 
     ``REPACKED``: the words of ``kernelbay.formats.repack_e2m1_words``, in the natural K
-    order: ``repacked_lanes16`` gives the bf16 lanes with one mask, or a shift and a mask, per
-    two elements for elements 0..5 of a word, and the PTX is the multiply alone.
+    order: ``repacked_lanes16`` gives the bf16 lanes with one mask, or a rotation and a mask,
+    per two elements for elements 0..5 of a word (a mask, a multiply and a mask for 6..7), and
+    the PTX is the scale multiply alone.
 
     Otherwise the packed bytes read four at a time, the tile in ``PAIR_ORDER`` within each
     word: one 32-bit shift per word and j (0..3) puts element j's code in bits 12..15 and

@@ -25,7 +25,7 @@ Paths (``GemmConfig.path``):
   instructions per element), the tile in ``PAIR_ORDER`` along K and the activation tile
   permuted in registers to match.
 * ``repacked``: the repacked words, decoded by ``decode_e2m1_pairs(REPACKED=True)`` in the
-  natural K order (most element pairs one mask, or one shift and one mask; the PTX is the
+  natural K order (most element pairs one mask, or one rotation and one mask; the PTX is the
   scale multiply alone).
 * ``fragment``: the repacked words in the ``"fragment"`` K order (int32 [N, K/32, 4],
   what ``prepare_weight`` stores on CUDA), decoded by ``decode_e2m1_fragment`` into the

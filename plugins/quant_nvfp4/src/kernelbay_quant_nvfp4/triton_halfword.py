@@ -147,9 +147,10 @@ def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.conste
     ``e2m1 * S * 2^-8`` [R, 8 KQ]: bf16 (``ASM``) or fp32 holding the same values (plain).
 
     ``REPACKED``: the words of ``kernelbay.formats.repack_e2m1_words``, decoded in the natural
-    K order by ``repacked_lanes16`` (one mask, or a shift and a mask, per two elements for
-    elements 0..5) and one packed multiply (the ``pr-*`` kernels: 4.2-4.7 SASS instructions
-    per element in the K loop of the 16-row tiles).
+    K order by ``repacked_lanes16`` (one mask, or a rotation and a mask, per two elements for
+    elements 0..5; a mask, a multiply and a mask for 6..7) and one packed multiply (the
+    ``pr-*`` kernels: 4.2-4.7 SASS instructions per element in the K loop of the 16-row
+    tiles, with the previous word layout).
 
     Otherwise the checkpoint's bytes read four at a time (element ``j`` in nibble ``j``),
     each word's elements in ``PAIR_ORDER`` (0, 4, 1, 5, 2, 6, 3, 7): one 32-bit shift puts

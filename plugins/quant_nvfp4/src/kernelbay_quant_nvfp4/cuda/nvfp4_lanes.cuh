@@ -19,13 +19,15 @@ __device__ __forceinline__ u32 scaled(u32 lanes, u32 mult) {
   return out;
 }
 
-// Register r (0..3) of a word: elements 2r and 2r + 1 as bf16 e2m1 * 2^-126.
+// Register r (0..3) of a word: elements 2r and 2r + 1 as bf16 e2m1 * 2^-126 (the layout's
+// constants are kernelbay.formats.e2m1_words': LANE_MASK, LANE_ROTATIONS, GATHER_MASK and
+// GATHER_MULTIPLIER; the plugin's tests decode every code at every position through this).
 __device__ __forceinline__ u32 lanes_of(u32 u, int r) {
   const u32 keep = 0x81C081C0u;
   if (r == 0) return u & keep;
-  if (r == 1) return (u << 3) & keep;
-  if (r == 2) return (u << 6) & keep;
-  return ((u << 1) & 0x80008000u) | ((u >> 4) & 0x00C000C0u) | ((u >> 5) & 0x01000100u);
+  if (r == 1) return __funnelshift_l(u, u, 13) & keep;  // a rotation: one instruction
+  if (r == 2) return __funnelshift_l(u, u, 10) & keep;
+  return ((u & 0x001B001Bu) * 0x4108u) & keep;  // three shifted copies, one multiply
 }
 
 // The bf16 multiplier pair of a scale code (its low byte).
