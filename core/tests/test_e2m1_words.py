@@ -22,6 +22,8 @@ from kernelbay.formats import (
 def test_positions_use_every_bit_once() -> None:
     flat = [bit for element in word_bit_positions() for bit in element]
     assert sorted(flat) == list(range(32))
+    # the portable decode (repacked_codes) reads e0 and m as one two-bit field
+    assert all(e0 == m + 1 for _, _, e0, m in word_bit_positions())
 
 
 def test_registers_read_as_bf16_after_their_rotation() -> None:

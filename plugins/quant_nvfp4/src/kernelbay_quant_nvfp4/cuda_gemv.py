@@ -98,12 +98,24 @@ def config_for_m(m: int, n: int = 0, k: int = 0, sms: int = 132) -> GemvConfig:
 
 
 def cuda_source(file: str, prelude: str = "") -> str:
-    """A kernel source of this plugin's ``cuda`` folder as NVRTC compiles it: after the
-    shared fragment-word decode (``nvfp4_lanes.cuh``; NVRTC resolves only the core's
-    headers, so the plugin's own is put in front of the text) and ``prelude`` (generated
-    device code the kernel calls)."""
+    """A kernel source of this plugin's ``cuda`` folder as NVRTC compiles it: after the word
+    layout's constants (``kernelbay.formats.e2m1_words``, as macros), the shared
+    fragment-word decode (``nvfp4_lanes.cuh``; NVRTC resolves only the core's headers, so the
+    plugin's own is put in front of the text) and ``prelude`` (generated device code the
+    kernel calls)."""
+    from kernelbay.formats.e2m1_words import (
+        GATHER_MASK,
+        GATHER_MULTIPLIER,
+        LANE_MASK,
+        LANE_ROTATIONS,
+    )
+
+    layout = (f"#define E2M1_LANE_MASK {LANE_MASK:#x}u\n"
+              f"#define E2M1_ROT1 {LANE_ROTATIONS[1]}\n#define E2M1_ROT2 {LANE_ROTATIONS[2]}\n"
+              f"#define E2M1_GATHER_MASK {GATHER_MASK:#x}u\n"
+              f"#define E2M1_GATHER_MULTIPLIER {GATHER_MULTIPLIER:#x}u")
     folder = resources.files("kernelbay_quant_nvfp4") / "cuda"
-    return "\n".join([(folder / "nvfp4_lanes.cuh").read_text(), prelude,
+    return "\n".join([layout, (folder / "nvfp4_lanes.cuh").read_text(), prelude,
                       (folder / file).read_text()])
 
 

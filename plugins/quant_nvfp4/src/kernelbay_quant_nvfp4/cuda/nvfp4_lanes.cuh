@@ -19,15 +19,21 @@ __device__ __forceinline__ u32 scaled(u32 lanes, u32 mult) {
   return out;
 }
 
-// Register r (0..3) of a word: elements 2r and 2r + 1 as bf16 e2m1 * 2^-126 (the layout's
-// constants are kernelbay.formats.e2m1_words': LANE_MASK, LANE_ROTATIONS, GATHER_MASK and
-// GATHER_MULTIPLIER; the plugin's tests decode every code at every position through this).
+// The word layout's constants, defined by the host from kernelbay.formats.e2m1_words
+// (cuda_gemv.cuda_source): one layout for the Triton and the CUDA decodes.
+#if !defined(E2M1_LANE_MASK) || !defined(E2M1_ROT1) || !defined(E2M1_ROT2) || \
+    !defined(E2M1_GATHER_MASK) || !defined(E2M1_GATHER_MULTIPLIER)
+#error "the E2M1 word layout's constants come from cuda_gemv.cuda_source"
+#endif
+
+// Register r (0..3) of a word: elements 2r and 2r + 1 as bf16 e2m1 * 2^-126 (registers 1 and
+// 2: a rotation, one instruction; register 3: three shifted copies added by one multiply).
 __device__ __forceinline__ u32 lanes_of(u32 u, int r) {
-  const u32 keep = 0x81C081C0u;
+  const u32 keep = E2M1_LANE_MASK;
   if (r == 0) return u & keep;
-  if (r == 1) return __funnelshift_l(u, u, 13) & keep;  // a rotation: one instruction
-  if (r == 2) return __funnelshift_l(u, u, 10) & keep;
-  return ((u & 0x001B001Bu) * 0x4108u) & keep;  // three shifted copies, one multiply
+  if (r == 1) return __funnelshift_l(u, u, E2M1_ROT1) & keep;
+  if (r == 2) return __funnelshift_l(u, u, E2M1_ROT2) & keep;
+  return ((u & E2M1_GATHER_MASK) * E2M1_GATHER_MULTIPLIER) & keep;
 }
 
 // The bf16 multiplier pair of a scale code (its low byte).
