@@ -244,12 +244,15 @@ __device__ __forceinline__ void chunk_scores(int j, float (*d)[4], const u32 (&k
 
 // 4-5. values, 16 keys per MMA: A = P[16 heads, keys 16k..] (key order = score column
 // order; pa[2i + h]: keys of 8-key group 2k + i, head g + 8h), B = each 8 x 8 block of keys x
-// values of the warp's latent chunks, transposed.
+// values of the warp's latent chunks, transposed. ALL_LATENT: every chunk of the warp is
+// latent, known at compile time (no branch per chunk, each of which cost a warp
+// reconvergence before its movmatrix).
+template <bool ALL_LATENT>
 __device__ __forceinline__ void value_step(float (&acc)[CHUNKS][4][4], const u32 (&pa)[4],
                                            const u32 (&kb)[G8][CHUNKS][4], int k, int warp) {
 #pragma unroll
   for (int j = 0; j < CHUNKS; ++j) {
-    if (warp * 128 + j * 32 < RANK) {
+    if (ALL_LATENT || warp * 128 + j * 32 < RANK) {
 #pragma unroll
       for (int b = 0; b < 4; ++b)
         mma(acc[j][b], pa, transpose8x8(kb[2 * k][j][b]), transpose8x8(kb[2 * k + 1][j][b]));
@@ -257,28 +260,47 @@ __device__ __forceinline__ void value_step(float (&acc)[CHUNKS][4][4], const u32
   }
 }
 
-__device__ __forceinline__ void value_products(float (&acc)[CHUNKS][4][4], const float (&p)[G8][4],
-                                               const u32 (&kb)[G8][CHUNKS][4], int warp) {
+// Whether every chunk of the warp is latent (the warps past them skip their rope chunks).
+__device__ __forceinline__ bool all_latent(int warp) { return (warp + 1) * 128 <= RANK; }
+
+template <bool ALL_LATENT>
+__device__ __forceinline__ void value_products_as(float (&acc)[CHUNKS][4][4],
+                                                  const float (&p)[G8][4],
+                                                  const u32 (&kb)[G8][CHUNKS][4], int warp) {
 #pragma unroll
   for (int k = 0; k < G8 / 2; ++k) {
     const u32 pa[4] = {pack_bf16(p[2 * k][0], p[2 * k][1]), pack_bf16(p[2 * k][2], p[2 * k][3]),
                        pack_bf16(p[2 * k + 1][0], p[2 * k + 1][1]),
                        pack_bf16(p[2 * k + 1][2], p[2 * k + 1][3])};
-    value_step(acc, pa, kb, k, warp);
+    value_step<ALL_LATENT>(acc, pa, kb, k, warp);
   }
+}
+
+__device__ __forceinline__ void value_products(float (&acc)[CHUNKS][4][4], const float (&p)[G8][4],
+                                               const u32 (&kb)[G8][CHUNKS][4], int warp) {
+  if (all_latent(warp)) value_products_as<true>(acc, p, kb, warp);
+  else value_products_as<false>(acc, p, kb, warp);
 }
 
 // The same with the A fragments the warps shared (LAZY_MAX): step k's four registers side by
 // side per lane at p_slots + (k * 32 + lane) * 16.
-__device__ __forceinline__ void value_products_shared(float (&acc)[CHUNKS][4][4], u32 p_slots,
-                                                      const u32 (&kb)[G8][CHUNKS][4], int warp,
-                                                      int lane) {
+template <bool ALL_LATENT>
+__device__ __forceinline__ void value_products_shared_as(float (&acc)[CHUNKS][4][4], u32 p_slots,
+                                                         const u32 (&kb)[G8][CHUNKS][4], int warp,
+                                                         int lane) {
 #pragma unroll
   for (int k = 0; k < G8 / 2; ++k) {
     const uint4 v = lds128(p_slots + (k * 32 + lane) * 16);
     const u32 pa[4] = {v.x, v.y, v.z, v.w};
-    value_step(acc, pa, kb, k, warp);
+    value_step<ALL_LATENT>(acc, pa, kb, k, warp);
   }
+}
+
+__device__ __forceinline__ void value_products_shared(float (&acc)[CHUNKS][4][4], u32 p_slots,
+                                                      const u32 (&kb)[G8][CHUNKS][4], int warp,
+                                                      int lane) {
+  if (all_latent(warp)) value_products_shared_as<true>(acc, p_slots, kb, warp, lane);
+  else value_products_shared_as<false>(acc, p_slots, kb, warp, lane);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
@@ -528,7 +550,8 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     // every warp has read this tile's records (the decode is behind it): its slot takes the
     // tile STAGES ahead
     issue(tile + STAGES, next_page, tb, tile_bar);
-    next_page = page_of(tile + STAGES + 1);
+    // only thread 0 copies: the other warps skip the index load's address arithmetic
+    if (warp == 0) next_page = page_of(tile + STAGES + 1);
 #endif
     static_assert(2 * G8 % WARPS == 0, "every warp sums the same number of pairs");
     // Pair q: 8-key group q / 2, head g + 8 (q % 2); a warp's pairs share its head (warp % 2).
@@ -541,9 +564,12 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
 #pragma unroll
     for (int r = 0; r < 2 * G8 / WARPS; ++r) {  // a fixed count: no loop over a warp index
       const int q = warp + WARPS * r;
-      float x = 0.f, y = 0.f;
+      // warp 0's partial first, then the others added in warp order (no 0 + first: an add
+      // the compiler must keep, as 0 + -0 is +0)
+      const float2 a0 = lds64f(red_base + ((q / 2) * 32 + lane) * 16 + 8 * (q % 2));
+      float x = a0.x, y = a0.y;
 #pragma unroll
-      for (int w = 0; w < WARPS; ++w) {
+      for (int w = 1; w < WARPS; ++w) {
         const float2 a = lds64f(red_base + ((w * G8 + q / 2) * 32 + lane) * 16 + 8 * (q % 2));
         x += a.x; y += a.y;
       }
