@@ -15,9 +15,10 @@
 //   1. decodes its 128 values of each key into bfloat16 registers, already in the layout of
 //      mma.sync m16n8k16's B operand (k = value, n = key): lane (g, c) = (lane / 4, lane % 4)
 //      takes key key_of(g) of each 8-key group (a permutation that spreads the loads over
-//      the banks) and the eight values 32j + 8c .. + 7 of its chunk j, i.e. the value order
-//      inside each 16-value MMA step is permuted; the query is loaded with the same
-//      permutation, and a dot product does not care about the order;
+//      the banks) and the eight values 32j + 8c .. + 7 of each chunk j, a register holding
+//      value i of chunks 2p and 2p + 1 side by side (one factor pair scales both), i.e. the
+//      value order inside each 16-value MMA step is permuted; the query is loaded with the
+//      same permutation, and a dot product does not care about the order;
 //   2. multiplies its query slice with them: partial scores [16 heads, TILE keys];
 //   3. adds the four warps' partial scores through shared memory (warp order, so the result
 //      does not depend on scheduling; SPLIT_SUM: each warp sums a quarter, then all read the
@@ -36,7 +37,8 @@
 // heads g and g + 8, written as one vector each: the normalised partial output (float32)
 // and its natural-log LSE when the context is split, else the bfloat16 output.
 //
-// Decoding a pair of codes: a byte permute puts each code in its own 16-bit lane with its
+// Decoding a pair of codes (value i of chunks 2p and 2p + 1): a byte permute of the two
+// chunks' words puts each code in its own 16-bit lane with its
 // sign replicated over the byte above; a shift by 4 and a mask leave the bfloat16 of
 // e4m3 * 2^-120 (subnormals and zeros included, exactly; the NaN codes 0x7f/0xff, which the
 // writer never stores outside NaN blocks, come out as +-480); one bf16x2 multiply by the exact
@@ -131,19 +133,6 @@ __device__ __forceinline__ u32 bf16x2_mul(u32 a, u32 b) {
   return out;
 }
 
-// Codes (byte sel, byte sel + 1) of word w as bfloat16 lanes of e4m3 * 2^-120.
-__device__ __forceinline__ u32 e4m3_pair(u32 w, u32 selector) {
-  u32 r;
-  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(w), "r"(selector));
-  return (r << 4) & 0x87F087F0u;
-}
-
-// The bfloat16 pair (2^x, 2^x) for an exponent x in [-126, 127].
-__device__ __forceinline__ u32 pow2_pair(int x) {
-  const u32 bits = (u32)(x + 127) << 7;
-  return bits | (bits << 16);
-}
-
 // The first factors of a word of four scale bytes: byte j becomes byte + 120, the bfloat16
 // exponent field of 2^(byte - 7), which ``factor`` places in both lanes. Valid for bytes up
 // to 134 (no carry between bytes); ``large_scales`` finds the others.
@@ -155,33 +144,54 @@ __device__ __forceinline__ u32 large_scales(u32 scales) {
   return ((scales & 0x7F7F7F7Fu) + 0x79797979u) & scales & 0x80808080u;
 }
 
-template <int J>
-__device__ __forceinline__ u32 factor(u32 bytes) {
-  u32 r;  // byte J into bytes 0 and 2, zeros (byte 4 of the zero operand) above them
-  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(bytes), "n"(0x4040 | (J << 8) | J));
+// The first factors of chunks 2P and 2P + 1 side by side: bytes 2P and 2P + 1 of ``bytes``
+// (``factor_bytes``) as the bfloat16 exponent fields of the low and the high lane.
+template <int P>
+__device__ __forceinline__ u32 pair_factor(u32 bytes) {
+  u32 r;  // byte 2P into byte 0, byte 2P + 1 into byte 2, zeros (byte 4 of the zero operand)
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(bytes), "n"(0x4040 | ((2 * P + 1) << 8) | 2 * P));
   return r << 7;
 }
 
-// Eight codes (one chunk of one key) times the first factor ``f``: four bf16x2 registers,
-// codes in order (register r holds codes 2r, 2r + 1).
-__device__ __forceinline__ void decode8(uint2 codes, u32 f, u32* out) {
-  out[0] = e4m3_pair(codes.x, 0x9180u);  // prmt: byte 0, its sign; byte 1, its sign
-  out[1] = e4m3_pair(codes.x, 0xB3A2u);
-  out[2] = e4m3_pair(codes.y, 0x9180u);
-  out[3] = e4m3_pair(codes.y, 0xB3A2u);
-#pragma unroll
-  for (int r = 0; r < 4; ++r) out[r] = bf16x2_mul(out[r], f);
+// Code i (< 4) of words a and b as the bfloat16 lanes (a_i, b_i) of e4m3 * 2^-120: one byte
+// permute (each code with its sign replicated over the byte above), a shift and a mask.
+template <int I>
+__device__ __forceinline__ u32 e4m3_cross(u32 a, u32 b) {
+  u32 r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r)
+      : "r"(a), "r"(b), "n"(I | ((8 | I) << 4) | ((4 + I) << 8) | ((12 + I) << 12)));
+  return (r << 4) & 0x87F087F0u;
 }
 
-// Eight codes times 2^(scale - 127) for any scale byte (two factors for bytes above 134,
-// where 2^(scale - 7) is past bfloat16's range; byte 255 is E8M0's NaN).
-__device__ __forceinline__ void decode8_any(uint2 codes, u32 scale, u32* out) {
-  const int e = (int)scale - 7;
-  decode8(codes, pow2_pair(e < 127 ? e : 127), out);
-  if (scale > 134u) {
-    const u32 f = scale == 255u ? 0x7FC07FC0u : pow2_pair(e - 127);
+// The eight codes of two chunks of one key (a: chunk 2P, b: chunk 2P + 1) times the factor
+// pair ``f`` (chunk 2P's in the low lane): register i holds code i of each chunk, (a_i, b_i).
+__device__ __forceinline__ void decode_pair(uint2 a, uint2 b, u32 f, u32* out) {
+  out[0] = e4m3_cross<0>(a.x, b.x);
+  out[1] = e4m3_cross<1>(a.x, b.x);
+  out[2] = e4m3_cross<2>(a.x, b.x);
+  out[3] = e4m3_cross<3>(a.x, b.x);
+  out[4] = e4m3_cross<0>(a.y, b.y);
+  out[5] = e4m3_cross<1>(a.y, b.y);
+  out[6] = e4m3_cross<2>(a.y, b.y);
+  out[7] = e4m3_cross<3>(a.y, b.y);
 #pragma unroll
-    for (int r = 0; r < 4; ++r) out[r] = bf16x2_mul(out[r], f);
+  for (int r = 0; r < 8; ++r) out[r] = bf16x2_mul(out[r], f);
+}
+
+// The bfloat16 bits of 2^x for x in [-126, 127].
+__device__ __forceinline__ u32 pow2_bits(int x) { return (u32)(x + 127) << 7; }
+
+// The same times 2^(scale - 127) for any scale bytes sa, sb (two factors for bytes above
+// 134, where 2^(scale - 7) is past bfloat16's range; byte 255 is E8M0's NaN).
+__device__ __forceinline__ void decode_pair_any(uint2 a, uint2 b, u32 sa, u32 sb, u32* out) {
+  const int ea = (int)sa - 7, eb = (int)sb - 7;
+  decode_pair(a, b, pow2_bits(ea < 127 ? ea : 127) | (pow2_bits(eb < 127 ? eb : 127) << 16),
+              out);
+  if (sa > 134u || sb > 134u) {
+    const u32 fa = sa == 255u ? 0x7FC0u : sa > 134u ? pow2_bits(ea - 127) : 0x3F80u;
+    const u32 fb = sb == 255u ? 0x7FC0u : sb > 134u ? pow2_bits(eb - 127) : 0x3F80u;
+#pragma unroll
+    for (int r = 0; r < 8; ++r) out[r] = bf16x2_mul(out[r], fa | (fb << 16));
   }
 }
 
@@ -252,7 +262,7 @@ __device__ __forceinline__ void value_step(float (&acc)[CHUNKS][4][4], const u32
                                            const u32 (&kb)[G8][CHUNKS][4], int k, int warp) {
 #pragma unroll
   for (int j = 0; j < CHUNKS; ++j) {
-    if (ALL_LATENT || warp * 128 + j * 32 < RANK) {
+    if (ALL_LATENT || warp * 128 + (j / 2) * 64 < RANK) {  // the pair's first chunk
 #pragma unroll
       for (int b = 0; b < 4; ++b)
         mma(acc[j][b], pa, transpose8x8(kb[2 * k][j][b]), transpose8x8(kb[2 * k + 1][j][b]));
@@ -374,18 +384,26 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       r0[j] = h0 < num_heads ? *(const uint4*)(q0 + col) : make_uint4(0, 0, 0, 0);
       r1[j] = h1 < num_heads ? *(const uint4*)(q1 + col) : make_uint4(0, 0, 0, 0);
     }
+    // Step 4p + t pairs value 2t (k = 2c, 2c + 1) and value 2t + 1 (k = 2c + 8, 2c + 9) of
+    // the lane's eight in chunk 2p with the same values of chunk 2p + 1, as the decoded
+    // registers do.
 #pragma unroll
-    for (int j = 0; j < CHUNKS; ++j) {
-      // step 2j: values 0..3 of the lane's eight; step 2j + 1: values 4..7
+    for (int p = 0; p < CHUNKS / 2; ++p) {
+      const u32 a0[4] = {r0[2 * p].x, r0[2 * p].y, r0[2 * p].z, r0[2 * p].w};
+      const u32 b0[4] = {r0[2 * p + 1].x, r0[2 * p + 1].y, r0[2 * p + 1].z, r0[2 * p + 1].w};
+      const u32 a1[4] = {r1[2 * p].x, r1[2 * p].y, r1[2 * p].z, r1[2 * p].w};
+      const u32 b1[4] = {r1[2 * p + 1].x, r1[2 * p + 1].y, r1[2 * p + 1].z, r1[2 * p + 1].w};
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const u32 step[4] = {__byte_perm(a0[t], b0[t], 0x5410), __byte_perm(a1[t], b1[t], 0x5410),
+                             __byte_perm(a0[t], b0[t], 0x7632), __byte_perm(a1[t], b1[t], 0x7632)};
 #if QSMEM
-      sts128(q_slots + (2 * j) * 512, r0[j].x, r1[j].x, r0[j].y, r1[j].y);
-      sts128(q_slots + (2 * j + 1) * 512, r0[j].z, r1[j].z, r0[j].w, r1[j].w);
+        sts128(q_slots + (4 * p + t) * 512, step[0], step[1], step[2], step[3]);
 #else
-      qa[2 * j][0] = r0[j].x; qa[2 * j][1] = r1[j].x; qa[2 * j][2] = r0[j].y;
-      qa[2 * j][3] = r1[j].y;
-      qa[2 * j + 1][0] = r0[j].z; qa[2 * j + 1][1] = r1[j].z;
-      qa[2 * j + 1][2] = r0[j].w; qa[2 * j + 1][3] = r1[j].w;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qa[4 * p + t][i] = step[i];
 #endif
+      }
     }
   }
 
@@ -492,8 +510,8 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
 
     const u32 tb = read_slot;
     read_slot = read_slot == last_slot ? tiles_base : read_slot + TILE_BYTES;
-    // 1. decode: kb[n][j][r], key key_of(g) of group n (key 8n + key_of(g)), chunk j,
-    // register r
+    // 1. decode: kb[n][2p + i / 4][i % 4], key key_of(g) of group n (key 8n + key_of(g)),
+    // value i of chunks 2p (low lane) and 2p + 1 (high lane)
     u32 kb[G8][CHUNKS][4];
     u32 scales[G8];
     // 2. partial scores of this warp's values: sc[n] = S[heads g / g + 8][columns 2c, 2c + 1
@@ -506,10 +524,10 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       const u32 rec = tb + (n * 8 + key_of(g)) * BPT;
       scales[n] = lds32(rec + SCALE_OFF + warp * CHUNKS);
       const u32 fb = factor_bytes(scales[n]);
-      decode8(lds64(rec + warp * 128 + c * 8), factor<0>(fb), kb[n][0]);
-      decode8(lds64(rec + warp * 128 + 32 + c * 8), factor<1>(fb), kb[n][1]);
-      decode8(lds64(rec + warp * 128 + 64 + c * 8), factor<2>(fb), kb[n][2]);
-      decode8(lds64(rec + warp * 128 + 96 + c * 8), factor<3>(fb), kb[n][3]);
+      decode_pair(lds64(rec + warp * 128 + c * 8), lds64(rec + warp * 128 + 32 + c * 8),
+                  pair_factor<0>(fb), kb[n][0]);
+      decode_pair(lds64(rec + warp * 128 + 64 + c * 8), lds64(rec + warp * 128 + 96 + c * 8),
+                  pair_factor<1>(fb), kb[n][2]);
     }
     // Scale bytes above 134 (values past 2^7 * 448) are rare: one vote per tile, and the
     // tile decoded again with two factors where a lane has one.
@@ -521,9 +539,11 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       for (int n = 0; n < G8; ++n) {
         const u32 rec = tb + (n * 8 + key_of(g)) * BPT;
 #pragma unroll
-        for (int j = 0; j < CHUNKS; ++j)
-          decode8_any(lds64(rec + warp * 128 + j * 32 + c * 8), (scales[n] >> (8 * j)) & 0xFFu,
-                      kb[n][j]);
+        for (int p = 0; p < CHUNKS / 2; ++p)
+          decode_pair_any(lds64(rec + warp * 128 + 64 * p + c * 8),
+                          lds64(rec + warp * 128 + 64 * p + 32 + c * 8),
+                          (scales[n] >> (16 * p)) & 0xFFu, (scales[n] >> (16 * p + 8)) & 0xFFu,
+                          kb[n][2 * p]);
       }
     }
 #pragma unroll
@@ -710,8 +730,9 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   }
 #endif
 
-  // Totals over the quad; lane (g, c) owns columns 128w + 32j + 8c + 2 * (b) + i of block b
-  // (block b = 2h + half: step 2j + h, register half) -- see the header.
+  // Totals over the quad; lane (g, c) owns columns 128w + 32j + 8c + i: accumulator block
+  // acc[2p + i / 4][i % 4], its low column for chunk j = 2p, its high one for 2p + 1 (the
+  // transposed register pairs chunk 2p with 2p + 1) -- see the header.
 #pragma unroll
   for (int o = 1; o < 4; o <<= 1) {
     l0 += __shfl_xor_sync(0xffffffffu, l0, o);
@@ -729,12 +750,11 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     for (int j = 0; j < CHUNKS; ++j) {
       const int col = warp * 128 + j * 32 + c * 8;
       if (col >= RANK) continue;
+      // value i of chunk j: block i of its pair (slot 2 (j / 2) + i / 4, register i % 4),
+      // the low column (fragment r) for chunk 2p, the high one (r + 1) for chunk 2p + 1
       float v[8];
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        v[2 * b] = acc[j][b][r] * inv;
-        v[2 * b + 1] = acc[j][b][r + 1] * inv;
-      }
+      for (int i = 0; i < 8; ++i) v[i] = acc[2 * (j / 2) + i / 4][i % 4][r + j % 2] * inv;
       if (split_out) {
         float* dst = part + (long long)t * part_stride_t + (long long)split * part_stride_s
                      + (long long)h * part_stride_h + col;
