@@ -134,7 +134,7 @@ __device__ __forceinline__ u32 bf16x2_mul(u32 a, u32 b) {
 }
 
 // The first factors of a word of four scale bytes: byte j becomes byte + 120, the bfloat16
-// exponent field of 2^(byte - 7), which ``factor`` places in both lanes. Valid for bytes up
+// exponent field of 2^(byte - 7), which ``pair_factor`` places in a lane. Valid for bytes up
 // to 134 (no carry between bytes); ``large_scales`` finds the others.
 __device__ __forceinline__ u32 factor_bytes(u32 scales) { return scales + 0x78787878u; }
 
@@ -164,18 +164,23 @@ __device__ __forceinline__ u32 e4m3_cross(u32 a, u32 b) {
 }
 
 // The eight codes of two chunks of one key (a: chunk 2P, b: chunk 2P + 1) times the factor
-// pair ``f`` (chunk 2P's in the low lane): register i holds code i of each chunk, (a_i, b_i).
-__device__ __forceinline__ void decode_pair(uint2 a, uint2 b, u32 f, u32* out) {
-  out[0] = e4m3_cross<0>(a.x, b.x);
-  out[1] = e4m3_cross<1>(a.x, b.x);
-  out[2] = e4m3_cross<2>(a.x, b.x);
-  out[3] = e4m3_cross<3>(a.x, b.x);
-  out[4] = e4m3_cross<0>(a.y, b.y);
-  out[5] = e4m3_cross<1>(a.y, b.y);
-  out[6] = e4m3_cross<2>(a.y, b.y);
-  out[7] = e4m3_cross<3>(a.y, b.y);
+// pair ``f`` (chunk 2P's in the low lane): code i of each chunk, (a_i, b_i), in lo[i] for
+// i < 4 (the codes of a.x, b.x) and hi[i - 4] above (a.y, b.y).
+__device__ __forceinline__ void decode_pair(uint2 a, uint2 b, u32 f, u32 (&lo)[4],
+                                            u32 (&hi)[4]) {
+  lo[0] = e4m3_cross<0>(a.x, b.x);
+  lo[1] = e4m3_cross<1>(a.x, b.x);
+  lo[2] = e4m3_cross<2>(a.x, b.x);
+  lo[3] = e4m3_cross<3>(a.x, b.x);
+  hi[0] = e4m3_cross<0>(a.y, b.y);
+  hi[1] = e4m3_cross<1>(a.y, b.y);
+  hi[2] = e4m3_cross<2>(a.y, b.y);
+  hi[3] = e4m3_cross<3>(a.y, b.y);
 #pragma unroll
-  for (int r = 0; r < 8; ++r) out[r] = bf16x2_mul(out[r], f);
+  for (int r = 0; r < 4; ++r) {
+    lo[r] = bf16x2_mul(lo[r], f);
+    hi[r] = bf16x2_mul(hi[r], f);
+  }
 }
 
 // The bfloat16 bits of 2^x for x in [-126, 127].
@@ -183,15 +188,19 @@ __device__ __forceinline__ u32 pow2_bits(int x) { return (u32)(x + 127) << 7; }
 
 // The same times 2^(scale - 127) for any scale bytes sa, sb (two factors for bytes above
 // 134, where 2^(scale - 7) is past bfloat16's range; byte 255 is E8M0's NaN).
-__device__ __forceinline__ void decode_pair_any(uint2 a, uint2 b, u32 sa, u32 sb, u32* out) {
+__device__ __forceinline__ void decode_pair_any(uint2 a, uint2 b, u32 sa, u32 sb,
+                                                u32 (&lo)[4], u32 (&hi)[4]) {
   const int ea = (int)sa - 7, eb = (int)sb - 7;
   decode_pair(a, b, pow2_bits(ea < 127 ? ea : 127) | (pow2_bits(eb < 127 ? eb : 127) << 16),
-              out);
+              lo, hi);
   if (sa > 134u || sb > 134u) {
     const u32 fa = sa == 255u ? 0x7FC0u : sa > 134u ? pow2_bits(ea - 127) : 0x3F80u;
     const u32 fb = sb == 255u ? 0x7FC0u : sb > 134u ? pow2_bits(eb - 127) : 0x3F80u;
 #pragma unroll
-    for (int r = 0; r < 8; ++r) out[r] = bf16x2_mul(out[r], fa | (fb << 16));
+    for (int r = 0; r < 4; ++r) {
+      lo[r] = bf16x2_mul(lo[r], fa | (fb << 16));
+      hi[r] = bf16x2_mul(hi[r], fa | (fb << 16));
+    }
   }
 }
 
@@ -525,9 +534,9 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       scales[n] = lds32(rec + SCALE_OFF + warp * CHUNKS);
       const u32 fb = factor_bytes(scales[n]);
       decode_pair(lds64(rec + warp * 128 + c * 8), lds64(rec + warp * 128 + 32 + c * 8),
-                  pair_factor<0>(fb), kb[n][0]);
+                  pair_factor<0>(fb), kb[n][0], kb[n][1]);
       decode_pair(lds64(rec + warp * 128 + 64 + c * 8), lds64(rec + warp * 128 + 96 + c * 8),
-                  pair_factor<1>(fb), kb[n][2]);
+                  pair_factor<1>(fb), kb[n][2], kb[n][3]);
     }
     // Scale bytes above 134 (values past 2^7 * 448) are rare: one vote per tile, and the
     // tile decoded again with two factors where a lane has one.
@@ -543,7 +552,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
           decode_pair_any(lds64(rec + warp * 128 + 64 * p + c * 8),
                           lds64(rec + warp * 128 + 64 * p + 32 + c * 8),
                           (scales[n] >> (16 * p)) & 0xFFu, (scales[n] >> (16 * p + 8)) & 0xFFu,
-                          kb[n][2 * p]);
+                          kb[n][2 * p], kb[n][2 * p + 1]);
       }
     }
 #pragma unroll
