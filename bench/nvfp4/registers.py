@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loop", action="store_true",
                    help="also count the K loop's instructions per weight element")
     p.add_argument("--dtypes", default="bf16,fp16", help="activation dtypes, e.g. bf16")
+    p.add_argument("--configs", default="",
+                   help="comma-separated config name prefixes (default: every candidate)")
     args = p.parse_args(argv)
     import triton
     from kernelbay_quant_nvfp4 import triton_halfword as th
@@ -44,10 +46,13 @@ def main(argv: list[str] | None = None) -> int:
         return (f" loop {len(body)} instr, {per:.2f}/element; "
                 + " ".join(f"{k}:{v}" for k, v in ops.most_common(8)))
 
+    prefixes = tuple(x for x in args.configs.split(",") if x)
     failed = 0
     for dt in args.dtypes.split(","):
         for c in CANDIDATES:
             if c.path in ("dequant", "cuda", "cuda-tiles"):  # the CUDA GEMV: cuda_gemv
+                continue
+            if prefixes and not c.name.startswith(prefixes):
                 continue
             for partial in (True, False):
                 fn = th.nvfp4_matmul_hw

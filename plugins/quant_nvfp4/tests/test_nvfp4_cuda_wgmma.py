@@ -210,6 +210,34 @@ def test_wgmma_groups_are_not_serialized(tmp_path: Any, monkeypatch: pytest.Monk
         assert "WARPGROUP.DEPBAR.LE gsb0, 0x0" in sass   # only the final drain
 
 
+@pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
+def test_scale_multipliers_are_operand_swizzles(tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+                                                ) -> None:
+    """One register holds the multipliers of two blocks (``multipliers2``); each packed
+    multiply takes its half through an operand swizzle (``.H0_H0`` / ``.H1_H1``), not through a
+    byte permute of its own. If ptxas stopped folding the half move, every multiply would get
+    an extra instruction: the wgmma GEMM and the CUDA GEMV both rely on it."""
+    import re
+
+    from kernelbay.testing.cubins import cubin_sass
+    from kernelbay_quant_nvfp4 import cuda_gemv
+
+    monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
+    cubins = [compile_cubin(source(b), "nvfp4_wgmma", ARCH, build_options(b))
+              for b in (DEFAULT_BUILD, NARROW)]
+    gemv = cuda_gemv.GemvConfig()
+    cubins.append(compile_cubin(cuda_gemv.cuda_source("nvfp4_gemv.cu"), "nvfp4_gemv", "sm_90",
+                                cuda_gemv.build_options(gemv)))
+    for cubin in cubins:
+        sass = cubin_sass(cubin)
+        if sass is None:
+            pytest.skip("cuobjdump not found (it comes with triton)")
+        multiplies = re.findall(r"HMUL2\.BF16_V2[^;]*;", sass)
+        assert multiplies
+        assert all(re.search(r"\.H([01])_H\1", m) for m in multiplies), multiplies[:4]
+        assert any(".H1_H1" in m for m in multiplies)
+
+
 gpu_sm90 = pytest.mark.skipif(not _on_sm90(), reason="needs compute capability 9.0")
 
 

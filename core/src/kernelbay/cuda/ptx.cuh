@@ -13,6 +13,14 @@ __device__ __forceinline__ void copy16(u32 dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src));
 }
 
+// copy16 where ``pred`` is nonzero, else nothing: one predicated instruction, no branch (the
+// source address is not read when the predicate is off).
+__device__ __forceinline__ void copy16_if(u32 pred, u32 dst, const void* src) {
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %2, 0;\n\t"
+               "@p cp.async.cg.shared.global [%0], [%1], 16;\n\t}"
+               :: "r"(dst), "l"(src), "r"(pred));
+}
+
 // 16 bytes of which the first ``src_bytes`` are read and the rest zero-filled (0: a zeroed slot).
 __device__ __forceinline__ void copy16_fill(u32 dst, const void* src, u32 src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src),

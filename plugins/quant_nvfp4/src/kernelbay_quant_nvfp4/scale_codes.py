@@ -8,9 +8,11 @@ transposed kernel every thread needs 32 of them per K tile. The multipliers of t
 E4M3 values are few and regular: for ``S > 0`` the bf16 bits of ``S * 2^118`` are
 ``e << 7 | m << 4`` with exponent field ``e`` in 236..253 and a 3-bit mantissa ``m``
 (subnormal ``S`` included: ``m * 2^-9`` is a normal bf16 after the shift). So the code
-``r = (e - 236) << 3 | m`` (0..142, one byte) gives the multiplier as ``r * 16 + 0x7600``,
-and two copies of it in one 32-bit register (what a packed ``fma.rn.bf16x2`` wants) as
-``r * 0x100010 + 0x76007600``: one ``IMAD``.
+``r = (e - 236) << 3 | m`` (0..142, one byte) gives the multiplier as ``r * 16 + 0x7600``.
+The CUDA and Triton decodes put two codes in the two 16-bit halves of one register (one byte
+permute) and make both blocks' multipliers with one multiply-add (``x * 16 + 0x76007600``);
+each packed ``fma.rn.bf16x2`` takes its block's half broadcast to both lanes through an
+operand swizzle of the multiply (``.H0_H0`` / ``.H1_H1``), which costs no instruction.
 
 A code has no sign and no zero, so ``fold_block_scales`` moves both into the E2M1 codes
 first, exactly: a block with a negative scale gets every code's sign flipped and ``|S|``

@@ -191,15 +191,38 @@ def decode_words(words, sbits, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.conste
     return out
 
 
-# One packed multiply of a repacked register's two lanes by its block's multiplier: $1 the
-# lanes (bf16 bits of e2m1 * 2^-126), $2 the scale code r (scale_codes), whose multiplier bits
-# r * 16 + 0x7600 go to both halves in one multiply-add; adding -0 keeps signed zeros.
-_CODE_SCALE_PTX = tl.constexpr("""{
-.reg .b32 m, nz;
-mov.b32 nz, 0x80008000;
-mad.lo.u32 m, $2, 0x100010, 0x76007600;
-fma.rn.bf16x2 $0, $1, m, nz;
+# The multipliers of two blocks side by side (scale_codes: code r -> bf16 bits r * 16 + 0x7600):
+# four codes $4 (bytes 0..3, pack=4) give the pair of codes 0 and 1 in $0 and of codes 2 and 3
+# in $2 ($1 and $3 repeat them; the caller keeps the even elements). One byte permute and one
+# multiply-add per two blocks, where making each multiplier took one of each.
+_CODE_PAIRS_PTX = tl.constexpr("""{
+.reg .b32 t;
+prmt.b32 t, $4, 0, 0x4140;
+mad.lo.u32 $0, t, 16, 0x76007600;
+prmt.b32 t, $4, 0, 0x4342;
+mad.lo.u32 $2, t, 16, 0x76007600;
+mov.b32 $1, $0;
+mov.b32 $3, $2;
 }""")
+
+
+def _pair_scale_ptx(half: str) -> str:
+    """PTX: one packed multiply of a repacked register's two lanes ($1: bf16 bits of
+    e2m1 * 2^-126) by half ``half`` ("l" or "h") of a multiplier pair ($2), broadcast to both
+    lanes (ptxas makes the broadcast an operand swizzle of the multiply, no instruction);
+    adding -0 keeps signed zeros."""
+    return f"""{{
+.reg .b16 l, h;
+.reg .b32 m, nz;
+mov.b32 {{l, h}}, $2;
+mov.b32 m, {{{half}, {half}}};
+mov.b32 nz, 0x80008000;
+fma.rn.bf16x2 $0, $1, m, nz;
+}}"""
+
+
+_PAIR_LO_SCALE_PTX = tl.constexpr(_pair_scale_ptx("l"))
+_PAIR_HI_SCALE_PTX = tl.constexpr(_pair_scale_ptx("h"))
 
 
 @triton.jit
@@ -209,25 +232,26 @@ def decode_fragment(words, codes, R: tl.constexpr, KQ: tl.constexpr, ASM: tl.con
     in K order: bf16 (``ASM``) or fp32 holding the same values (plain).
 
     Word ``4 b + c`` holds four elements of block ``2 b`` (registers 0, 1 of
-    ``repacked_lanes``) and four of block ``2 b + 1`` (registers 2, 3). Each register is
-    multiplied as a 32-bit value by its block's code (``_CODE_SCALE_PTX``: one multiply-add
-    makes the multiplier pair), so a scale costs one shared-memory byte load and one
-    multiply-add per thread, and the lanes are split into bf16 elements only at the end."""
+    ``repacked_lanes``) and four of block ``2 b + 1`` (registers 2, 3). The two blocks'
+    multipliers are made side by side in one register (``_CODE_PAIRS_PTX``: a byte permute
+    and a multiply-add per two blocks), each register is multiplied as a 32-bit value by the
+    half of its block, and the lanes are split into bf16 elements only at the end."""
     BK: tl.constexpr = KQ * 8
     B: tl.constexpr = KQ // 4
     u = words.to(tl.uint32, bitcast=True)
     if ASM:
         r0, r1, r2, r3 = repacked_lanes(u)
-        even, odd = tl.split(tl.reshape(codes.to(tl.uint32), (R, B, 2)))
-        m_even = tl.reshape(tl.broadcast_to(even[:, :, None], (R, B, 4)), (R, KQ))
-        m_odd = tl.reshape(tl.broadcast_to(odd[:, :, None], (R, B, 4)), (R, KQ))
-        v0 = tl.inline_asm_elementwise(_CODE_SCALE_PTX, "=r,r,r", [r0, m_even],
+        pairs = tl.inline_asm_elementwise(_CODE_PAIRS_PTX, "=r,=r,=r,=r,r", [codes],
+                                          dtype=tl.uint32, is_pure=True, pack=4)
+        pair, _ = tl.split(tl.reshape(pairs, (R, B, 2)))  # blocks 2b and 2b + 1
+        m = tl.reshape(tl.broadcast_to(pair[:, :, None], (R, B, 4)), (R, KQ))
+        v0 = tl.inline_asm_elementwise(_PAIR_LO_SCALE_PTX, "=r,r,r", [r0, m],
                                        dtype=tl.uint32, is_pure=True, pack=1)
-        v1 = tl.inline_asm_elementwise(_CODE_SCALE_PTX, "=r,r,r", [r1, m_even],
+        v1 = tl.inline_asm_elementwise(_PAIR_LO_SCALE_PTX, "=r,r,r", [r1, m],
                                        dtype=tl.uint32, is_pure=True, pack=1)
-        v2 = tl.inline_asm_elementwise(_CODE_SCALE_PTX, "=r,r,r", [r2, m_odd],
+        v2 = tl.inline_asm_elementwise(_PAIR_HI_SCALE_PTX, "=r,r,r", [r2, m],
                                        dtype=tl.uint32, is_pure=True, pack=1)
-        v3 = tl.inline_asm_elementwise(_CODE_SCALE_PTX, "=r,r,r", [r3, m_odd],
+        v3 = tl.inline_asm_elementwise(_PAIR_HI_SCALE_PTX, "=r,r,r", [r3, m],
                                        dtype=tl.uint32, is_pure=True, pack=1)
         out = fragment_tile(v0, v1, v2, v3, R, KQ)
     else:

@@ -4,8 +4,8 @@
 // STAGES, MIN_BLOCKS and TILED defined by the host. It reads the weight as the Triton
 // kernels store it: the fragment-order words of linear_triton.layout_tensors (word c of a
 // 32-element group holds elements 2c, 2c+1, 2c+8, 2c+9 and the same plus 16, as bf16 lanes
-// after repacked_lanes) and the uint8 scale codes whose bf16 multiplier pair is
-// code * 0x100010 + 0x76007600 (scale_codes.py; signs and zeros are folded into the words),
+// after repacked_lanes) and the uint8 scale codes whose bf16 multiplier is code * 16 + 0x7600
+// (scale_codes.py, two per register: multipliers2; signs and zeros are folded into the words),
 // either in the "tiles" layout (TILED, the default: [N/16, K/128, 256] words and
 // [N/16, K/128, 128] codes, each 16-row tile's 128-element chunks contiguous) or in the
 // row-major "fragment" layout ([N, K/32, 4] and [N, K/16]).

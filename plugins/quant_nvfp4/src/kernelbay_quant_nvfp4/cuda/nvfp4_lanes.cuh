@@ -5,19 +5,12 @@
 // A fragment-order word (linear_triton.layout_tensors) holds eight E2M1 codes; register r
 // (0..3) of the word is elements 2r and 2r + 1 of its order as two bf16 lanes reading
 // e2m1 * 2^-126 (sign at bit 15, e1 e0 m at bits 8..6), and one fma.rn.bf16x2 by a block's
-// multiplier pair (scale code * 0x100010 + 0x76007600, scale_codes.py) makes e2m1 * S * 2^-8,
+// multiplier (scale code * 16 + 0x7600 in both lanes, scale_codes.py) makes e2m1 * S * 2^-8,
 // exact in bf16.
 
 #pragma once
 
 #include "kernelbay/ptx.cuh"  // u32
-
-// Two lanes times their multiplier pair, plus -0 (zero products keep their sign).
-__device__ __forceinline__ u32 scaled(u32 lanes, u32 mult) {
-  u32 out;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(lanes), "r"(mult), "r"(0x80008000u));
-  return out;
-}
 
 // The word layout's constants, defined by the host from kernelbay.formats.e2m1_words
 // (cuda_gemv.cuda_source): one layout for the Triton and the CUDA decodes.
@@ -36,10 +29,31 @@ __device__ __forceinline__ u32 lanes_of(u32 u, int r) {
   return ((u & E2M1_GATHER_MASK) * E2M1_GATHER_MULTIPLIER) & keep;
 }
 
-// The bf16 multiplier pair of a scale code (its low byte).
-__device__ __forceinline__ u32 multiplier(u32 code) {
-  return (code & 0xFFu) * 0x100010u + 0x76007600u;
+// The bf16 multipliers of two scale codes side by side: bytes b and b + 1 of ``codes`` (b
+// even) zero-extended into the two 16-bit halves, then one multiply-add turns each code r into
+// r * 16 + 0x7600 (scale_codes.py): two blocks' multipliers for two instructions.
+__device__ __forceinline__ u32 multipliers2(u32 codes, int b) {
+  return __byte_perm(codes, 0u, b == 0 ? 0x4140u : 0x4342u) * 0x10u + 0x76007600u;
 }
+
+// Two lanes times multiplier h (0 or 1, a compile-time constant) of a pair, plus -0 (zero
+// products keep their sign). The broadcast of one half becomes an operand swizzle of the SASS
+// multiply (.H0_H0 / .H1_H1), not an instruction of its own.
+// (ptxas folds a PTX half move into the swizzle; a byte permute it keeps as an instruction.)
+#define KB_SCALED_BY(HALVES)                                                             \
+  asm("{\n\t.reg .b16 l, h;\n\t.reg .b32 m;\n\tmov.b32 {l, h}, %2;\n\t"                \
+      "mov.b32 m, " HALVES ";\n\tfma.rn.bf16x2 %0, %1, m, %3;\n\t}"                    \
+      : "=r"(out) : "r"(lanes), "r"(mults), "r"(0x80008000u))
+__device__ __forceinline__ u32 scaled_by(u32 lanes, u32 mults, int h) {
+  u32 out;
+  if (h == 0) {
+    KB_SCALED_BY("{l, l}");
+  } else {
+    KB_SCALED_BY("{h, h}");
+  }
+  return out;
+}
+#undef KB_SCALED_BY
 
 // One mma.sync m16n8k16 with bf16 operands, accumulating in d (fp32).
 __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
@@ -64,22 +78,19 @@ template <int TOKEN_TILES>
 __device__ __forceinline__ void chunk_mma(float (&acc)[TOKEN_TILES][4], const uint4 (&w)[2],
                                           const u32 (&code)[2],
                                           const uint4 (&xv)[TOKEN_TILES][4]) {
-  u32 mult[2][2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    mult[h][0] = multiplier(code[h]);
-    mult[h][1] = multiplier(code[h] >> 8);
-  }
+  // both codes' multipliers side by side, one pair per row (half h scales step half h)
+  const u32 mult0 = multipliers2(code[0], 0);
+  const u32 mult1 = multipliers2(code[1], 0);
 #pragma unroll
   for (int cw = 0; cw < 4; ++cw) {
     const u32 u0 = pick(w[0], cw);
     const u32 u1 = pick(w[1], cw);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const u32 a0 = scaled(lanes_of(u0, 2 * h), mult[0][h]);
-      const u32 a2 = scaled(lanes_of(u0, 2 * h + 1), mult[0][h]);
-      const u32 a1 = scaled(lanes_of(u1, 2 * h), mult[1][h]);
-      const u32 a3 = scaled(lanes_of(u1, 2 * h + 1), mult[1][h]);
+      const u32 a0 = scaled_by(lanes_of(u0, 2 * h), mult0, h);
+      const u32 a2 = scaled_by(lanes_of(u0, 2 * h + 1), mult0, h);
+      const u32 a1 = scaled_by(lanes_of(u1, 2 * h), mult1, h);
+      const u32 a3 = scaled_by(lanes_of(u1, 2 * h + 1), mult1, h);
 #pragma unroll
       for (int n = 0; n < TOKEN_TILES; ++n)
         mma16816(acc[n], a0, a1, a2, a3, pick(xv[n][2 * h], cw), pick(xv[n][2 * h + 1], cw));

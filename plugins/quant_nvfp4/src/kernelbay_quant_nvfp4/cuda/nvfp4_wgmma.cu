@@ -202,7 +202,7 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
 #if STREAM_K
       copy16(wb + wdst[0], wsrc);
       copy16(wb + wdst[1], wsrc + 128);
-      if (lane < 8) copy16(wb + W_WORDS + warp * 128 + lane * 16, csrc);
+      copy16_if(lane < 8, wb + W_WORDS + warp * 128 + lane * 16, csrc);
       wsrc += 256;
       csrc += 128;
       if (++wc == C) {   // on to the next CTA row tile's first chunk
@@ -212,9 +212,11 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
         csrc = codes + next * tile_chunks * 128 + lane * 16;
       }
 #else
-      copy16(wb + wdst[0], wsrc + j * 256);
-      copy16(wb + wdst[1], wsrc + j * 256 + 128);
-      if (lane < 8) copy16(wb + W_WORDS + warp * 128 + lane * 16, csrc + j * 128);
+      copy16(wb + wdst[0], wsrc);
+      copy16(wb + wdst[1], wsrc + 128);
+      copy16_if(lane < 8, wb + W_WORDS + warp * 128 + lane * 16, csrc);
+      wsrc += 256;   // running pointers: no 64-bit address arithmetic per chunk
+      csrc += 128;
 #endif
     }
     commit();
@@ -248,16 +250,16 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   auto unpack = [&](u32 (&a)[4][4], const Raw& raw) {
 #pragma unroll
     for (int gi = 0; gi < 2; ++gi) {
+      // the multipliers of steps 2gi and 2gi + 1 side by side, one pair per row
+      const u32 m0 = multipliers2(raw.c0, 2 * gi);
+      const u32 m1 = multipliers2(raw.c1, 2 * gi);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int s = 2 * gi + hh;
-        // byte s of the codes, zero-extended, by one byte permute (a shift and a mask before)
-        const u32 m0 = multiplier(__byte_perm(raw.c0, 0u, 0x4440u + s));
-        const u32 m1 = multiplier(__byte_perm(raw.c1, 0u, 0x4440u + s));
-        a[s][0] = scaled(lanes_of(raw.u[gi][0], 2 * hh), m0);
-        a[s][1] = scaled(lanes_of(raw.u[gi][1], 2 * hh), m1);
-        a[s][2] = scaled(lanes_of(raw.u[gi][0], 2 * hh + 1), m0);
-        a[s][3] = scaled(lanes_of(raw.u[gi][1], 2 * hh + 1), m1);
+        a[s][0] = scaled_by(lanes_of(raw.u[gi][0], 2 * hh), m0, hh);
+        a[s][1] = scaled_by(lanes_of(raw.u[gi][1], 2 * hh), m1, hh);
+        a[s][2] = scaled_by(lanes_of(raw.u[gi][0], 2 * hh + 1), m0, hh);
+        a[s][3] = scaled_by(lanes_of(raw.u[gi][1], 2 * hh + 1), m1, hh);
       }
     }
   };
