@@ -29,11 +29,12 @@ __device__ __forceinline__ u32 lanes_of(u32 u, int r) {
   return ((u & E2M1_GATHER_MASK) * E2M1_GATHER_MULTIPLIER) & keep;
 }
 
-// The bf16 multipliers of two scale codes side by side: bytes b and b + 1 of ``codes`` (b
-// even) zero-extended into the two 16-bit halves, then one multiply-add turns each code r into
-// r * 16 + 0x7600 (scale_codes.py): two blocks' multipliers for two instructions.
+// The bf16 multipliers of two scale codes side by side: bytes b and b + 1 of ``codes`` (b a
+// compile-time 0..2) zero-extended into the two 16-bit halves (selector bytes 4: zero), then
+// one multiply-add turns each code r into r * 16 + 0x7600 (scale_codes.py): two blocks'
+// multipliers for two instructions.
 __device__ __forceinline__ u32 multipliers2(u32 codes, int b) {
-  return __byte_perm(codes, 0u, b == 0 ? 0x4140u : 0x4342u) * 0x10u + 0x76007600u;
+  return __byte_perm(codes, 0u, 0x4040u | (u32)(b + 1) << 8 | (u32)b) * 0x10u + 0x76007600u;
 }
 
 // Two lanes times multiplier h (0 or 1, a compile-time constant) of a pair, plus -0 (zero

@@ -199,24 +199,18 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   auto fetch_w = [&](u32 j) {   // chunk j's weight into slot j % STAGES, then commit
     if (j < (u32)chunks) {
       const u32 wb = ws + (j % STAGES) * W_STAGE;
-#if STREAM_K
       copy16(wb + wdst[0], wsrc);
       copy16(wb + wdst[1], wsrc + 128);
       copy16_if(lane < 8, wb + W_WORDS + warp * 128 + lane * 16, csrc);
-      wsrc += 256;
+      wsrc += 256;   // running pointers: no 64-bit address arithmetic per chunk
       csrc += 128;
+#if STREAM_K
       if (++wc == C) {   // on to the next CTA row tile's first chunk
         wc = 0;
         const long long next = tile_of(++wr);
         wsrc = words + next * tile_chunks * 256 + lane * 4;
         csrc = codes + next * tile_chunks * 128 + lane * 16;
       }
-#else
-      copy16(wb + wdst[0], wsrc);
-      copy16(wb + wdst[1], wsrc + 128);
-      copy16_if(lane < 8, wb + W_WORDS + warp * 128 + lane * 16, csrc);
-      wsrc += 256;   // running pointers: no 64-bit address arithmetic per chunk
-      csrc += 128;
 #endif
     }
     commit();
