@@ -47,7 +47,8 @@ BUILDS = [WgmmaConfig(1, 64, 4, 2), WgmmaConfig(2, 128, 4, 1), WgmmaConfig(1, 25
           WgmmaConfig(3, 48, 3, 1), WgmmaConfig(2, 128, 5, 1), WgmmaConfig(1, 64, 4, 2, 3),
           WgmmaConfig(2, 128, 4, 1, 2), WIDE, replace(WIDE, split=2), WgmmaConfig(4, 64, 4, 1, 4),
           WgmmaConfig(3, 48, 3, 1, 3), replace(NARROW, stream_k=True),
-          replace(WIDE, stream_k=True), WgmmaConfig(1, 16, 4, 2, stream_k=True)]
+          replace(WIDE, stream_k=True), WgmmaConfig(1, 16, 4, 2, stream_k=True),
+          WgmmaConfig(4, 64, 3, 1, 4), WgmmaConfig(4, 64, 3, 1, stream_k=True)]
 
 
 def _on_sm90() -> bool:

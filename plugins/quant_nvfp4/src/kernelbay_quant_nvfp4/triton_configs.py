@@ -282,14 +282,18 @@ CANDIDATES: tuple[KernelConfig, ...] = (
         # chunk, from L2) are read once per CTA, so wider CTAs read fewer of them
         WgmmaConfig(4, 64, 4, 1, 2), WgmmaConfig(4, 64, 4, 1, 3), WgmmaConfig(4, 64, 4, 1, 4),
         WgmmaConfig(3, 64, 4, 1), WgmmaConfig(3, 64, 4, 1, 2), WgmmaConfig(3, 64, 4, 1, 3),
-        # deeper rings for the 64-token build (five and six stages fit its shared memory)
+        # three and more stages for the 64-token build (with three, as many as the register
+        # sets, every slot address is a constant in the loop)
+        WgmmaConfig(4, 64, 3, 1), WgmmaConfig(4, 64, 3, 1, 4), WgmmaConfig(2, 128, 3, 1),
+        WgmmaConfig(2, 128, 3, 1, 2),
         WgmmaConfig(4, 64, 5, 1), WgmmaConfig(4, 64, 6, 1), WgmmaConfig(4, 64, 5, 1, 4),
         WgmmaConfig(4, 64, 6, 1, 4),
         # 16 tokens: the Triton kernel's batch sizes, with 16 to 20 warps per SM
         WgmmaConfig(4, 16, 8, 1), WgmmaConfig(4, 16, 8, 1, 4), WgmmaConfig(2, 16, 8, 2, 4),
         WgmmaConfig(2, 16, 6, 2, 2), WgmmaConfig(2, 16, 6, 2, 4), WgmmaConfig(1, 16, 6, 4),
         WgmmaConfig(1, 16, 6, 4, 2), WgmmaConfig(1, 16, 6, 4, 4), WgmmaConfig(1, 16, 5, 5),
-        WgmmaConfig(1, 16, 5, 5, 2), WgmmaConfig(1, 16, 5, 5, 4),
+        WgmmaConfig(1, 16, 5, 5, 2), WgmmaConfig(1, 16, 5, 5, 4), WgmmaConfig(4, 16, 3, 1),
+        WgmmaConfig(4, 16, 3, 1, 4), WgmmaConfig(2, 16, 3, 2, 4), WgmmaConfig(1, 16, 3, 4, 4),
         # stream K: one CTA per SM over equal ranges of (row tile, chunk) units, for grids
         # that leave SMs idle or a partial last wave (within 2% of the defaults on the H200:
         # bench/results/nvfp4-sweep-wgmma-streamk-h200.md)

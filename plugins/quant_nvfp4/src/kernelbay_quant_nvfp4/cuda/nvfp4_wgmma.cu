@@ -160,9 +160,8 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   }
   __syncthreads();
 
-  // Chunk j's activations into slot j % STAGES (thread 0).
-  auto load_x = [&](u32 j) {
-    const int slot = j % STAGES;
+  // Chunk j's activations into its slot (thread 0).
+  auto load_x = [&](u32 j, u32 slot) {
     const u32 bar = full + slot * 8;
     mbar_expect(bar, X_STAGE);
 #if STREAM_K
@@ -196,9 +195,9 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   const unsigned char* csrc = codes + (tile * tile_chunks + c0) * 128 + lane * 16;
 #endif
 
-  auto fetch_w = [&](u32 j) {   // chunk j's weight into slot j % STAGES, then commit
+  auto fetch_w = [&](u32 j, u32 slot) {   // chunk j's weight into its slot, then commit
     if (j < (u32)chunks) {
-      const u32 wb = ws + (j % STAGES) * W_STAGE;
+      const u32 wb = ws + slot * W_STAGE;
       copy16(wb + wdst[0], wsrc);
       copy16(wb + wdst[1], wsrc + 128);
       copy16_if(lane < 8, wb + W_WORDS + warp * 128 + lane * 16, csrc);
@@ -228,8 +227,8 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   struct Raw {        // a half's codes (rows g and g + 8) and words (two groups, two rows)
     u32 c0, c1, u[2][2];
   };
-  auto load_half = [&](u32 j, int q) {
-    const u32 wb = ws + (j % STAGES) * W_STAGE;
+  auto load_half = [&](u32 slot, int q) {
+    const u32 wb = ws + slot * W_STAGE;
     Raw raw;
     raw.c0 = lds32(wb + cread + 4 * q);
     raw.c1 = lds32(wb + cread + 64 + 4 * q);
@@ -257,7 +256,7 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
       }
     }
   };
-  auto decode = [&](u32 (&a)[4][4], u32 j, int q) { unpack(a, load_half(j, q)); };
+  auto decode = [&](u32 (&a)[4][4], u32 slot, int q) { unpack(a, load_half(slot, q)); };
 
   float acc[NTOK / 2];
 #pragma unroll
@@ -269,10 +268,10 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   // Half q of chunk j as one wgmma group of four k16 steps: step s reads activation half q
   // at byte 32 s. The operands are pinned before the fence so that nothing defining them is
   // scheduled inside the group (ptxas would serialize it).
-  auto issue = [&](u32 (&a)[4][4], u32 j, int q) {
+  auto issue = [&](u32 (&a)[4][4], u32 slot, int q) {
     // Step s starts 32 bytes (two 16-byte units of the descriptor's address field) after step
     // s - 1; the field cannot carry over (shared addresses stay below 2^18).
-    const u64 desc0 = operand_desc(xs + (j % STAGES) * X_STAGE + q * (NTOK * 128));
+    const u64 desc0 = operand_desc(xs + slot * X_STAGE + q * (NTOK * 128));
     u64 desc[4];
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
@@ -333,10 +332,10 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   };
 
   if (tid == 0) {
-    for (u32 j = 0; j < STAGES && j < (u32)chunks; ++j) load_x(j);
+    for (u32 j = 0; j < STAGES && j < (u32)chunks; ++j) load_x(j, j);
   }
 #pragma unroll
-  for (u32 j = 0; j < STAGES; ++j) fetch_w(j);
+  for (u32 j = 0; j < STAGES; ++j) fetch_w(j, j);
   // Three register sets for the halves h = 2j + q in turn (set h % 3).
   u32 r0[4][4];
   u32 r1[4][4];
@@ -344,32 +343,41 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   weights_landed();   // chunk 0's
   decode(r0, 0, 0);
   decode(r1, 0, 1);
+  // The slot of chunk j + d, given chunk j's slot s. The steps below take their chunk's slot
+  // as an argument: with three stages, as many as the register sets, the loop's three steps
+  // have the constant slots 0, 1, 2 and every slot address folds into an immediate.
+  auto slot_plus = [](u32 s, int d) { return (u32)(((int)s + d + STAGES) % STAGES); };
+  // Chunk j's slot in a step that the loop runs as the p-th of three (j = p mod 3).
+  auto slot_of = [](u32 j, u32 p) { return STAGES == 3 ? p : j % STAGES; };
+
   // Step j: chunk j's halves in sets (a, b), chunk j + 1's decoded into (c, a). Chunk j's
-  // weight slot is free (decoded in step j - 1): chunk j + STAGES's weight goes there. After
+  // weight slot s is free (decoded in step j - 1): chunk j + STAGES's weight goes there. After
   // the first wait chunk j - 1 is retired: this warp releases its slot, and thread 0 refills
   // the slot of chunk j - 2 (released by every warp in step j - 1, unless one lags behind).
-  auto step = [&](u32 (&a)[4][4], u32 (&b)[4][4], u32 (&c)[4][4], u32 j) {
+  auto step = [&](u32 (&a)[4][4], u32 (&b)[4][4], u32 (&c)[4][4], u32 j, u32 s) {
     __syncwarp();   // every lane's reads of chunk j's weight slot before the copies refill it
-    fetch_w(j + STAGES);
+    fetch_w(j + STAGES, s);
     weights_landed();
-    mbar_wait(full + (j % STAGES) * 8, (j / STAGES) & 1);
+    mbar_wait(full + s * 8, (j / STAGES) & 1);
     // The next chunk's words and codes are read before each group is issued, so that their
     // latency passes during the wait (3% faster at N = K = 8192, M = 256 than after).
     const bool more = j + 1 < (u32)chunks;
+    const u32 s1 = slot_plus(s, 1);
     Raw next;
-    if (more) next = load_half(j + 1, 0);
-    issue(a, j, 0);
+    if (more) next = load_half(s1, 0);
+    issue(a, s, 0);
     wgmma_wait<1>();
-    if (j >= 1 && lane == 0) mbar_arrive(empty + ((j - 1) % STAGES) * 8);
+    if (j >= 1 && lane == 0) mbar_arrive(empty + slot_plus(s, -1) * 8);
     if (tid == 0 && j >= 2 && j - 2 + STAGES < (u32)chunks) {
-      mbar_wait(empty + ((j - 2) % STAGES) * 8, ((j - 2) / STAGES) & 1);
-      load_x(j - 2 + STAGES);
+      const u32 s2 = slot_plus(s, -2);
+      mbar_wait(empty + s2 * 8, ((j - 2) / STAGES) & 1);
+      load_x(j - 2 + STAGES, s2);
     }
     if (more) {
       unpack(c, next);
-      next = load_half(j + 1, 1);
+      next = load_half(s1, 1);
     }
-    issue(b, j, 1);
+    issue(b, s, 1);
     wgmma_wait<1>();
     if (more) unpack(a, next);
   };
@@ -383,11 +391,11 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
     for (; j < end; ++j) {
       const u32 phase = j % 3;
       if (phase == 0) {
-        step(r0, r1, r2, j);
+        step(r0, r1, r2, j, slot_of(j, 0));
       } else if (phase == 1) {
-        step(r2, r0, r1, j);
+        step(r2, r0, r1, j, slot_of(j, 1));
       } else {
-        step(r1, r2, r0, j);
+        step(r1, r2, r0, j, slot_of(j, 2));
       }
     }
     flush();
@@ -395,9 +403,9 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   wait_groups<0>();
 #else
   for (u32 j = 0; j < (u32)chunks; j += 3) {
-    step(r0, r1, r2, j);
-    if (j + 1 < (u32)chunks) step(r2, r0, r1, j + 1);
-    if (j + 2 < (u32)chunks) step(r1, r2, r0, j + 2);
+    step(r0, r1, r2, j, slot_of(j, 0));
+    if (j + 1 < (u32)chunks) step(r2, r0, r1, j + 1, slot_of(j + 1, 1));
+    if (j + 2 < (u32)chunks) step(r1, r2, r0, j + 2, slot_of(j + 2, 2));
   }
   wgmma_wait<0>();
 #pragma unroll
