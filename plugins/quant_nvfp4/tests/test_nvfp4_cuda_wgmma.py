@@ -48,7 +48,8 @@ BUILDS = [WgmmaConfig(1, 64, 4, 2), WgmmaConfig(2, 128, 4, 1), WgmmaConfig(1, 25
           WgmmaConfig(2, 128, 4, 1, 2), WIDE, replace(WIDE, split=2), WgmmaConfig(4, 64, 4, 1, 4),
           WgmmaConfig(3, 48, 3, 1, 3), replace(NARROW, stream_k=True),
           replace(WIDE, stream_k=True), WgmmaConfig(1, 16, 4, 2, stream_k=True),
-          WgmmaConfig(4, 64, 3, 1, 4), WgmmaConfig(4, 64, 3, 1, stream_k=True)]
+          WgmmaConfig(4, 64, 3, 1, 4), WgmmaConfig(4, 64, 3, 1, stream_k=True),
+          WgmmaConfig(4, 64, 4, 1, 4, unroll=3), WgmmaConfig(2, 64, 6, 1)]
 
 
 def _on_sm90() -> bool:
@@ -104,6 +105,14 @@ def test_builds_are_checked_and_fit() -> None:
     with pytest.raises(ValueError, match="split=2 with stream_k=True"):
         WgmmaConfig(4, 64, 4, 1, 2, stream_k=True).check()
     assert replace(NARROW, stream_k=True).name == "cw-g4n64s4b1sk"
+    # turns of the K loop: whole rings where that stays short, three steps otherwise
+    assert [WgmmaConfig(1, 64, s).turn for s in (3, 4, 5, 6, 8)] == [3, 12, 3, 6, 3]
+    assert replace(NARROW, stream_k=True).turn == 3 and NARROW.turn == 12
+    assert WgmmaConfig(1, 64, 4, unroll=3).name == "cw-g1n64s4b1u3"
+    with pytest.raises(ValueError, match="unroll=9"):
+        WgmmaConfig(1, 64, 3, unroll=9).check()
+    with pytest.raises(ValueError, match="unroll=6"):
+        WgmmaConfig(1, 64, 6, unroll=6, stream_k=True).check()
     with pytest.raises(ValueError, match="shared memory"):
         WgmmaConfig(2, 256, 5).check()
     for m in (17, 32, 64, 65, 128, 256, 1000):

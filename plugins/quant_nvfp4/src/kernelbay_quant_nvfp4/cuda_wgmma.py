@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -52,12 +53,26 @@ class WgmmaConfig:
     #: layer's (row tile, chunk) units across tile boundaries (``stream_plan``); the tiles'
     #: segments summed like split K.
     stream_k: bool = False
+    #: Steps per turn of the K loop, a multiple of the three register sets (``turn``); 0, the
+    #: default: the least common multiple of 3 and ``stages`` where that is at most 12, so
+    #: that every step's ring slot is a constant, else 3 (and 3 with stream K).
+    unroll: int = 0
 
     @property
     def name(self) -> str:
         return (f"cw-g{self.wg}n{self.ntok}s{self.stages}b{self.min_blocks}"
                 + (f"k{self.split}" if self.split > 1 else "")
-                + ("sk" if self.stream_k else ""))
+                + ("sk" if self.stream_k else "")
+                + (f"u{self.unroll}" if self.unroll else ""))
+
+    @property
+    def turn(self) -> int:
+        """Steps per turn of the K loop (``unroll`` resolved): 12 for four stages, 6 for six,
+        3 for three and otherwise."""
+        if self.unroll:
+            return self.unroll
+        both = 3 * self.stages // math.gcd(3, self.stages)
+        return 3 if self.stream_k or both > 12 else both
 
     def check(self) -> None:
         """``ValueError`` naming the field when the build cannot exist."""
@@ -70,6 +85,9 @@ class WgmmaConfig:
             raise ValueError(f"nvfp4 wgmma: stages={self.stages}; valid: >= 3")
         if self.split < 1:
             raise ValueError(f"nvfp4 wgmma: split={self.split}; valid: >= 1")
+        if self.unroll not in (0, 3, 6, 12) or (self.stream_k and self.turn != 3):
+            raise ValueError(f"nvfp4 wgmma: unroll={self.unroll}; valid: 0 (chosen by stages), "
+                             "3, 6 or 12 (0 or 3 with stream_k)")
         if self.stream_k and self.split != 1:
             raise ValueError(f"nvfp4 wgmma: split={self.split} with stream_k=True; stream K "
                              "sets its own ranges, valid: split=1")
@@ -221,7 +239,8 @@ def source(config: WgmmaConfig) -> str:
 def build_options(config: WgmmaConfig) -> list[str]:
     """The NVRTC options (macros) of a build."""
     return [f"-DWG={config.wg}", f"-DNTOK={config.ntok}", f"-DSTAGES={config.stages}",
-            f"-DMIN_BLOCKS={config.min_blocks}", f"-DSTREAM_K={int(config.stream_k)}"]
+            f"-DMIN_BLOCKS={config.min_blocks}", f"-DSTREAM_K={int(config.stream_k)}",
+            f"-DUNROLL={config.turn}"]
 
 
 @functools.cache

@@ -294,6 +294,10 @@ CANDIDATES: tuple[KernelConfig, ...] = (
         WgmmaConfig(1, 16, 6, 4, 2), WgmmaConfig(1, 16, 6, 4, 4), WgmmaConfig(1, 16, 5, 5),
         WgmmaConfig(1, 16, 5, 5, 2), WgmmaConfig(1, 16, 5, 5, 4), WgmmaConfig(4, 16, 3, 1),
         WgmmaConfig(4, 16, 3, 1, 4), WgmmaConfig(2, 16, 3, 2, 4), WgmmaConfig(1, 16, 3, 4, 4),
+        # the four-stage defaults in turns of three steps (slots computed per step), against
+        # their turns of twelve (constant slots)
+        WgmmaConfig(4, 64, 4, 1, 4, unroll=3), WgmmaConfig(4, 64, 4, 1, unroll=3),
+        WgmmaConfig(2, 128, 4, 1, unroll=3), WgmmaConfig(2, 128, 4, 1, 2, unroll=3),
         # stream K: one CTA per SM over equal ranges of (row tile, chunk) units, for grids
         # that leave SMs idle or a partial last wave (within 2% of the defaults on the H200:
         # bench/results/nvfp4-sweep-wgmma-streamk-h200.md)
