@@ -411,7 +411,7 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
   wait_groups<0>();
 #else
   // Turns of UNROLL steps (cuda_wgmma.WgmmaConfig.turn: twelve for four stages, so that each
-  // step's slot is a constant; 12% fewer loop instructions and 2.5-6% faster at 64 and 128
+  // step's slot is a constant; 9-12% fewer loop instructions and 2.5-6% faster at 64 and 128
   // tokens on the H200 than turns of three). The turn of three is spelled out: the generic
   // form scheduled 2% more instructions there.
   for (u32 j = 0; j < (u32)chunks; j += UNROLL) {
