@@ -151,7 +151,8 @@ WIDE = WgmmaConfig(2, 256, 3, 1)
 #: rows (they come from L2, and at 64 tokens they outweigh the weight), and 16 warps per SM hide
 #: more of the decode's latency. At M = 64 on the H200 it ran 26.7 / 79.7 / 72.7 us (8192 x 8192
 #: split in four, 28672 x 8192 unsplit, 8192 x 28672 split in four) against 28.1 / 84.6 / 76.9
-#: for the Triton kernel (bench/results/nvfp4-sweep-wgmma-m64-h200.md).
+#: for the Triton kernel (bench/results/nvfp4-sweep-wgmma-m64-h200.md); with its K loop in turns
+#: of twelve steps (``turn``), 24.3 / 69.1 / 66.2 us (bench/results/nvfp4-h200.md).
 NARROW = WgmmaConfig(4, 64, 4, 1)
 #: The fewest tokens the default build serves; below, the Triton kernels (not measured
 #: against it there).
