@@ -397,13 +397,13 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
     const u32 end = min((u32)chunks, j + C - (j == 0 ? c_first : 0));
     for (; j < end; ++j) {
       const u32 phase = j % 3;
-      // (stream K turns three steps at a time: constant slots with three stages only)
+      // (stream K turns three steps at a time, UNROLL = 3: constant slots with three stages)
       if (phase == 0) {
-        step(r0, r1, r2, j, STAGES == 3 ? 0u : j % STAGES);
+        step(r0, r1, r2, j, slot_of(j, 0));
       } else if (phase == 1) {
-        step(r2, r0, r1, j, STAGES == 3 ? 1u : j % STAGES);
+        step(r2, r0, r1, j, slot_of(j, 1));
       } else {
-        step(r1, r2, r0, j, STAGES == 3 ? 2u : j % STAGES);
+        step(r1, r2, r0, j, slot_of(j, 2));
       }
     }
     flush();
