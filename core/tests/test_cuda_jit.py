@@ -88,3 +88,59 @@ def test_tensor_map_rejects_what_the_hardware_would() -> None:
     assert "box 64 x 512" in reason(box_cols=512)
     assert "fit the 128-byte swizzle" in reason(box_cols=128)
     assert "multiple of 16" in reason(box_cols=4)
+
+
+def test_programmatic_launch_config_matches_the_driver_layout() -> None:
+    """``cuLaunchKernelEx``'s CUlaunchConfig as cuda.h lays it out on 64-bit hosts (grid and
+    block, shared bytes, the stream at byte 32, the attribute array at 40, its length at 48;
+    56 bytes) with one CUlaunchAttribute of 72 bytes: the id 6 (programmatic stream
+    serialization) in the first four, the 64-byte value union from byte 8 holding the int 1."""
+    import ctypes
+
+    from kernelbay.cuda_jit import programmatic_config
+
+    config, attr = programmatic_config((3, 2, 1), (128, 1, 1), 4096, 0xABC0)
+    raw = ctypes.string_at(ctypes.addressof(config), ctypes.sizeof(config))
+    assert len(raw) == 56
+    words = [int.from_bytes(raw[4 * i:4 * i + 4], "little") for i in range(7)]
+    assert words == [3, 2, 1, 128, 1, 1, 4096]
+    assert int.from_bytes(raw[32:40], "little") == 0xABC0
+    assert int.from_bytes(raw[40:48], "little") == ctypes.addressof(attr)
+    assert int.from_bytes(raw[48:52], "little") == 1
+    entry = ctypes.string_at(ctypes.addressof(attr), ctypes.sizeof(attr))
+    assert len(entry) == 72
+    assert int.from_bytes(entry[:4], "little") == 6
+    assert int.from_bytes(entry[8:12], "little") == 1 and entry[12:] == bytes(60)
+
+
+def test_programmatic_launch_reads_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off unless ``KERNELBAY_PDL=1``; any other value names itself and the valid set."""
+    from kernelbay.cuda_jit import programmatic_launch
+
+    monkeypatch.delenv("KERNELBAY_PDL", raising=False)
+    assert programmatic_launch() is False
+    monkeypatch.setenv("KERNELBAY_PDL", "1")
+    assert programmatic_launch() is True
+    monkeypatch.setenv("KERNELBAY_PDL", "0")
+    assert programmatic_launch() is False
+    monkeypatch.setenv("KERNELBAY_PDL", "yes")
+    with pytest.raises(ValueError, match=r"KERNELBAY_PDL='yes'; valid: '0'.*'1'"):
+        programmatic_launch()
+
+
+@pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
+def test_grid_dependency_control_only_from_sm_90(tmp_path: Any,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``grid_dependency_wait`` / ``grid_dependents_launch`` compile to the sm_90 instructions
+    there and to nothing for sm_80, so one source serves both."""
+    from kernelbay.testing.cubins import cubin_sass
+
+    monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
+    src = ('#include "kernelbay/ptx.cuh"\n'
+           'extern "C" __global__ void k(float* p) { grid_dependents_launch(); '
+           'grid_dependency_wait(); p[threadIdx.x] = 1.f; }')
+    sass = {arch: cubin_sass(compile_cubin(src, "probe", arch)) for arch in ("sm_80", "sm_90")}
+    if None in sass.values():
+        pytest.skip("cuobjdump not found (it comes with triton)")
+    assert "ACQBULK" in str(sass["sm_90"]) and "PREEXIT" in str(sass["sm_90"])
+    assert "ACQBULK" not in str(sass["sm_80"]) and "PREEXIT" not in str(sass["sm_80"])

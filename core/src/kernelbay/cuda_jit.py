@@ -34,7 +34,7 @@ from kernelbay.cache import cache_dir as _cache_root
 
 __all__ = ["HEADERS", "TENSOR_MAP_DTYPES", "CudaJitError", "Kernel", "cache_dir",
            "compile_cubin", "find_nvrtc", "headers", "load_kernel", "nvrtc_available",
-           "tensor_map_2d"]
+           "programmatic_config", "programmatic_launch", "tensor_map_2d"]
 
 #: The headers every compile can include, by include name, and their files in this package.
 HEADERS = {"kernelbay/ptx.cuh": "ptx.cuh"}
@@ -213,6 +213,46 @@ def _current(ctx: ctypes.c_void_p) -> Iterator[None]:
         lib.cuCtxPopCurrent(ctypes.byref(popped))
 
 
+class _LaunchAttribute(ctypes.Structure):
+    # CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union.
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4),
+                ("value", ctypes.c_char * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    # CUlaunchConfig of cuLaunchKernelEx.
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+#: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
+_PROGRAMMATIC_SERIALIZATION = 6
+
+
+def programmatic_config(grid: tuple[int, int, int], block: tuple[int, int, int],
+                        shared_bytes: int, stream: int) -> tuple[_LaunchConfig, Any]:
+    """The ``cuLaunchKernelEx`` configuration of a programmatic dependent launch, and the
+    attribute array it points to (keep both alive until the call returns)."""
+    attr = (_LaunchAttribute * 1)()
+    attr[0].id = _PROGRAMMATIC_SERIALIZATION
+    attr[0].value = (1).to_bytes(4, sys.byteorder) + bytes(60)   # allowed = 1
+    config = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block),
+                           shared_bytes, ctypes.c_void_p(stream),
+                           ctypes.cast(attr, ctypes.POINTER(_LaunchAttribute)), 1)
+    return config, attr
+
+
+def programmatic_launch() -> bool:
+    """Whether kernels that support it are launched as programmatic dependents of the kernel
+    before them (``KERNELBAY_PDL=1``; compute capability 9.0 and newer only; off by default:
+    ``0`` or unset). Read at every launch, so a process may switch it."""
+    value = os.environ.get("KERNELBAY_PDL", "0")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"KERNELBAY_PDL={value!r}; valid: '0' (off, the default) or '1'")
+    return value == "1"
+
+
 #: CUfunction attributes read by ``Kernel.attribute``.
 ATTRIBUTES = {"registers": 4, "shared_bytes": 1, "local_bytes": 3, "max_threads": 0}
 
@@ -247,16 +287,26 @@ class Kernel:
             self._shared_limit = size
 
     def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int],
-               args: Sequence[Any], stream: int, shared_bytes: int = 0) -> None:
+               args: Sequence[Any], stream: int, shared_bytes: int = 0, *,
+               programmatic: bool = False) -> None:
         """Launch with ``args`` as ctypes values (``ctypes.c_void_p`` for pointers) on the
-        CUDA stream handle ``stream`` (``torch.cuda.current_stream().cuda_stream``)."""
+        CUDA stream handle ``stream`` (``torch.cuda.current_stream().cuda_stream``).
+        ``programmatic``: as a programmatic dependent of the kernel before it on the stream
+        (compute capability 9.0+): it may start early, and must call
+        ``grid_dependency_wait`` (``kernelbay/ptx.cuh``) before touching what that kernel
+        reads or writes."""
         lib = _cuda()
         params = (ctypes.c_void_p * len(args))(
             *[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
         with _current(self.context):
-            _cu_check(lib, lib.cuLaunchKernel(self.function, *grid, *block, shared_bytes,
-                                              ctypes.c_void_p(stream), params, None),
-                      "cuLaunchKernel")
+            if programmatic:
+                config, _attr = programmatic_config(grid, block, shared_bytes, stream)
+                _cu_check(lib, lib.cuLaunchKernelEx(ctypes.byref(config), self.function,
+                                                    params, None), "cuLaunchKernelEx")
+            else:
+                _cu_check(lib, lib.cuLaunchKernel(self.function, *grid, *block, shared_bytes,
+                                                  ctypes.c_void_p(stream), params, None),
+                          "cuLaunchKernel")
 
 
 #: Element types of ``tensor_map_2d`` and their CUtensorMapDataType codes.

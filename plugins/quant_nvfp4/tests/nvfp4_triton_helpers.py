@@ -3,6 +3,8 @@ error bound against the reference (the bound is explained in ``test_nvfp4_triton
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from kernelbay.formats import quantize_nvfp4
 from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear, layout_tensors
@@ -94,3 +96,45 @@ def cuda_weights(n: int, k: int, gen: torch.Generator
     tensors = {name: t.cuda() for name, t in nvfp4_weights(n, k, gen).items()}
     return tensors, dequantize_nvfp4(tensors["weight"], tensors["weight_scale"],
                                      tensors["weight_scale_2"])
+
+
+def check_programmatic_chain(monkeypatch: Any, run: Any, m: int) -> None:
+    """Three chained 1024 x 1024 layers through ``run(x, words, codes, weight_scale_2)``, each
+    reading the output of the one before, launched as programmatic dependents
+    (``KERNELBAY_PDL=1``) and plainly: the same bits, eagerly and replayed from a CUDA graph.
+    Every step has fresh activations, so a layer that read its input before the kernel before
+    it finished would see the previous step's values."""
+    from kernelbay.cuda_jit import programmatic_launch
+
+    gen = torch.Generator().manual_seed(m)
+    layers = []
+    for _ in range(3):
+        tensors, _ = cuda_weights(1024, 1024, gen)
+        words, codes = layout_tensors(tensors["weight"], tensors["weight_scale"], "tiles")
+        layers.append((words, codes, tensors["weight_scale_2"]))
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        for words, codes, scale in layers:
+            x = run(x, words, codes, scale)
+        return x
+
+    inputs = [torch.randn(m, 1024, generator=gen).bfloat16().cuda() for _ in range(4)]
+    monkeypatch.setenv("KERNELBAY_PDL", "0")
+    want = [chain(x) for x in inputs]
+    assert all(bool(w.isfinite().all()) and bool(w.abs().sum() > 0) for w in want)
+    monkeypatch.setenv("KERNELBAY_PDL", "1")
+    assert programmatic_launch()
+    got = [chain(x) for x in inputs]
+    torch.cuda.synchronize()
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    static = inputs[0].clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out = chain(static)
+    for x, w in zip(inputs[1:] + inputs[:1], want[1:] + want[:1], strict=True):
+        static.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, w)

@@ -22,6 +22,7 @@ from kernelbay_quant_nvfp4.cuda_gemv import (
 from kernelbay_quant_nvfp4.linear_triton import layout_tensors
 from nvfp4_triton_helpers import (
     check_close,
+    check_programmatic_chain,
     cuda_weights,
     edge_scales,
     every_code_and_scale,
@@ -111,6 +112,18 @@ def test_cuda_gemv_matches_reference(config: GemvConfig | None, n: int, k: int) 
         x = torch.randn(m, k, generator=gen).bfloat16().cuda()
         got = nvfp4_gemv_cuda(x, words, codes, tensors["weight_scale_2"], bias, config)
         check_close(got, x, w, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available()
+                    or torch.cuda.get_device_capability() < (9, 0),
+                    reason="programmatic launches need compute capability 9.0+")
+def test_cuda_gemv_programmatic_launches_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Launched as programmatic dependents, chained GEMVs copy their first weight stages early
+    but read their activations only once the kernel before them has finished (the same bits as
+    plain launches, eagerly and in a CUDA graph)."""
+    check_programmatic_chain(monkeypatch, lambda x, w, c, s: nvfp4_gemv_cuda(x, w, c, s, None),
+                             4)
 
 
 @pytest.mark.gpu

@@ -35,6 +35,7 @@ from kernelbay_quant_nvfp4.linear_triton import layout_tensors
 from kernelbay_quant_nvfp4.triton_configs import CANDIDATES
 from nvfp4_triton_helpers import (
     check_close,
+    check_programmatic_chain,
     cuda_weights,
     edge_scales,
     every_code_and_scale,
@@ -302,6 +303,17 @@ def test_cuda_wgmma_every_code_and_scale_exact(config: WgmmaConfig) -> None:
     words, codes = _stored(tensors)
     got = nvfp4_wgmma_cuda(eye.cuda(), words, codes, tensors["weight_scale_2"], None, config)
     assert torch.equal(got, w.T.to(torch.bfloat16))
+
+
+@pytest.mark.gpu
+@gpu_sm90
+def test_cuda_wgmma_programmatic_launches_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Launched as programmatic dependents, chained GEMMs (split K: each followed by the sum
+    kernel) copy their first weight stages early but read their activations only once the
+    kernel before them has finished (the same bits as plain launches, eagerly and in a CUDA
+    graph)."""
+    check_programmatic_chain(monkeypatch, lambda x, w, c, s: nvfp4_wgmma_cuda(x, w, c, s, None),
+                             64)
 
 
 def _run_with(monkeypatch: pytest.MonkeyPatch, build: Any, launch: Any) -> Any:

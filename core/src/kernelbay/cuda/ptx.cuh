@@ -86,6 +86,26 @@ __device__ __forceinline__ void mbar_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
+// --- programmatic dependent launch (sm_90+) ---
+// A kernel launched with the programmatic-serialization attribute (Kernel.launch(...,
+// programmatic=True)) may start while the kernel before it on the stream still runs: it must
+// wait here before it reads anything that kernel may write, or writes anything it may read.
+// Without the attribute, and before sm_90, both are no-ops.
+
+__device__ __forceinline__ void grid_dependency_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next programmatic launch on the stream start its CTAs (once every CTA of this grid
+// has called it or exited); they still wait for this grid to finish in grid_dependency_wait.
+__device__ __forceinline__ void grid_dependents_launch() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // --- shared-memory loads and stores ---
 
 __device__ __forceinline__ u32 lds32(u32 addr) {

@@ -231,6 +231,7 @@ def launch_gemv(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     """``nvfp4_gemv_cuda`` for operands already checked by ``gemv_unsupported`` (the
     method's hot path checks once per call, not once per launch)."""
     import torch
+    from kernelbay.cuda_jit import programmatic_launch
 
     m = x2.shape[0]
     n = stored_rows(words, config.tiled)
@@ -249,5 +250,14 @@ def launch_gemv(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     grid = (-(-tiles // (config.tm * config.wn)), 1, 1)
     args = gemv_args(x2, words, codes, scale, bias, out)
     kernel.launch(grid, (32 * config.wk * config.wn, 1, 1), args,
-                  torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config))
+                  torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config),
+                  programmatic=programmatic_launch() and _sm90_or_newer(device))
     return out
+
+
+@functools.cache
+def _sm90_or_newer(device: int) -> bool:
+    """Whether CUDA ``device`` runs programmatic dependent launches (compute capability 9.0+)."""
+    import torch
+
+    return torch.cuda.get_device_capability(device) >= (9, 0)

@@ -329,7 +329,7 @@ def launch_wgmma(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
                  config: WgmmaConfig) -> torch.Tensor:
     """``nvfp4_wgmma_cuda`` for operands already checked by ``wgmma_unsupported``."""
     import torch
-    from kernelbay.cuda_jit import tensor_map_2d
+    from kernelbay.cuda_jit import programmatic_launch, tensor_map_2d
 
     m, k = x2.shape
     n = words.shape[0] * 16
@@ -372,7 +372,8 @@ def launch_wgmma(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
             ctypes.c_void_p(part.data_ptr() if part is not None else 0),
             ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(per_split)]
     kernel.launch(grid, (128 * config.wg, 1, 1), args,
-                  torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config))
+                  torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config),
+                  programmatic=programmatic_launch())
     if config.stream_k and part is not None:   # stream K always writes partials
         from kernelbay_quant_nvfp4.triton_kernels import sum_stream_segments
 

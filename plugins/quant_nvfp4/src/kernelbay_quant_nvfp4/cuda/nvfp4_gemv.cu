@@ -162,11 +162,15 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
       for (int i = 0; i < 4; ++i) acc[t][n][i] = 0.f;
 
   const int count = j_end - j_begin;
+  // A programmatic launch (PDL) may start while the kernel before it runs: the weight is
+  // read-only, so its first stages are copied before the wait, the activations (and every
+  // write) after it.
 #pragma unroll
   for (int d = 0; d < STAGES - 1; ++d) {
     if (d < count) fetch(d);
     commit();
   }
+  grid_dependency_wait();
   uint4 xv[2][NT][4];   // chunk i's activations in xv[i % 2] (STAGES is even)
   if (count > 0) load_x(xv[0], 0);
 
@@ -204,6 +208,8 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
 #pragma unroll
     for (int n = 0; n < NT; ++n) xp[n] += STAGES * 128;
   }
+  // The next programmatic launch may start its CTAs once every CTA of ours is past its loop.
+  grid_dependents_launch();
   wait_groups<0>();
   __syncthreads();
 

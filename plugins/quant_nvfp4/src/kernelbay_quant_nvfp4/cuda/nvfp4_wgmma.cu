@@ -337,11 +337,16 @@ nvfp4_wgmma(const __grid_constant__ TensorMap xmap, const u32* __restrict__ word
     __syncwarp();
   };
 
+  // A programmatic launch (PDL) may start while the kernel before it runs: the weight is
+  // read-only, so its first stages are copied before the wait, the activations (and every
+  // write) after it. The next programmatic launch may start its CTAs as soon as ours run.
+  grid_dependents_launch();
+#pragma unroll
+  for (u32 j = 0; j < STAGES; ++j) fetch_w(j, j);
+  grid_dependency_wait();
   if (tid == 0) {
     for (u32 j = 0; j < STAGES && j < (u32)chunks; ++j) load_x(j, j);
   }
-#pragma unroll
-  for (u32 j = 0; j < STAGES; ++j) fetch_w(j, j);
   // Three register sets for the halves h = 2j + q in turn (set h % 3).
   u32 r0[4][4];
   u32 r1[4][4];
