@@ -176,6 +176,31 @@ def test_every_build_compiles_and_defaults_do_not_spill(arch: str, tmp_path: Any
                                                                                 usage)
 
 
+@pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
+def test_programmatic_release_point(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On sm_90 the GEMV waits for the kernel before it (ACQBULK) after its first weight
+    copies and before any activation load; it releases the next programmatic launch (PREEXIT)
+    after its K loop, or before the wait in the ``early_release`` builds."""
+    import re
+
+    from kernelbay.testing.cubins import cubin_sass
+    from kernelbay_quant_nvfp4.cuda_gemv import _source, build_options
+
+    monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
+    for early in (False, True):
+        build = GemvConfig(2, 1, 4, 4, 4, early_release=early)
+        sass = cubin_sass(compile_cubin(_source(), "nvfp4_gemv", "sm_90", build_options(build)))
+        if sass is None:
+            pytest.skip("cuobjdump not found (it comes with triton)")
+        order = [op for op in re.findall(r"\b(LDGSTS|ACQBULK|PREEXIT|LDG|HMMA)\b", sass)]
+        wait, release = order.index("ACQBULK"), order.index("PREEXIT")
+        assert order.count("ACQBULK") == 1 and order.count("PREEXIT") == 1
+        assert "LDGSTS" in order[:wait] and "LDG" not in order[:wait]
+        assert (release < wait) == early
+        if not early:
+            assert "HMMA" in order[wait:release]
+
+
 def test_a_build_failure_falls_back_to_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     """When the GEMV does not build or load (an architecture NVRTC does not know, a driver
     older than the cubin), the call warns once, returns nothing for the caller to fall back

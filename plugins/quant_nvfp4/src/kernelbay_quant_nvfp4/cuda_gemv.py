@@ -52,12 +52,17 @@ class GemvConfig:
     #: Warps side by side over rows (each ``tm`` tiles) sharing a K part, so that their
     #: activation loads hit the same L1 lines.
     wn: int = 1
+    #: Under programmatic launches (``KERNELBAY_PDL=1``), let the next launch start its CTAs
+    #: when this kernel starts instead of once every CTA is past its K loop
+    #: (``docs/kernels.md``: 8-9% faster on the large layers, 50% slower where the next
+    #: call's CTAs share half-empty SMs); no effect on plain launches.
+    early_release: bool = False
 
     @property
     def name(self) -> str:
         kind = "ct" if self.tiled else "cu"
         return (f"{kind}-t{self.tm}n{self.nt}w{self.wn}x{self.wk}s{self.stages}"
-                f"b{self.min_blocks}")
+                f"b{self.min_blocks}" + ("e" if self.early_release else ""))
 
 
 def stored_rows(words: torch.Tensor, tiled: bool) -> int:
@@ -128,7 +133,8 @@ def build_options(config: GemvConfig) -> list[str]:
     """The NVRTC options (macros) of a build."""
     return [f"-DTM={config.tm}", f"-DNT={config.nt}", f"-DWK={config.wk}",
             f"-DSTAGES={config.stages}", f"-DMIN_BLOCKS={config.min_blocks}",
-            f"-DTILED={int(config.tiled)}", f"-DWN={config.wn}"]
+            f"-DTILED={int(config.tiled)}", f"-DWN={config.wn}",
+            f"-DEARLY_RELEASE={int(config.early_release)}"]
 
 
 @functools.cache

@@ -199,12 +199,14 @@ def _hw(name: str, block_m: int, block_n: int, block_k: int, warps: int, stages:
     return KernelConfig(name, "fused", block_m, block_n, block_k, split_k, warps, stages)
 
 
-def _cuda(tm: int, wk: int, stages: int, min_blocks: int, tiled: bool, wn: int
-          ) -> KernelConfig:
+def _cuda(tm: int, wk: int, stages: int, min_blocks: int, tiled: bool, wn: int,
+          early_release: bool = False) -> KernelConfig:
     """A CUDA GEMV candidate (its token tiles follow M, so the name leaves them out)."""
     kind, path = ("ct", "cuda-tiles") if tiled else ("cu", "cuda")
-    return KernelConfig(f"{kind}-t{tm}w{wn}x{wk}s{stages}b{min_blocks}", path,
-                        gemv=GemvConfig(tm, 1, wk, stages, min_blocks, tiled, wn))
+    return KernelConfig(f"{kind}-t{tm}w{wn}x{wk}s{stages}b{min_blocks}"
+                        + ("e" if early_release else ""), path,
+                        gemv=GemvConfig(tm, 1, wk, stages, min_blocks, tiled, wn,
+                                        early_release))
 
 
 #: Alternatives the benchmark tries per shape (``--configs all``); BLOCK_M is lowered to
@@ -250,6 +252,10 @@ CANDIDATES: tuple[KernelConfig, ...] = (
           (2, 2, 6, 2, True, 4), (2, 4, 4, 2, True, 2), (2, 1, 4, 2, True, 8),
           (4, 2, 4, 1, True, 4), (2, 2, 4, 1, True, 4), (1, 2, 4, 2, True, 8),
           (2, 2, 8, 2, True, 4), (2, 1, 6, 2, True, 4), (1, 4, 4, 2, True, 4))),
+    # the default builds releasing the next programmatic launch at their start (``...e``;
+    # differs only under KERNELBAY_PDL=1)
+    *(_cuda(tm, wk, st, mb, True, wn, early_release=True) for tm, wk, st, mb, wn in (
+          (2, 4, 4, 4, 1), (2, 8, 4, 2, 1), (2, 2, 4, 2, 4))),
     # The bulk-copy GEMV (``cuda_gemv_bulk``, sm_90) on the tiles layout: the default build
     # (one tile per CTA, eight warps over K) with the rule's split and fixed ones, and wider
     # CTAs (more rows sharing each stage's activations).

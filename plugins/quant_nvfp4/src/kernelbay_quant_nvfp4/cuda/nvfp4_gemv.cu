@@ -55,6 +55,9 @@ typedef unsigned short u16;
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 2
 #endif
+#ifndef EARLY_RELEASE
+#define EARLY_RELEASE 0  // programmatic launches: release the next one at the start, not after the K loop
+#endif
 
 // Asynchronous copies (kernelbay/ptx.cuh) go into this lane's own shared-memory slots (no
 // other lane reads them, so waiting for the lane's own copy groups is enough).
@@ -164,7 +167,10 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
   const int count = j_end - j_begin;
   // A programmatic launch (PDL) may start while the kernel before it runs: the weight is
   // read-only, so its first stages are copied before the wait, the activations (and every
-  // write) after it.
+  // write) after it. EARLY_RELEASE lets the next programmatic launch start its CTAs now.
+#if EARLY_RELEASE
+  grid_dependents_launch();
+#endif
 #pragma unroll
   for (int d = 0; d < STAGES - 1; ++d) {
     if (d < count) fetch(d);
@@ -208,8 +214,10 @@ nvfp4_gemv(const u16* __restrict__ x, long long stride_xm, const u32* __restrict
 #pragma unroll
     for (int n = 0; n < NT; ++n) xp[n] += STAGES * 128;
   }
+#if !EARLY_RELEASE
   // The next programmatic launch may start its CTAs once every CTA of ours is past its loop.
   grid_dependents_launch();
+#endif
   wait_groups<0>();
   __syncthreads();
 
