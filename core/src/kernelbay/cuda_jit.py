@@ -253,6 +253,18 @@ def programmatic_launch() -> bool:
     return value == "1"
 
 
+@functools.cache
+def _compute_major(device: int) -> int:
+    """The compute capability's major number of CUDA ``device`` (from the driver)."""
+    lib = _cuda()
+    dev, major = ctypes.c_int(), ctypes.c_int()
+    _cu_check(lib, lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+    # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+    _cu_check(lib, lib.cuDeviceGetAttribute(ctypes.byref(major), 75, dev),
+              "compute capability")
+    return major.value
+
+
 #: CUfunction attributes read by ``Kernel.attribute``.
 ATTRIBUTES = {"registers": 4, "shared_bytes": 1, "local_bytes": 3, "max_threads": 0}
 
@@ -291,15 +303,15 @@ class Kernel:
                programmatic: bool = False) -> None:
         """Launch with ``args`` as ctypes values (``ctypes.c_void_p`` for pointers) on the
         CUDA stream handle ``stream`` (``torch.cuda.current_stream().cuda_stream``).
-        ``programmatic``: as a programmatic dependent of the kernel before it on the stream
-        (compute capability 9.0+): it may start early, and must call
-        ``grid_dependency_wait`` (``kernelbay/ptx.cuh``) before touching what that kernel
-        reads or writes."""
+        ``programmatic``: as a programmatic dependent of the kernel before it on the stream:
+        it may start early, and must call ``grid_dependency_wait`` (``kernelbay/ptx.cuh``)
+        before touching what that kernel reads or writes; a plain launch on devices below
+        compute capability 9.0, which have no programmatic launches."""
         lib = _cuda()
         params = (ctypes.c_void_p * len(args))(
             *[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
         with _current(self.context):
-            if programmatic:
+            if programmatic and _compute_major(self.device) >= 9:
                 config, _attr = programmatic_config(grid, block, shared_bytes, stream)
                 _cu_check(lib, lib.cuLaunchKernelEx(ctypes.byref(config), self.function,
                                                     params, None), "cuLaunchKernelEx")

@@ -118,12 +118,16 @@ def test_cuda_gemv_matches_reference(config: GemvConfig | None, n: int, k: int) 
 @pytest.mark.skipif(not torch.cuda.is_available()
                     or torch.cuda.get_device_capability() < (9, 0),
                     reason="programmatic launches need compute capability 9.0+")
-def test_cuda_gemv_programmatic_launches_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("config", [None, GemvConfig(2, 1, 4, 4, 4, early_release=True)],
+                         ids=["default", "early-release"])
+def test_cuda_gemv_programmatic_launches_wait(config: GemvConfig | None,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Launched as programmatic dependents, chained GEMVs copy their first weight stages early
     but read their activations only once the kernel before them has finished (the same bits as
-    plain launches, eagerly and in a CUDA graph)."""
-    check_programmatic_chain(monkeypatch, lambda x, w, c, s: nvfp4_gemv_cuda(x, w, c, s, None),
-                             4)
+    plain launches, eagerly and in a CUDA graph), whether they release the next launch after
+    their K loop or at their start."""
+    check_programmatic_chain(
+        monkeypatch, lambda x, w, c, s: nvfp4_gemv_cuda(x, w, c, s, None, config), 4)
 
 
 @pytest.mark.gpu

@@ -307,13 +307,15 @@ def test_cuda_wgmma_every_code_and_scale_exact(config: WgmmaConfig) -> None:
 
 @pytest.mark.gpu
 @gpu_sm90
-def test_cuda_wgmma_programmatic_launches_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Launched as programmatic dependents, chained GEMMs (split K: each followed by the sum
-    kernel) copy their first weight stages early but read their activations only once the
-    kernel before them has finished (the same bits as plain launches, eagerly and in a CUDA
-    graph)."""
-    check_programmatic_chain(monkeypatch, lambda x, w, c, s: nvfp4_wgmma_cuda(x, w, c, s, None),
-                             64)
+@pytest.mark.parametrize("config", [None, NARROW], ids=["default-split", "unsplit"])
+def test_cuda_wgmma_programmatic_launches_wait(config: WgmmaConfig | None,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Launched as programmatic dependents, chained GEMMs copy their first weight stages early
+    but read their activations only once the kernel before them has finished (the same bits as
+    plain launches, eagerly and in a CUDA graph): after the split-K sum kernel (the default
+    build splits these layers) and right after the GEMM before (unsplit)."""
+    check_programmatic_chain(
+        monkeypatch, lambda x, w, c, s: nvfp4_wgmma_cuda(x, w, c, s, None, config), 64)
 
 
 def _run_with(monkeypatch: pytest.MonkeyPatch, build: Any, launch: Any) -> Any:

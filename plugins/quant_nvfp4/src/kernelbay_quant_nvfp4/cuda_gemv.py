@@ -257,13 +257,5 @@ def launch_gemv(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     args = gemv_args(x2, words, codes, scale, bias, out)
     kernel.launch(grid, (32 * config.wk * config.wn, 1, 1), args,
                   torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config),
-                  programmatic=programmatic_launch() and _sm90_or_newer(device))
+                  programmatic=programmatic_launch())
     return out
-
-
-@functools.cache
-def _sm90_or_newer(device: int) -> bool:
-    """Whether CUDA ``device`` runs programmatic dependent launches (compute capability 9.0+)."""
-    import torch
-
-    return torch.cuda.get_device_capability(device) >= (9, 0)
