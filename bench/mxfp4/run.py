@@ -184,6 +184,7 @@ def main() -> int:
         "method": chosen_name,
         "timing": f"triton.testing.do_bench_cudagraph, median, each after {SETTLE_S} s idle",
         "configs": args.configs,
+        "programmatic_launches": _programmatic(),
         "sweep_cut_by_budget": sweep_cut,
         "wrong": list(WRONG),
         "failed": list(FAILED),
@@ -339,6 +340,15 @@ def _w4a4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, top: int)
     return run
 
 
+def _programmatic() -> bool:
+    """Whether this run's Triton kernels went out as programmatic dependents."""
+    if DEVICE["name"] != "cuda":
+        return False
+    from kernelbay import triton_pdl
+
+    return triton_pdl.enabled(torch.device("cuda", torch.cuda.current_device()))
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The results table."""
     sweep = result["configs"] == "all"
@@ -346,7 +356,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"# MXFP4 GEMM ({result['method']}) vs torch bf16 matmul",
         "",
         f"{result['gpu']}, torch {result['torch']}, triton {result['triton']}, "
-        f"{result['date']}; {result['timing']}. ratio = bf16 time / mxfp4 time (> 1: faster).",
+        f"{result['date']}; {result['timing']}; programmatic launches "
+        f"{'on' if result.get('programmatic_launches') else 'off'} (KERNELBAY_PDL). "
+        "ratio = bf16 time / mxfp4 time (> 1: faster).",
         "",
         "| N | K | M | bf16 us | mxfp4 us | ratio | mxfp4 GB/s | bf16 GB/s | W4A4 us | config |"
         + (" best config | best us |" if sweep else ""),

@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": name, "sms": sms,
         "torch": torch.__version__, "triton": triton.__version__, "dtype": args.dtype,
         "timer": args.timer, "settle_s": args.settle_s, "rounds": max(1, args.rounds),
-        "configs": args.configs,
+        "configs": args.configs, "programmatic_launches": _programmatic(dev),
         "rows": rows, "failures": failures,
     }
     out = Path(args.out)
@@ -239,6 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _programmatic(dev: str) -> bool:
+    """Whether this run's kernels went out as programmatic dependents (KERNELBAY_PDL)."""
+    import torch
+    from kernelbay.cuda_jit import programmatic_launch
+
+    return dev == "cuda" and programmatic_launch(torch.cuda.current_device())
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The results table (ratio > 1: NVFP4 faster than bf16)."""
     best = result["configs"] != "default"
@@ -246,8 +254,9 @@ def markdown(result: dict[str, Any]) -> str:
              f"{result['date']}, torch {result['torch']}, triton {result['triton']}, "
              f"{result['dtype']} activations, timer {result['timer']}, each timing after "
              f"{result.get('settle_s', 0)} s idle, bf16 and nvfp4 the fastest of {result.get('rounds', 1)} alternating "
-             "rounds. Bandwidth = (weight + "
-             "activation bytes) / time.", "",
+             "rounds, programmatic launches "
+             f"{'on' if result.get('programmatic_launches') else 'off'} (KERNELBAY_PDL). "
+             "Bandwidth = (weight + activation bytes) / time.", "",
              "| N | K | M | bf16 us | nvfp4 us | ratio | bf16 GB/s | nvfp4 GB/s | config |"
              + (" best config | best us | best ratio |" if best else ""),
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"

@@ -114,17 +114,18 @@ def test_programmatic_launch_config_matches_the_driver_layout() -> None:
 
 
 def test_programmatic_launch_reads_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Off unless ``KERNELBAY_PDL=1``; any other value names itself and the valid set."""
+    """On unless ``KERNELBAY_PDL=0``; any other value names itself and the valid set."""
     from kernelbay.cuda_jit import programmatic_launch
 
     monkeypatch.delenv("KERNELBAY_PDL", raising=False)
-    assert programmatic_launch() is False
+    assert programmatic_launch() is True
     monkeypatch.setenv("KERNELBAY_PDL", "1")
     assert programmatic_launch() is True
     monkeypatch.setenv("KERNELBAY_PDL", "0")
     assert programmatic_launch() is False
+    assert programmatic_launch(0) is False  # no device is asked about when off
     monkeypatch.setenv("KERNELBAY_PDL", "yes")
-    with pytest.raises(ValueError, match=r"KERNELBAY_PDL='yes'; valid: '0'.*'1'"):
+    with pytest.raises(ValueError, match=r"KERNELBAY_PDL='yes'; valid: '1'.*'0'"):
         programmatic_launch()
 
 

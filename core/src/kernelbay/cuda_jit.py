@@ -243,14 +243,18 @@ def programmatic_config(grid: tuple[int, int, int], block: tuple[int, int, int],
     return config, attr
 
 
-def programmatic_launch() -> bool:
+def programmatic_launch(device: int | None = None) -> bool:
     """Whether kernels that support it are launched as programmatic dependents of the kernel
-    before them (``KERNELBAY_PDL=1``; compute capability 9.0 and newer only; off by default:
-    ``0`` or unset). Read at every launch, so a process may switch it."""
-    value = os.environ.get("KERNELBAY_PDL", "0")
+    before them (on by default; ``KERNELBAY_PDL=0`` turns it off, ``1`` or unset leaves it
+    on), and, given a CUDA ``device`` index, whether that device can (compute capability 9.0
+    and newer; callers that choose a build by it ask so; ``Kernel.launch`` launches plainly
+    below). Read at every call, so a process may switch it."""
+    value = os.environ.get("KERNELBAY_PDL", "1")
     if value not in ("", "0", "1"):
-        raise ValueError(f"KERNELBAY_PDL={value!r}; valid: '0' (off, the default) or '1'")
-    return value == "1"
+        raise ValueError(f"KERNELBAY_PDL={value!r}; valid: '1' (on, the default) or '0' (off)")
+    if value == "0":
+        return False
+    return device is None or _compute_major(device) >= 9
 
 
 @functools.cache

@@ -465,6 +465,37 @@ def test_gpu_gemm_realistic(m: int) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available()
+                    or torch.cuda.get_device_capability() < (9, 0),
+                    reason="programmatic launches need compute capability 9.0+")
+@pytest.mark.parametrize("m,split", [(1, 4), (4, 1), (16, 4)])
+def test_gpu_gemm_programmatic_launches_wait(m: int, split: int,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Launched as programmatic dependents (``KERNELBAY_PDL=1``), chained fragment-path GEMMs
+    and their split-K sums read their activations only once the kernel before them has
+    finished: the bits of plain launches, eagerly and in a CUDA graph."""
+    import functools
+
+    from kernelbay.testing.programmatic import check_programmatic_chain
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import GemmConfig, mxfp4_gemm, prepare_weight
+
+    config = GemmConfig(16, 64, 256, split, 4, 3, "fragment")
+    layers = []
+    for seed in range(3):
+        wp, ws = random_weight(1024, 1024, seed=40 + seed)
+        layers.append(functools.partial(_gemm_layer, mxfp4_gemm, prepare_weight(wp.cuda()),
+                                        ws.cuda(), config))
+    gen = torch.Generator().manual_seed(m)
+    inputs = [torch.randn(m, 1024, generator=gen).bfloat16().cuda() for _ in range(4)]
+    check_programmatic_chain(monkeypatch, layers, inputs)
+
+
+def _gemm_layer(gemm: Any, weight: torch.Tensor, scale: torch.Tensor, config: Any,
+                x: torch.Tensor) -> torch.Tensor:
+    return gemm(x, weight, scale, config=config)  # type: ignore[no-any-return]
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("fast", [False, True])
 def test_gpu_decode_every_code_and_scale_byte(fast: bool) -> None:
     """The PTX decode (CUDA's path) bit for bit against the reference."""

@@ -3,6 +3,7 @@ error bound against the reference (the bound is explained in ``test_nvfp4_triton
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -99,42 +100,20 @@ def cuda_weights(n: int, k: int, gen: torch.Generator
 
 
 def check_programmatic_chain(monkeypatch: Any, run: Any, m: int) -> None:
-    """Three chained 1024 x 1024 layers through ``run(x, words, codes, weight_scale_2)``, each
-    reading the output of the one before, launched as programmatic dependents
-    (``KERNELBAY_PDL=1``) and plainly: the same bits, eagerly and replayed from a CUDA graph.
-    Every step has fresh activations, so a layer that read its input before the kernel before
-    it finished would see the previous step's values."""
-    from kernelbay.cuda_jit import programmatic_launch
+    """Three chained 1024 x 1024 layers through ``run(x, words, codes, weight_scale_2)`` (the
+    tiles layout) checked by ``kernelbay.testing.programmatic.check_programmatic_chain``."""
+    from kernelbay.testing.programmatic import check_programmatic_chain as check_chain
 
     gen = torch.Generator().manual_seed(m)
     layers = []
     for _ in range(3):
         tensors, _ = cuda_weights(1024, 1024, gen)
         words, codes = layout_tensors(tensors["weight"], tensors["weight_scale"], "tiles")
-        layers.append((words, codes, tensors["weight_scale_2"]))
-
-    def chain(x: torch.Tensor) -> torch.Tensor:
-        for words, codes, scale in layers:
-            x = run(x, words, codes, scale)
-        return x
-
+        layers.append(functools.partial(_layer, run, words, codes, tensors["weight_scale_2"]))
     inputs = [torch.randn(m, 1024, generator=gen).bfloat16().cuda() for _ in range(4)]
-    monkeypatch.setenv("KERNELBAY_PDL", "0")
-    want = [chain(x) for x in inputs]
-    assert all(bool(w.isfinite().all()) and bool(w.abs().sum() > 0) for w in want)
-    monkeypatch.setenv("KERNELBAY_PDL", "1")
-    assert programmatic_launch()
-    got = [chain(x) for x in inputs]
-    torch.cuda.synchronize()
-    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
-    static = inputs[0].clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        out = chain(static)
-    for x, w in zip(inputs[1:] + inputs[:1], want[1:] + want[:1], strict=True):
-        static.copy_(x)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, w)
+    check_chain(monkeypatch, layers, inputs)
+
+
+def _layer(run: Any, words: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor,
+           x: torch.Tensor) -> torch.Tensor:
+    return run(x, words, codes, scale)  # type: ignore[no-any-return]

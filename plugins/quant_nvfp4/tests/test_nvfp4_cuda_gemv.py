@@ -85,6 +85,25 @@ def test_shared_memory_and_defaults() -> None:
     assert config_for_m(16, 28672, 8192, 132).wn == 1
 
 
+def test_programmatic_builds_fill_one_wave() -> None:
+    """Under programmatic launches: the early-release build whose CTAs fill most of one wave
+    of their slots (at least 80%); where none does, the plain rule's build."""
+    def pick(m: int, n: int, k: int = 8192) -> GemvConfig:
+        return config_for_m(m, n, k, 132, programmatic=True)
+
+    eight = GemvConfig(2, 1, 8, 4, 2, early_release=True)
+    assert pick(1, 8192) == eight  # 256 CTAs of 264 slots
+    assert pick(4, 8192, 28672) == eight
+    assert pick(1, 28672) == GemvConfig(2, 1, 2, 4, 2, wn=4, early_release=True)  # 224 / 264
+    assert pick(16, 8192) == replace(eight, nt=2)
+    # 4096 rows: 128 CTAs of 264 slots at best, so no early release
+    assert pick(1, 4096) == config_for_m(1, 4096, 8192, 132)
+    assert not pick(1, 4096).early_release
+    for m in (1, 4, 16):
+        for n in (4096, 8192, 28672):
+            assert 8 * pick(m, n).nt >= m
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [None, GemvConfig(1, 1, 8, 6, 2), GemvConfig(2, 2, 4, 4, 2),
                                     GemvConfig(4, 1, 8, 4, 1), GemvConfig(1, 2, 16, 2, 1),

@@ -55,7 +55,9 @@ from typing import TYPE_CHECKING
 
 import triton
 import triton.language as tl
+from kernelbay import triton_pdl
 from kernelbay.formats.e2m1_words_triton import weight_dot
+from kernelbay.triton_pdl import grid_release, grid_wait
 
 from kernelbay_quant_mxfp4_rocm.triton_decode import (
     decode_e2m1,
@@ -132,11 +134,14 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
                        INTERPRET: tl.constexpr, OUT_BF16_BITS: tl.constexpr,
                        ASM: tl.constexpr, FAST: tl.constexpr, SCALED: tl.constexpr,
                        PAIRS: tl.constexpr, REPACKED: tl.constexpr,
-                       CLAMP_ROWS: tl.constexpr, SWAP: tl.constexpr = False):
+                       CLAMP_ROWS: tl.constexpr, SWAP: tl.constexpr = False,
+                       PDL: tl.constexpr = False):
     # w_ptr: int16 halfwords [N, K/4] (decode), int32 words [N, K/8] (PAIRS, REPACKED) or
     # bytes [N, K/2] (SCALED), or the "fragment"-order words [N, K/8] (SWAP: the product is
     # computed transposed, the decoded tile the register operand of the dot); a_ptr: bf16
-    # activations, or MX bytes (SCALED only).
+    # activations, or MX bytes (SCALED only). PDL (kernelbay.triton_pdl): a programmatic
+    # launch, which reads and writes nothing before grid_wait and lets the next launch start
+    # once its K loop is done.
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     grid_n = tl.cdiv(N, BLOCK_N)
@@ -163,6 +168,8 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if PDL:
+        grid_wait()
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kw = k0 // 4 + rw
         ks = k0 // 32 + rs
@@ -236,6 +243,8 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
                 xa = tl.reshape(tl.permute(tl.reshape(xa, (BLOCK_M, BLOCK_K // 8, 2, 4)),
                                            (0, 1, 3, 2)), (BLOCK_M, BLOCK_K))
             acc = weight_dot(xa, w, acc, SWAP, INTERPRET)
+    if PDL:
+        grid_release()
     if SWAP:
         acc = tl.trans(acc)
     o_ptr = out_ptr + pid_k.to(tl.int64) * stride_os + rm64[:, None] * stride_om + rn64[None, :]
@@ -248,7 +257,10 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
 
 @triton.jit
 def _split_k_reduce_kernel(p_ptr, out_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
-                           OUT_BF16_BITS: tl.constexpr):
+                           OUT_BF16_BITS: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # the partials are the kernel before's output; the next launch may start now
+        grid_wait()
+        grid_release()
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -647,17 +659,18 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
                               clamp_rows=(m > 1 and m % cfg.block_m != 0
                                           and cfg.path != "fragment"))
     const["SPLIT_K"] = split
+    pdl = triton_pdl.enabled(x.device)
     _mxfp4_gemm_kernel[grid](
         x, xs, w_arg, weight_scale, target, m, n, k,
         x.stride(0), xs.stride(0), w_arg.stride(0), weight_scale.stride(0),
-        n, m * n if split > 1 else 0, **const,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        n, m * n if split > 1 else 0, **const, PDL=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **triton_pdl.launch_options(pdl))
     if split > 1:
         block = 1024
         bits = interpret and out_dtype == torch.bfloat16
         _split_k_reduce_kernel[(triton.cdiv(m * n, block),)](
             target, out.view(torch.int16) if bits else out, m * n, SPLIT_K=split, BLOCK=block,
-            OUT_BF16_BITS=bits)
+            OUT_BF16_BITS=bits, PDL=pdl, **triton_pdl.launch_options(pdl))
     return out
 
 

@@ -52,10 +52,10 @@ class GemvConfig:
     #: Warps side by side over rows (each ``tm`` tiles) sharing a K part, so that their
     #: activation loads hit the same L1 lines.
     wn: int = 1
-    #: Under programmatic launches (``KERNELBAY_PDL=1``), let the next launch start its CTAs
-    #: when this kernel starts instead of once every CTA is past its K loop
-    #: (``docs/kernels.md``: 8-9% faster on the large layers, 50% slower where the next
-    #: call's CTAs share half-empty SMs); no effect on plain launches.
+    #: Under programmatic launches, let the next launch start its CTAs when this kernel
+    #: starts instead of once every CTA is past its K loop (``config_for_m`` picks it for
+    #: grids that fill one wave: ``docs/kernels.md``, 8-15% faster there, up to 50% slower
+    #: where the next call's CTAs share half-empty SMs); no effect on plain launches.
     early_release: bool = False
 
     @property
@@ -79,7 +79,8 @@ def shared_bytes(config: GemvConfig) -> int:
     return max(pipeline, partial)
 
 
-def config_for_m(m: int, n: int = 0, k: int = 0, sms: int = 132) -> GemvConfig:
+def config_for_m(m: int, n: int = 0, k: int = 0, sms: int = 132, *,
+                 programmatic: bool = False) -> GemvConfig:
     """The default build for ``m`` tokens (one or two 8-token tiles), ``n`` output rows and
     ``k`` inputs on a GPU of ``sms`` multiprocessors: two 16-row tiles per CTA; K split over
     eight warps when the CTAs fit in one wave of two per SM and each warp still gets at
@@ -91,8 +92,24 @@ def config_for_m(m: int, n: int = 0, k: int = 0, sms: int = 132) -> GemvConfig:
     8192 x 8192 13.9 against 14.8 us, 28672 x 8192 39.4 against 41.9, 8192 x 28672 36.8
     against 38.1 for the eight-warp build; ``bench/results/nvfp4-sweep-rows-h200.md``:
     28672 x 8192 at 2 / 4 / 8 tokens 40.2 / 40.0 / 41.6 us against 41.9 / 43.0 / 45.0 for
-    the four-warp K split, 39.6 against 38.9 at one token, where it is not taken)."""
+    the four-warp K split, 39.6 against 38.9 at one token, where it is not taken).
+
+    ``programmatic`` (the launch will be a programmatic dependent, ``programmatic_launch``):
+    of the three builds above, released early, the one whose CTAs fill the most of one wave
+    of its CTA slots without passing it, when that is at least 80% of the wave; else the
+    rule above (released after the K loop). Early release lets the next call's CTAs into the
+    free slots while this one runs: where a grid left slots empty that was up to 50% slower,
+    where it filled them 8-10% faster than plain launches (``docs/kernels.md``)."""
     nt = 1 if m <= 8 else 2
+    if programmatic:
+        fills = [(-(-n // (16 * b.tm * b.wn)) / (b.min_blocks * sms), b)
+                 for b in (GemvConfig(2, nt, 8, 4, 2, early_release=True),
+                           GemvConfig(2, nt, 2, 4, 2, wn=4, early_release=True),
+                           GemvConfig(2, nt, 4, 4, 4, early_release=True))]
+        fill, best = max(((f, b) for f, b in fills if f <= 1.0), default=(0.0, None),
+                         key=lambda fb: fb[0])
+        if best is not None and fill >= 0.8:
+            return best
     ctas = -(-n // 32)
     if ctas <= 2 * sms * 1.1 and k >= 16384:
         return GemvConfig(2, nt, 8, 4, 2)
@@ -209,11 +226,22 @@ def nvfp4_gemv_cuda(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
                     config: GemvConfig | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(words, codes, global_scale)^T (+ bias)`` -> bf16 [M, N] for
     M <= 16 (``gemv_unsupported`` says what else it needs; ``ValueError`` with that reason)."""
-    config = config or config_for_m(x2.shape[0], stored_rows(words, True), x2.shape[1])
+    from kernelbay.cuda_jit import programmatic_launch
+
+    config = config or config_for_m(x2.shape[0], stored_rows(words, True), x2.shape[1],
+                                    programmatic=x2.is_cuda
+                                    and programmatic_launch(_index(x2)))
     reason = gemv_unsupported(x2, words, codes, config.tiled)
     if reason is not None:
         raise ValueError(f"nvfp4 CUDA GEMV: {reason}")
     return launch_gemv(x2, words, codes, global_scale, bias, config)
+
+
+def _index(x: torch.Tensor) -> int:
+    """The CUDA device index of ``x``."""
+    import torch
+
+    return x.device.index if x.device.index is not None else torch.cuda.current_device()
 
 
 def gemv_args(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
@@ -250,12 +278,12 @@ def launch_gemv(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     if bias is not None:
         bias = bias.to(torch.bfloat16).contiguous()
     scale = global_scale.reshape(-1)[:1].float().contiguous()
-    device = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    device = _index(x2)
     kernel = gemv_kernel(config, device)
     tiles = -(-n // 16)
     grid = (-(-tiles // (config.tm * config.wn)), 1, 1)
     args = gemv_args(x2, words, codes, scale, bias, out)
     kernel.launch(grid, (32 * config.wk * config.wn, 1, 1), args,
                   torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config),
-                  programmatic=programmatic_launch())
+                  programmatic=programmatic_launch(device))
     return out

@@ -355,7 +355,7 @@ def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
     from dataclasses import replace
 
     import torch
-    from kernelbay.cuda_jit import CudaJitError
+    from kernelbay.cuda_jit import CudaJitError, programmatic_launch
 
     from kernelbay_quant_nvfp4.cuda_gemv import (
         config_for_m,
@@ -373,7 +373,8 @@ def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
         out = _run_bulk(x2, words, codes, global_scale, bias, sms)
         if out is not None:
             return out
-    build = config.gemv or config_for_m(rows, stored_rows(words, tiled), x2.shape[1], sms)
+    build = config.gemv or config_for_m(rows, stored_rows(words, tiled), x2.shape[1], sms,
+                                        programmatic=programmatic_launch(_device_index(x2)))
     parts = [x2[start:start + rows] for start in range(0, x2.shape[0], rows)]
     builds = [replace(build, nt=1 if part.shape[0] <= 8 else 2, tiled=tiled) for part in parts]
     try:   # only building and loading turn it off; a failed launch is an error

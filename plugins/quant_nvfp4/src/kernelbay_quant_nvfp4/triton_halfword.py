@@ -63,6 +63,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from kernelbay import triton_pdl
 from kernelbay.formats import e2m1_words_triton
 from kernelbay.formats.e2m1_words_triton import (
     MULTIPLY_LANES_PTX,
@@ -73,6 +74,7 @@ from kernelbay.formats.e2m1_words_triton import (
     repacked_lanes16,
     weight_dot,
 )
+from kernelbay.triton_pdl import grid_release, grid_wait
 
 from kernelbay_quant_nvfp4.cuda_gemv import stored_rows
 from kernelbay_quant_nvfp4.triton_kernels import (
@@ -300,11 +302,14 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
                     BLOCK_K: tl.constexpr, TILES_PER_SPLIT, PARTIAL: tl.constexpr,
                     EVEN_K: tl.constexpr, ASM: tl.constexpr, INTERPRET: tl.constexpr,
                     PAIRS: tl.constexpr, REPACKED: tl.constexpr = False,
-                    SWAP: tl.constexpr = False, TILED: tl.constexpr = False):
+                    SWAP: tl.constexpr = False, TILED: tl.constexpr = False,
+                    PDL: tl.constexpr = False):
     # w_ptr: int16 halfwords [N, K/4], or int32 words [N, K/8] with PAIRS or REPACKED (the
     # repacked layout; with SWAP in the fragment order); s_ptr: E4M3 bytes [N, K/16] (scale
     # codes with SWAP); out_ptr: [M, N] or, with PARTIAL, fp32 [split, M, N] (stride_os
-    # apart). SWAP accumulates the transposed tile [BLOCK_N, BLOCK_M].
+    # apart). SWAP accumulates the transposed tile [BLOCK_N, BLOCK_M]. PDL
+    # (kernelbay.triton_pdl): a programmatic launch, which reads and writes nothing before
+    # grid_wait and lets the next launch start once its K loop is done.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -336,8 +341,11 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = pid_k * TILES_PER_SPLIT
+    last = tl.minimum(first + TILES_PER_SPLIT, tl.cdiv(K, BLOCK_K))
+    if PDL:
+        grid_wait()
     # the last split may be shorter: its loop stops at the last K tile (no masks needed)
-    for t in range(first, tl.minimum(first + TILES_PER_SPLIT, tl.cdiv(K, BLOCK_K))):
+    for t in range(first, last):
         if TILED:
             packed = _load_tiled(w_rows, t * KQ, KQ, 16, 256, n_ok, K // 8, EVEN_K)
             sb = _load_tiled(s_rows, t * G, G, 8, 128, n_ok, K // 16, EVEN_K)
@@ -358,6 +366,8 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
         else:
             w = decode_halfwords(packed, sb, BLOCK_N, KH, ASM)
         acc = weight_dot(xa, w, acc, SWAP, INTERPRET)
+    if PDL:
+        grid_release()
     if SWAP:
         acc = tl.trans(acc)
     acc = acc * (tl.load(g_ptr).to(tl.float32) * 256.0)
@@ -377,6 +387,7 @@ def hw_kernel() -> Any:
     if interpreting() != _BUILT_INTERPRETED:
         kernels()
         importlib.reload(e2m1_words_triton)
+        importlib.reload(triton_pdl)
         return importlib.reload(sys.modules[__name__]).hw_kernel()
     return nvfp4_matmul_hw
 
@@ -395,7 +406,9 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     (int32 [N, K/32, 4], ``linear_triton.layout_weight``), the product computed transposed
     (``SWAP``: the decoded weight is the register operand of the dot, ``block_n`` >= 64 on
     sm_90 for ``wgmma``); ``tiled``: the same words and codes in the ``tiles`` layout
-    (``linear_triton.tiles_of_fragment``: [N/16, K/128, 256] and [N/16, K/128, 128])."""
+    (``linear_triton.tiles_of_fragment``: [N/16, K/128, 256] and [N/16, K/128, 128]).
+    Where ``kernelbay.triton_pdl.enabled`` says so, the kernel and its split-K sum are
+    programmatic launches."""
     if block_k < 64 or block_k & (block_k - 1):
         raise ValueError(f"nvfp4-triton: block_k={block_k} for the halfword kernel; valid: a "
                          "power of two >= 64 (whole 16-element blocks, dots of >= 16)")
@@ -419,11 +432,13 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     dest = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device) if partial else out
     grid = (-(-n // block_n), -(-m // block_m), split_k)
     opts: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages} if x.is_cuda else {}
+    pdl = triton_pdl.enabled(x.device)
     hw_kernel()[grid](x, words, sbits, global_scale, bias if bias is not None else out, dest,
                       m, n, k, x.stride(0), words.stride(0), sbits.stride(0), dest.stride(-2),
                       m * n if partial else 0, HAS_BIAS=bias is not None and not partial,
                       BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                       TILES_PER_SPLIT=per_split, PARTIAL=partial, EVEN_K=even, ASM=asm,
                       INTERPRET=interp, PAIRS=pairs, REPACKED=repacked or fragment,
-                      SWAP=fragment, TILED=tiled, **opts)
-    return sum_partials(dest, bias, out) if partial else out
+                      SWAP=fragment, TILED=tiled, PDL=pdl, **opts,
+                      **triton_pdl.launch_options(pdl))
+    return sum_partials(dest, bias, out, pdl=pdl) if partial else out

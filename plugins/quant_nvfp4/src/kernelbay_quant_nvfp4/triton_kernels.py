@@ -44,6 +44,8 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from kernelbay import triton_pdl
+from kernelbay.triton_pdl import grid_release, grid_wait
 
 __all__ = ["Nvfp4Kernels", "dequantize_nvfp4_triton", "e2m1_2m14", "e4m3_2m8", "interpreting",
            "kernels", "scale_bits", "split_plan", "store_tile", "sum_partials",
@@ -93,7 +95,10 @@ def store_tile(acc, out_ptr, b_ptr, rm, rn, m_ok, n_ok, stride_om, split_offset,
 
 @triton.jit
 def splitk_reduce(part_ptr, b_ptr, out_ptr, MN, N, SPLIT_K,
-                  HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+                  HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # the partials are the kernel before's output; the next launch may start now
+        grid_wait()
+        grid_release()
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -188,14 +193,15 @@ def split_plan(k_tiles: int, split_k: int) -> tuple[int, int]:
 
 
 def sum_partials(part: torch.Tensor, bias: torch.Tensor | None,
-                 out: torch.Tensor) -> torch.Tensor:
+                 out: torch.Tensor, *, pdl: bool = False) -> torch.Tensor:
     """``out [M, N] = sum of part [split, M, N] in split order (+ bias)``, cast to out's
-    dtype, by ``splitk_reduce``."""
+    dtype, by ``splitk_reduce`` (``pdl``: a programmatic launch, ``kernelbay.triton_pdl``)."""
     split_k, m, n = part.shape
     block = 1024
     kernels().reduce[(-(-(m * n) // block),)](part, bias if bias is not None else out, out,
                                               m * n, n, SPLIT_K=split_k,
-                                              HAS_BIAS=bias is not None, BLOCK=block)
+                                              HAS_BIAS=bias is not None, BLOCK=block, PDL=pdl,
+                                              **triton_pdl.launch_options(pdl))
     return out
 
 

@@ -1,0 +1,74 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# (Triton kernels are written in its untyped DSL; the Python helpers are typed.)
+"""Programmatic dependent launches for Triton kernels (compute capability 9.0 and newer),
+the Triton side of ``cuda_jit``'s ``Kernel.launch(programmatic=True)``. Imports triton:
+only kernel modules import this, when a backend is built.
+
+A kernel written for it takes a constexpr ``PDL`` and, when it is true, calls
+``grid_wait()`` before it reads or writes global memory (it returns once every kernel this
+one depends on has finished and its writes are visible: what comes before it, the launch
+and the index arithmetic, overlaps the previous kernel's tail) and ``grid_release()`` where
+the next programmatic launch may begin (its blocks then take free SM slots and run up to
+their own wait).
+
+``enabled(device)`` says whether to build and launch so (``KERNELBAY_PDL=1``, read per
+call by ``cuda_jit.programmatic_launch``; an NVIDIA GPU of compute capability 9.0 or newer;
+not the interpreter; a Triton with the grid-dependency ops), and ``launch_options`` gives
+the launch keyword. With ``PDL`` false the kernels compile exactly as before.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import triton
+
+from kernelbay.cuda_jit import programmatic_launch
+
+if TYPE_CHECKING:
+    import torch
+
+try:  # Triton 3.3 and newer
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: never built with PDL
+    gdc_launch_dependents = gdc_wait = None
+
+__all__ = ["SUPPORTED", "enabled", "grid_release", "grid_wait", "launch_options"]
+
+#: Whether this Triton has the grid-dependency ops and the ``launch_pdl`` launch option.
+SUPPORTED = gdc_wait is not None
+
+
+@triton.jit
+def grid_wait():
+    """Wait until the kernels this one depends on have finished (their writes visible)."""
+    gdc_wait()
+
+
+@triton.jit
+def grid_release():
+    """Let the next programmatic launch start its blocks (once every block here has called
+    this or exited)."""
+    gdc_launch_dependents()
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether kernels on ``device`` are built with ``PDL`` and launched as programmatic
+    dependents (see the module doc); ``KERNELBAY_PDL`` is validated on every call."""
+    if not programmatic_launch():
+        return False
+    if not SUPPORTED or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    import torch
+
+    if torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def launch_options(pdl: bool) -> dict[str, Any]:
+    """The launch keyword of a kernel built with ``PDL=pdl``."""
+    return {"launch_pdl": True} if pdl else {}
+
+
