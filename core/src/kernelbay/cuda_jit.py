@@ -254,7 +254,12 @@ def programmatic_launch(device: int | None = None) -> bool:
         raise ValueError(f"KERNELBAY_PDL={value!r}; valid: '1' (on, the default) or '0' (off)")
     if value == "0":
         return False
-    return device is None or _compute_major(device) >= 9
+    if device is None:
+        return True
+    try:
+        return _compute_major(device) >= 9
+    except (OSError, CudaJitError):  # no NVIDIA driver (a ROCm build): plain launches
+        return False
 
 
 @functools.cache

@@ -11,14 +11,17 @@ and the index arithmetic, overlaps the previous kernel's tail) and ``grid_releas
 the next programmatic launch may begin (its blocks then take free SM slots and run up to
 their own wait).
 
-``enabled(device)`` says whether to build and launch so (``KERNELBAY_PDL=1``, read per
-call by ``cuda_jit.programmatic_launch``; an NVIDIA GPU of compute capability 9.0 or newer;
-not the interpreter; a Triton with the grid-dependency ops), and ``launch_options`` gives
-the launch keyword. With ``PDL`` false the kernels compile exactly as before.
+``enabled(device)`` says whether to build and launch so (unless ``KERNELBAY_PDL=0``, read
+per call by ``cuda_jit.programmatic_launch``; an NVIDIA GPU of compute capability 9.0 or
+newer; not the interpreter; a Triton with the grid-dependency ops), and ``launch_options``
+gives the launch keyword. With ``PDL`` false the kernels compile exactly as before.
+``grid_wait`` / ``grid_release`` are the Triton twins of ``kernelbay/ptx.cuh``'s
+``grid_dependency_wait`` / ``grid_dependents_launch`` (the same PTX, ``griddepcontrol``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -58,17 +61,25 @@ def enabled(device: torch.device) -> bool:
     dependents (see the module doc); ``KERNELBAY_PDL`` is validated on every call."""
     if not programmatic_launch():
         return False
-    if not SUPPORTED or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    # the interpreter's test, as the kernel modules make it
+    interpreting = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if not SUPPORTED or device.type != "cuda" or interpreting:
         return False
     import torch
 
     if torch.version.hip is not None:
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return _major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
+
+
+@functools.cache
+def _major(index: int) -> int:
+    """Compute capability major number of CUDA device ``index`` (asked once)."""
+    import torch
+
+    return torch.cuda.get_device_capability(index)[0]
 
 
 def launch_options(pdl: bool) -> dict[str, Any]:
     """The launch keyword of a kernel built with ``PDL=pdl``."""
     return {"launch_pdl": True} if pdl else {}
-
-

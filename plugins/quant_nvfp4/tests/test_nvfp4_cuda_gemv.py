@@ -236,7 +236,7 @@ def test_a_build_failure_falls_back_to_triton(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(cuda_gemv, "_BROKEN", {})
     monkeypatch.setattr(linear_triton, "cuda_gemv_reason", lambda *a: None)
-    monkeypatch.setattr(linear_triton, "_device_index", lambda x2: 0)
+    monkeypatch.setattr(linear_triton, "device_index", lambda x2: 0)
     monkeypatch.setattr(cuda_gemv, "gemv_kernel", failing)
     tensors = nvfp4_weights(32, 256, torch.Generator().manual_seed(5))
     words, codes = _stored(tensors)

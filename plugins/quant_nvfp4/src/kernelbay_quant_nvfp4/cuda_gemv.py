@@ -54,8 +54,9 @@ class GemvConfig:
     wn: int = 1
     #: Under programmatic launches, let the next launch start its CTAs when this kernel
     #: starts instead of once every CTA is past its K loop (``config_for_m`` picks it for
-    #: grids that fill one wave: ``docs/kernels.md``, 8-15% faster there, up to 50% slower
-    #: where the next call's CTAs share half-empty SMs); no effect on plain launches.
+    #: grids that fill one wave: ``docs/kernels.md``, 3-17% faster there than plain
+    #: launches, up to 73% slower where the next call's CTAs share half-empty SMs); no
+    #: effect on plain launches.
     early_release: bool = False
 
     @property
@@ -98,8 +99,8 @@ def config_for_m(m: int, n: int = 0, k: int = 0, sms: int = 132, *,
     of the three builds above, released early, the one whose CTAs fill the most of one wave
     of its CTA slots without passing it, when that is at least 80% of the wave; else the
     rule above (released after the K loop). Early release lets the next call's CTAs into the
-    free slots while this one runs: where a grid left slots empty that was up to 50% slower,
-    where it filled them 8-10% faster than plain launches (``docs/kernels.md``)."""
+    free slots while this one runs: where a grid left slots empty that was up to 73% slower,
+    where it filled them 3-17% faster than plain launches (``docs/kernels.md``)."""
     nt = 1 if m <= 8 else 2
     if programmatic:
         fills = [(-(-n // (16 * b.tm * b.wn)) / (b.min_blocks * sms), b)
@@ -228,17 +229,26 @@ def nvfp4_gemv_cuda(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     M <= 16 (``gemv_unsupported`` says what else it needs; ``ValueError`` with that reason)."""
     from kernelbay.cuda_jit import programmatic_launch
 
-    config = config or config_for_m(x2.shape[0], stored_rows(words, True), x2.shape[1],
-                                    programmatic=x2.is_cuda
-                                    and programmatic_launch(_index(x2)))
-    reason = gemv_unsupported(x2, words, codes, config.tiled)
+    reason = gemv_unsupported(x2, words, codes, config.tiled if config else True)
     if reason is not None:
         raise ValueError(f"nvfp4 CUDA GEMV: {reason}")
+    if config is None:
+        index = device_index(x2)
+        config = config_for_m(x2.shape[0], stored_rows(words, True), x2.shape[1],
+                              _sms(index), programmatic=programmatic_launch(index))
     return launch_gemv(x2, words, codes, global_scale, bias, config)
 
 
-def _index(x: torch.Tensor) -> int:
-    """The CUDA device index of ``x``."""
+@functools.cache
+def _sms(device: int) -> int:
+    """Multiprocessors of CUDA ``device``."""
+    import torch
+
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def device_index(x: torch.Tensor) -> int:
+    """The CUDA device index of ``x`` (the current device when it names none)."""
     import torch
 
     return x.device.index if x.device.index is not None else torch.cuda.current_device()
@@ -278,7 +288,7 @@ def launch_gemv(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     if bias is not None:
         bias = bias.to(torch.bfloat16).contiguous()
     scale = global_scale.reshape(-1)[:1].float().contiguous()
-    device = _index(x2)
+    device = device_index(x2)
     kernel = gemv_kernel(config, device)
     tiles = -(-n // 16)
     grid = (-(-tiles // (config.tm * config.wn)), 1, 1)

@@ -23,7 +23,7 @@ from kernelbay.layers.linear import LinearMethod, TensorSpec
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
-from kernelbay_quant_nvfp4.cuda_gemv import stored_rows
+from kernelbay_quant_nvfp4.cuda_gemv import device_index, stored_rows
 from kernelbay_quant_nvfp4.schemes import (
     NVFP4_BLOCK,
     W4A4_ACTIVATION,
@@ -173,8 +173,15 @@ def stored_tensors(packed: torch.Tensor, scales: torch.Tensor,
                    table: tuple[tuple[int, KernelConfig], ...]
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """The checkpoint's weight and block scales in the layout ``table``'s kernels read
-    (``layout_tensors``)."""
-    return layout_tensors(packed, scales, table_layout(table))
+    (``layout_tensors``), finished on the device before this returns: the CUDA kernels, as
+    programmatic launches, copy their weight before the kernel before them has finished, so
+    the kernels that write it must not be the ones right before a call."""
+    words, codes = layout_tensors(packed, scales, table_layout(table))
+    if words.is_cuda:
+        import torch
+
+        torch.cuda.current_stream(words.device).synchronize()
+    return words, codes
 
 
 def _layout_text(weight: torch.Tensor, scales: torch.Tensor) -> str:
@@ -319,29 +326,23 @@ def _run_wgmma(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
     if cuda_wgmma_reason(x2, words, codes) is not None:
         return None
     m, n = x2.shape[0], words.shape[0] * 16
-    sms = _sm_count(_device_index(x2))
+    sms = _sm_count(device_index(x2))
     if config.wgmma is None and not prefers(m, n, x2.shape[1], sms):
         return None
     build = config.wgmma or config_for_m(m, n, x2.shape[1], sms)
     try:   # only building and loading turn it off; a failed launch is an error
-        wgmma_kernel(build, _device_index(x2))
+        wgmma_kernel(build, device_index(x2))
     except CudaJitError as exc:
         _turn_off("CUDA wgmma GEMM", mark_broken, x2, exc)
         return None
     return launch_wgmma(x2, words, codes, global_scale, bias, build)
 
 
-def _device_index(x2: torch.Tensor) -> int:
-    import torch
-
-    return x2.device.index if x2.device.index is not None else torch.cuda.current_device()
-
-
 def _turn_off(kernel: str, mark_broken: Callable[[int, str], None], x2: torch.Tensor,
               exc: Exception, instead: str = "the Triton kernel") -> None:
     """A CUDA kernel's build or load failed: it is off on this device for good (one
     warning), and the caller runs ``instead`` on the same stored weight."""
-    device = _device_index(x2)
+    device = device_index(x2)
     mark_broken(device, str(exc).splitlines()[0])
     warnings.warn(f"nvfp4-triton: the {kernel} is off on cuda:{device} ({exc}); {instead} "
                   "serves its batch sizes", RuntimeWarning, stacklevel=3)
@@ -374,12 +375,12 @@ def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
         if out is not None:
             return out
     build = config.gemv or config_for_m(rows, stored_rows(words, tiled), x2.shape[1], sms,
-                                        programmatic=programmatic_launch(_device_index(x2)))
+                                        programmatic=programmatic_launch(device_index(x2)))
     parts = [x2[start:start + rows] for start in range(0, x2.shape[0], rows)]
     builds = [replace(build, nt=1 if part.shape[0] <= 8 else 2, tiled=tiled) for part in parts]
     try:   # only building and loading turn it off; a failed launch is an error
         for b in set(builds):
-            gemv_kernel(b, _device_index(x2))
+            gemv_kernel(b, device_index(x2))
     except CudaJitError as exc:
         _turn_off("CUDA GEMV", mark_broken, x2, exc)
         return None
@@ -402,7 +403,7 @@ def _run_bulk(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
 
     if not x2.is_cuda:
         return None
-    device = _device_index(x2)
+    device = device_index(x2)
     if _cc_major(device) < 9 or bulk.broken_reason(device):
         return None
     if build is not None:

@@ -253,7 +253,7 @@ CANDIDATES: tuple[KernelConfig, ...] = (
           (4, 2, 4, 1, True, 4), (2, 2, 4, 1, True, 4), (1, 2, 4, 2, True, 8),
           (2, 2, 8, 2, True, 4), (2, 1, 6, 2, True, 4), (1, 4, 4, 2, True, 4))),
     # the default builds releasing the next programmatic launch at their start (``...e``;
-    # differs only under KERNELBAY_PDL=1)
+    # differs only under programmatic launches, on unless KERNELBAY_PDL=0)
     *(_cuda(tm, wk, st, mb, True, wn, early_release=True) for tm, wk, st, mb, wn in (
           (2, 4, 4, 4, 1), (2, 8, 4, 2, 1), (2, 2, 4, 2, 4))),
     # The bulk-copy GEMV (``cuda_gemv_bulk``, sm_90) on the tiles layout: the default build

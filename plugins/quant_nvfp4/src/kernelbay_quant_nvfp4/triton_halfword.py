@@ -385,9 +385,8 @@ def hw_kernel() -> Any:
     ``e2m1_words_triton`` (whose helpers the kernel calls) and then this module are
     re-executed, so the decorators run in the current mode."""
     if interpreting() != _BUILT_INTERPRETED:
-        kernels()
+        kernels()  # re-executes triton_pdl too, when it re-executes triton_kernels
         importlib.reload(e2m1_words_triton)
-        importlib.reload(triton_pdl)
         return importlib.reload(sys.modules[__name__]).hw_kernel()
     return nvfp4_matmul_hw
 

@@ -174,6 +174,7 @@ def kernels() -> Nvfp4Kernels:
     """The kernels for the current ``TRITON_INTERPRET`` setting: when it differs from the one
     this module was imported under, the module is re-executed so the decorators run again."""
     if interpreting() != _BUILT_INTERPRETED:
+        importlib.reload(triton_pdl)  # the jitted helpers this module imports, in the new mode
         module = importlib.reload(sys.modules[__name__])
         return module.kernels()  # type: ignore[no-any-return]
     return Nvfp4Kernels(splitk_reduce, nvfp4_dequant, stream_fixup)
