@@ -21,7 +21,6 @@ gives the launch keyword. With ``PDL`` false the kernels compile exactly as befo
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -69,15 +68,9 @@ def enabled(device: torch.device) -> bool:
 
     if torch.version.hip is not None:
         return False
-    return _major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
-
-
-@functools.cache
-def _major(index: int) -> int:
-    """Compute capability major number of CUDA device ``index`` (asked once)."""
-    import torch
-
-    return torch.cuda.get_device_capability(index)[0]
+    # the device's compute capability, asked of the driver once per device
+    return programmatic_launch(device.index if device.index is not None
+                               else torch.cuda.current_device())
 
 
 def launch_options(pdl: bool) -> dict[str, Any]:

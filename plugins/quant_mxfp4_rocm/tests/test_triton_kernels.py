@@ -476,8 +476,12 @@ def test_gpu_gemm_programmatic_launches_wait(m: int, split: int,
     finished: the bits of plain launches, eagerly and in a CUDA graph."""
     import functools
 
+    from kernelbay import triton_pdl
     from kernelbay.testing.programmatic import check_programmatic_chain
     from kernelbay_quant_mxfp4_rocm.triton_gemm import GemmConfig, mxfp4_gemm, prepare_weight
+
+    monkeypatch.setenv("KERNELBAY_PDL", "1")
+    assert triton_pdl.enabled(torch.device("cuda"))  # else the chain would test plain launches
 
     config = GemmConfig(16, 64, 256, split, 4, 3, "fragment")
     layers = []

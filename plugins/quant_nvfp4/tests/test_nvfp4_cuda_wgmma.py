@@ -326,7 +326,7 @@ def _run_with(monkeypatch: pytest.MonkeyPatch, build: Any, launch: Any) -> Any:
 
     monkeypatch.setattr(cuda_wgmma, "_BROKEN", {})
     monkeypatch.setattr(linear_triton, "cuda_wgmma_reason", lambda *a: None)
-    monkeypatch.setattr(linear_triton, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(linear_triton, "sm_count", lambda index: 132)
     monkeypatch.setattr(linear_triton, "device_index", lambda x2: 0)
     monkeypatch.setattr(cuda_wgmma, "wgmma_kernel", build)
     monkeypatch.setattr(cuda_wgmma, "launch_wgmma", launch)

@@ -28,6 +28,10 @@ def test_triton_tiles_kernel_programmatic_launches_wait(
                                block_k=256, split_k=split_k, num_warps=4, num_stages=3,
                                tiled=True)
 
+    from kernelbay import triton_pdl
+
+    monkeypatch.setenv("KERNELBAY_PDL", "1")
+    assert triton_pdl.enabled(torch.device("cuda"))  # else the chain would test plain launches
     check_programmatic_chain(monkeypatch, run, m)
 
 

@@ -235,13 +235,13 @@ def nvfp4_gemv_cuda(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     if config is None:
         index = device_index(x2)
         config = config_for_m(x2.shape[0], stored_rows(words, True), x2.shape[1],
-                              _sms(index), programmatic=programmatic_launch(index))
+                              sm_count(index), programmatic=programmatic_launch(index))
     return launch_gemv(x2, words, codes, global_scale, bias, config)
 
 
 @functools.cache
-def _sms(device: int) -> int:
-    """Multiprocessors of CUDA ``device``."""
+def sm_count(device: int) -> int:
+    """Multiprocessors of CUDA ``device`` (asked once)."""
     import torch
 
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
@@ -295,5 +295,5 @@ def launch_gemv(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     args = gemv_args(x2, words, codes, scale, bias, out)
     kernel.launch(grid, (32 * config.wk * config.wn, 1, 1), args,
                   torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config),
-                  programmatic=programmatic_launch(device))
+                  programmatic=programmatic_launch())
     return out

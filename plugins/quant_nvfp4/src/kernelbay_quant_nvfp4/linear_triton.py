@@ -23,7 +23,7 @@ from kernelbay.layers.linear import LinearMethod, TensorSpec
 from kernelbay.requests import LinearRequest
 from kernelbay.verdict import Verdict
 
-from kernelbay_quant_nvfp4.cuda_gemv import device_index, stored_rows
+from kernelbay_quant_nvfp4.cuda_gemv import device_index, sm_count, stored_rows
 from kernelbay_quant_nvfp4.schemes import (
     NVFP4_BLOCK,
     W4A4_ACTIVATION,
@@ -87,13 +87,6 @@ def check_finite_scales(method: str, scales: torch.Tensor, global_scale: torch.T
     if not bool(torch.isfinite(global_scale.float()).all()):
         raise ValueError(f"{method}: {prefix}weight_scale_2 is {global_scale.float().item()}; "
                          "the NVFP4 global scale must be a finite fp32 value")
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    import torch
-
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
 @functools.cache
@@ -249,7 +242,7 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
             return out
         config = CUDA_FALLBACK[layout_of(config)]
     if config.path == "cuda-bulk":
-        sms = _sm_count(x2.device.index or 0) if x2.is_cuda else 132
+        sms = sm_count(x2.device.index or 0) if x2.is_cuda else 132
         out = None
         if m <= 16 and cuda_gemv_reason(x2, packed, scales, True) is None:
             out = _run_bulk(x2, packed, scales, global_scale, bias, sms, config.bulk)
@@ -267,7 +260,7 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
         weight = dequantize_nvfp4_triton(packed, scales, global_scale, x2.dtype)
         return F.linear(x2, weight, bias)
     config = fit_block_m(config, m)
-    sms = _sm_count(x2.device.index or 0) if x2.is_cuda else 4
+    sms = sm_count(x2.device.index or 0) if x2.is_cuda else 4
     return nvfp4_linear_hw(x2, packed, scales, global_scale, bias, block_m=config.block_m,
                            block_n=config.block_n, block_k=config.block_k,
                            split_k=split_k_for(config, m,
@@ -326,7 +319,7 @@ def _run_wgmma(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
     if cuda_wgmma_reason(x2, words, codes) is not None:
         return None
     m, n = x2.shape[0], words.shape[0] * 16
-    sms = _sm_count(device_index(x2))
+    sms = sm_count(device_index(x2))
     if config.wgmma is None and not prefers(m, n, x2.shape[1], sms):
         return None
     build = config.wgmma or config_for_m(m, n, x2.shape[1], sms)
@@ -369,7 +362,7 @@ def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
     tiled = config.path == "cuda-tiles"
     if cuda_gemv_reason(x2[:rows], words, codes, tiled) is not None:
         return None
-    sms = _sm_count(x2.device.index or 0) if x2.is_cuda else 132
+    sms = sm_count(x2.device.index or 0) if x2.is_cuda else 132
     if tiled and x2.shape[0] <= 16 and config.gemv is None:
         out = _run_bulk(x2, words, codes, global_scale, bias, sms)
         if out is not None:
