@@ -90,27 +90,58 @@ def test_tensor_map_rejects_what_the_hardware_would() -> None:
     assert "multiple of 16" in reason(box_cols=4)
 
 
-def test_programmatic_launch_config_matches_the_driver_layout() -> None:
-    """``cuLaunchKernelEx``'s CUlaunchConfig as cuda.h lays it out on 64-bit hosts (grid and
-    block, shared bytes, the stream at byte 32, the attribute array at 40, its length at 48;
-    56 bytes) with one CUlaunchAttribute of 72 bytes: the id 6 (programmatic stream
-    serialization) in the first four, the 64-byte value union from byte 8 holding the int 1."""
+def test_programmatic_edge_matches_the_driver_layout() -> None:
+    """CUgraphEdgeData as cuda.h lays it out: eight bytes, the upstream port first (1:
+    CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC), the downstream port (0), the dependency type (1:
+    CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC), five reserved zero bytes."""
     import ctypes
 
-    from kernelbay.cuda_jit import programmatic_config
+    from kernelbay.cuda_jit import programmatic_edge
 
-    config, attr = programmatic_config((3, 2, 1), (128, 1, 1), 4096, 0xABC0)
-    raw = ctypes.string_at(ctypes.addressof(config), ctypes.sizeof(config))
-    assert len(raw) == 56
-    words = [int.from_bytes(raw[4 * i:4 * i + 4], "little") for i in range(7)]
-    assert words == [3, 2, 1, 128, 1, 1, 4096]
-    assert int.from_bytes(raw[32:40], "little") == 0xABC0
-    assert int.from_bytes(raw[40:48], "little") == ctypes.addressof(attr)
-    assert int.from_bytes(raw[48:52], "little") == 1
-    entry = ctypes.string_at(ctypes.addressof(attr), ctypes.sizeof(attr))
-    assert len(entry) == 72
-    assert int.from_bytes(entry[:4], "little") == 6
-    assert int.from_bytes(entry[8:12], "little") == 1 and entry[12:] == bytes(60)
+    edge = programmatic_edge()
+    assert ctypes.string_at(ctypes.addressof(edge), ctypes.sizeof(edge)) == bytes(
+        [1, 0, 1, 0, 0, 0, 0, 0])
+
+
+def test_programmatic_dependent_links_only_launches_made_through_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A simulated capture: the first launch follows a node not made here (a torch kernel) and
+    stays plain; the next one follows that launch and gets one programmatic edge from exactly
+    that node; after a join (two predecessors) or in another capture, plain again; outside a
+    capture nothing is asked of the driver."""
+    import ctypes
+
+    from kernelbay import cuda_jit
+
+    tails: list[tuple[int, list[int]] | None] = []
+    edges: list[tuple[int, bytes, int, int]] = []
+
+    class FakeDriver:
+        def cuStreamUpdateCaptureDependencies_v2(self, stream, nodes, edge, count, flags):
+            data = ctypes.cast(edge, ctypes.POINTER(ctypes.c_ubyte * 8)).contents
+            edges.append((nodes[0], bytes(data), count, flags))
+            return 0
+
+    monkeypatch.setattr(cuda_jit, "_cuda", lambda: FakeDriver())
+    monkeypatch.setattr(cuda_jit, "_capture_tail", lambda stream: tails.pop(0))
+    monkeypatch.setattr(cuda_jit, "_releasing", {})
+
+    def launch(before: tuple[int, list[int]] | None,
+               after: tuple[int, list[int]] | None) -> bool:
+        tails[:] = [before, after]
+        with cuda_jit.programmatic_dependent(0xABC) as made:
+            pass
+        assert not tails
+        return made
+
+    count = cuda_jit.programmatic_edges()
+    assert launch((5, [0x100]), (5, [0x200])) is False       # after a torch kernel
+    assert launch((5, [0x200]), (5, [0x300])) is True        # after ours
+    assert edges == [(0x200, bytes([1, 0, 1, 0, 0, 0, 0, 0]), 1, 1)]
+    assert launch((5, [0x300, 0x100]), (5, [0x400])) is False  # a join
+    assert launch((6, [0x300]), (6, [0x500])) is False       # the same node, another capture
+    assert launch(None, None) is False                        # eager
+    assert len(edges) == 1 and cuda_jit.programmatic_edges() == count + 1
 
 
 def test_programmatic_launch_reads_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:

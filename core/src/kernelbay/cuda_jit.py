@@ -34,7 +34,8 @@ from kernelbay.cache import cache_dir as _cache_root
 
 __all__ = ["HEADERS", "TENSOR_MAP_DTYPES", "CudaJitError", "Kernel", "cache_dir",
            "compile_cubin", "find_nvrtc", "headers", "load_kernel", "nvrtc_available",
-           "programmatic_config", "programmatic_launch", "tensor_map_2d"]
+           "programmatic_dependent", "programmatic_edge", "programmatic_edges",
+           "programmatic_launch", "tensor_map_2d"]
 
 #: The headers every compile can include, by include name, and their files in this package.
 HEADERS = {"kernelbay/ptx.cuh": "ptx.cuh"}
@@ -213,34 +214,95 @@ def _current(ctx: ctypes.c_void_p) -> Iterator[None]:
         lib.cuCtxPopCurrent(ctypes.byref(popped))
 
 
-class _LaunchAttribute(ctypes.Structure):
-    # CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union.
-    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4),
-                ("value", ctypes.c_char * 64)]
+class _EdgeData(ctypes.Structure):
+    # CUgraphEdgeData: the upstream node's port, the downstream port, the dependency type,
+    # five reserved bytes.
+    _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte),
+                ("type", ctypes.c_ubyte), ("reserved", ctypes.c_ubyte * 5)]
 
 
-class _LaunchConfig(ctypes.Structure):
-    # CUlaunchConfig of cuLaunchKernelEx.
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
-                ("shared_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+#: CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC (the upstream kernel's blocks have all released or
+#: exited) and CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC (the downstream kernel may start then and
+#: waits in griddepcontrol.wait for the upstream one to finish).
+_PORT_PROGRAMMATIC = 1
+_TYPE_PROGRAMMATIC = 1
+#: CU_STREAM_CAPTURE_STATUS_ACTIVE and CU_STREAM_SET_CAPTURE_DEPENDENCIES.
+_CAPTURE_ACTIVE = 1
+_SET_DEPENDENCIES = 1
 
 
-#: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
-_PROGRAMMATIC_SERIALIZATION = 6
+def programmatic_edge() -> _EdgeData:
+    """The edge data of a programmatic dependency between two kernel nodes."""
+    return _EdgeData(_PORT_PROGRAMMATIC, 0, _TYPE_PROGRAMMATIC)
 
 
-def programmatic_config(grid: tuple[int, int, int], block: tuple[int, int, int],
-                        shared_bytes: int, stream: int) -> tuple[_LaunchConfig, Any]:
-    """The ``cuLaunchKernelEx`` configuration of a programmatic dependent launch, and the
-    attribute array it points to (keep both alive until the call returns)."""
-    attr = (_LaunchAttribute * 1)()
-    attr[0].id = _PROGRAMMATIC_SERIALIZATION
-    attr[0].value = (1).to_bytes(4, sys.byteorder) + bytes(60)   # allowed = 1
-    config = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block),
-                           shared_bytes, ctypes.c_void_p(stream),
-                           ctypes.cast(attr, ctypes.POINTER(_LaunchAttribute)), 1)
-    return config, attr
+#: Graph nodes of launches that release their dependents (grid_dependents_launch on every
+#: path), by stream-capture id; only the latest few captures are kept.
+_releasing: dict[int, set[int]] = {}
+_releasing_lock = threading.Lock()
+_KEPT_CAPTURES = 8
+#: Programmatic edges made so far in this process (tests read it through programmatic_edges).
+_edges_made = 0
+
+
+def programmatic_edges() -> int:
+    """How many launches this process made programmatic dependents of the kernel node before
+    them (``programmatic_dependent``), for tests and benchmarks."""
+    return _edges_made
+
+
+def _capture_tail(stream: int) -> tuple[int, list[int]] | None:
+    """The capture id and the nodes the next node captured on ``stream`` will depend on, or
+    None when ``stream`` is not capturing (or the driver predates CUDA 12.3's query)."""
+    lib = _cuda()
+    query = getattr(lib, "cuStreamGetCaptureInfo_v3", None)
+    if query is None:
+        return None
+    status, capture = ctypes.c_int(), ctypes.c_uint64()
+    graph, edges, count = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_size_t()
+    nodes = ctypes.POINTER(ctypes.c_void_p)()
+    if query(ctypes.c_void_p(stream), ctypes.byref(status), ctypes.byref(capture),
+             ctypes.byref(graph), ctypes.byref(nodes), ctypes.byref(edges),
+             ctypes.byref(count)) != 0 or status.value != _CAPTURE_ACTIVE:
+        return None
+    return capture.value, [int(nodes[i] or 0) for i in range(count.value)]
+
+
+@contextlib.contextmanager
+def programmatic_dependent(stream: int, *, depend: bool = True) -> Iterator[bool]:
+    """Around the launch of a kernel that waits (``grid_dependency_wait``) before it touches
+    memory and releases (``grid_dependents_launch``) on every path. While ``stream`` is
+    captured into a CUDA graph and the node before is such a launch made here, the new node
+    depends on it programmatically (it may start once every block of that kernel released,
+    and waits for its end in ``grid_dependency_wait``); the value says whether it does. Any
+    other predecessor (a torch kernel, a copy, a join of streams, nothing) keeps the plain
+    edge, and launches outside a capture stay plain: a programmatic edge from a kernel that
+    never releases only costs (measured: ``bench/results/nvfp4-decode-step-h200.md``).
+    ``depend=False`` keeps the plain edge whatever came before (a kernel that only sums the
+    one before's partials gained nothing as its dependent). The launch is then recorded as
+    one that releases."""
+    global _edges_made
+    tail = _capture_tail(stream) if depend else None
+    made = False
+    if tail is not None:
+        capture, nodes = tail
+        with _releasing_lock:
+            after_ours = len(nodes) == 1 and nodes[0] in _releasing.get(capture, ())
+        if after_ours:
+            lib = _cuda()
+            node = (ctypes.c_void_p * 1)(nodes[0])
+            _cu_check(lib, lib.cuStreamUpdateCaptureDependencies_v2(
+                ctypes.c_void_p(stream), node, ctypes.byref(programmatic_edge()), 1,
+                _SET_DEPENDENCIES), "programmatic capture dependency")
+            made = True
+            _edges_made += 1
+    yield made
+    tail = _capture_tail(stream)
+    if tail is not None and len(tail[1]) == 1:
+        with _releasing_lock:
+            _releasing.setdefault(tail[0], set()).add(tail[1][0])
+            for old in sorted(_releasing)[:-_KEPT_CAPTURES]:
+                del _releasing[old]
 
 
 def programmatic_launch(device: int | None = None) -> bool:
@@ -312,22 +374,21 @@ class Kernel:
                programmatic: bool = False) -> None:
         """Launch with ``args`` as ctypes values (``ctypes.c_void_p`` for pointers) on the
         CUDA stream handle ``stream`` (``torch.cuda.current_stream().cuda_stream``).
-        ``programmatic``: as a programmatic dependent of the kernel before it on the stream:
-        it may start early, and must call ``grid_dependency_wait`` (``kernelbay/ptx.cuh``)
-        before touching what that kernel reads or writes; a plain launch on devices below
-        compute capability 9.0, which have no programmatic launches."""
+        ``programmatic``: the kernel waits in ``grid_dependency_wait`` (``kernelbay/ptx.cuh``)
+        before it touches what the kernel before it reads or writes, and releases
+        (``grid_dependents_launch``) on every path: captured into a CUDA graph right after
+        another such launch, it becomes that node's programmatic dependent
+        (``programmatic_dependent``); plain otherwise, and below compute capability 9.0."""
         lib = _cuda()
         params = (ctypes.c_void_p * len(args))(
             *[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
-        with _current(self.context):
-            if programmatic and _compute_major(self.device) >= 9:
-                config, _attr = programmatic_config(grid, block, shared_bytes, stream)
-                _cu_check(lib, lib.cuLaunchKernelEx(ctypes.byref(config), self.function,
-                                                    params, None), "cuLaunchKernelEx")
-            else:
-                _cu_check(lib, lib.cuLaunchKernel(self.function, *grid, *block, shared_bytes,
-                                                  ctypes.c_void_p(stream), params, None),
-                          "cuLaunchKernel")
+        dependent = (programmatic_dependent(stream)
+                     if programmatic and _compute_major(self.device) >= 9
+                     else contextlib.nullcontext())
+        with _current(self.context), dependent:
+            _cu_check(lib, lib.cuLaunchKernel(self.function, *grid, *block, shared_bytes,
+                                              ctypes.c_void_p(stream), params, None),
+                      "cuLaunchKernel")
 
 
 #: Element types of ``tensor_map_2d`` and their CUtensorMapDataType codes.

@@ -11,22 +11,26 @@ and the index arithmetic, overlaps the previous kernel's tail) and ``grid_releas
 the next programmatic launch may begin (its blocks then take free SM slots and run up to
 their own wait).
 
-``enabled(device)`` says whether to build and launch so (unless ``KERNELBAY_PDL=0``, read
-per call by ``cuda_jit.programmatic_launch``; an NVIDIA GPU of compute capability 9.0 or
-newer; not the interpreter; a Triton with the grid-dependency ops), and ``launch_options``
-gives the launch keyword. With ``PDL`` false the kernels compile exactly as before.
+``enabled(device)`` says whether to build so (unless ``KERNELBAY_PDL=0``, read per call by
+``cuda_jit.programmatic_launch``; an NVIDIA GPU of compute capability 9.0 or newer; not the
+interpreter; a Triton with the grid-dependency ops), and ``dependent(device, pdl)`` goes
+around the launch: captured into a CUDA graph right after another launch made so, the new
+node depends on it programmatically (``cuda_jit.programmatic_dependent``); every other launch
+is plain (the kernel's wait then returns at once). With ``PDL`` false the kernels compile
+exactly as before.
 ``grid_wait`` / ``grid_release`` are the Triton twins of ``kernelbay/ptx.cuh``'s
 ``grid_dependency_wait`` / ``grid_dependents_launch`` (the same PTX, ``griddepcontrol``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import triton
 
-from kernelbay.cuda_jit import programmatic_launch
+from kernelbay.cuda_jit import programmatic_dependent, programmatic_launch
 
 if TYPE_CHECKING:
     import torch
@@ -36,9 +40,9 @@ try:  # Triton 3.3 and newer
 except ImportError:  # pragma: no cover - older Triton: never built with PDL
     gdc_launch_dependents = gdc_wait = None
 
-__all__ = ["SUPPORTED", "enabled", "grid_release", "grid_wait", "launch_options"]
+__all__ = ["SUPPORTED", "dependent", "enabled", "grid_release", "grid_wait"]
 
-#: Whether this Triton has the grid-dependency ops and the ``launch_pdl`` launch option.
+#: Whether this Triton has the grid-dependency ops.
 SUPPORTED = gdc_wait is not None
 
 
@@ -56,8 +60,9 @@ def grid_release():
 
 
 def enabled(device: torch.device) -> bool:
-    """Whether kernels on ``device`` are built with ``PDL`` and launched as programmatic
-    dependents (see the module doc); ``KERNELBAY_PDL`` is validated on every call."""
+    """Whether kernels on ``device`` are built with ``PDL`` (waiting and releasing; see the
+    module doc for when they become programmatic dependents); ``KERNELBAY_PDL`` is validated
+    on every call."""
     if not programmatic_launch():
         return False
     # the interpreter's test, as the kernel modules make it
@@ -73,6 +78,13 @@ def enabled(device: torch.device) -> bool:
                                else torch.cuda.current_device())
 
 
-def launch_options(pdl: bool) -> dict[str, Any]:
-    """The launch keyword of a kernel built with ``PDL=pdl``."""
-    return {"launch_pdl": True} if pdl else {}
+def dependent(device: torch.device, pdl: bool, *,
+              depend: bool = True) -> contextlib.AbstractContextManager[bool]:
+    """The context of one launch of a kernel built with ``PDL=pdl`` on ``device``'s current
+    stream (``cuda_jit.programmatic_dependent(stream, depend=depend)`` when ``pdl``); its value
+    says whether the launch became a programmatic dependent."""
+    if not pdl:
+        return contextlib.nullcontext(False)
+    import torch
+
+    return programmatic_dependent(torch.cuda.current_stream(device).cuda_stream, depend=depend)

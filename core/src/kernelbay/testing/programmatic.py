@@ -1,6 +1,7 @@
-"""A GPU check for kernels launched as programmatic dependents (``KERNELBAY_PDL=1``,
-``kernelbay.cuda_jit`` and ``kernelbay.triton_pdl``): they must give the bits of plain
-launches while reading their inputs only after the kernel before them has finished."""
+"""A GPU check for kernels that become programmatic dependents in CUDA graphs
+(``KERNELBAY_PDL=1``, ``kernelbay.cuda_jit.programmatic_dependent`` and
+``kernelbay.triton_pdl``): they must give the bits of plain launches while reading their
+inputs only after the kernel before them has finished."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ def check_programmatic_chain(monkeypatch: Any, layers: Sequence[Callable[[torch.
                                                                    torch.Tensor]],
                              inputs: Sequence[torch.Tensor]) -> None:
     """Run ``layers`` as a chain (each reading the output of the one before) on each of
-    ``inputs`` (CUDA tensors), launched plainly (``KERNELBAY_PDL=0``) and as programmatic
-    dependents (``1``): the same bits, eagerly and replayed from a CUDA graph. Every step has
-    fresh activations, so a layer that read its input before the kernel before it finished
-    would see the previous step's values."""
-    from kernelbay.cuda_jit import programmatic_launch
+    ``inputs`` (CUDA tensors), launched plainly (``KERNELBAY_PDL=0``), then with
+    ``KERNELBAY_PDL=1`` eagerly (plain launches of the waiting and releasing builds) and
+    replayed from a CUDA graph captured then, where each layer after the first must have
+    become a programmatic dependent of the kernel before it: the same bits every time. Every
+    replay has fresh activations, so a layer that read its input before the kernel before it
+    finished would see the previous replay's values."""
+    from kernelbay.cuda_jit import programmatic_edges, programmatic_launch
 
     def chain(x: torch.Tensor) -> torch.Tensor:
         for layer in layers:
@@ -39,8 +42,13 @@ def check_programmatic_chain(monkeypatch: Any, layers: Sequence[Callable[[torch.
     stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
+    edges = programmatic_edges()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         out = chain(static)
+    made = programmatic_edges() - edges
+    assert made >= len(layers) - 1, (
+        f"{made} programmatic edges in a chain of {len(layers)} layers; every layer after the "
+        "first should depend programmatically on the one before")
     for x, w in zip(list(inputs[1:]) + list(inputs[:1]), want[1:] + want[:1], strict=True):
         static.copy_(x)
         graph.replay()

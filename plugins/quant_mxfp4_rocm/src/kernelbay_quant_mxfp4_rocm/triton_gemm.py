@@ -660,17 +660,21 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
                                           and cfg.path != "fragment"))
     const["SPLIT_K"] = split
     pdl = triton_pdl.enabled(x.device)
-    _mxfp4_gemm_kernel[grid](
-        x, xs, w_arg, weight_scale, target, m, n, k,
-        x.stride(0), xs.stride(0), w_arg.stride(0), weight_scale.stride(0),
-        n, m * n if split > 1 else 0, **const, PDL=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **triton_pdl.launch_options(pdl))
+    with triton_pdl.dependent(x.device, pdl):
+        _mxfp4_gemm_kernel[grid](
+            x, xs, w_arg, weight_scale, target, m, n, k,
+            x.stride(0), xs.stride(0), w_arg.stride(0), weight_scale.stride(0),
+            n, m * n if split > 1 else 0, **const, PDL=pdl,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
         bits = interpret and out_dtype == torch.bfloat16
-        _split_k_reduce_kernel[(triton.cdiv(m * n, block),)](
-            target, out.view(torch.int16) if bits else out, m * n, SPLIT_K=split, BLOCK=block,
-            OUT_BF16_BITS=bits, PDL=pdl, **triton_pdl.launch_options(pdl))
+        # plain after its GEMM (see kernelbay_quant_nvfp4's sum_partials), so that the next
+        # GEMM may depend on it programmatically
+        with triton_pdl.dependent(x.device, pdl, depend=False):
+            _split_k_reduce_kernel[(triton.cdiv(m * n, block),)](
+                target, out.view(torch.int16) if bits else out, m * n, SPLIT_K=split,
+                BLOCK=block, OUT_BF16_BITS=bits, PDL=pdl)
     return out
 
 

@@ -374,12 +374,15 @@ def launch_wgmma(x2: torch.Tensor, words: torch.Tensor, codes: torch.Tensor,
     kernel.launch(grid, (128 * config.wg, 1, 1), args,
                   torch.cuda.current_stream(x2.device).cuda_stream, shared_bytes(config),
                   programmatic=programmatic_launch())
-    if config.stream_k and part is not None:   # stream K always writes partials
-        from kernelbay_quant_nvfp4.triton_kernels import sum_stream_segments
+    if part is not None:
+        from kernelbay import triton_pdl
 
-        sum_stream_segments(part, bias, out, chunks)
-    elif part is not None:
-        from kernelbay_quant_nvfp4.triton_kernels import sum_partials
+        from kernelbay_quant_nvfp4.triton_kernels import sum_partials, sum_stream_segments
 
-        sum_partials(part, bias, out)
+        # the sums release too, so that the next GEMM may depend on them programmatically
+        pdl = triton_pdl.enabled(x2.device)
+        if config.stream_k:   # stream K always writes partials
+            sum_stream_segments(part, bias, out, chunks, pdl=pdl)
+        else:
+            sum_partials(part, bias, out, pdl=pdl)
     return out

@@ -406,8 +406,8 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     (``SWAP``: the decoded weight is the register operand of the dot, ``block_n`` >= 64 on
     sm_90 for ``wgmma``); ``tiled``: the same words and codes in the ``tiles`` layout
     (``linear_triton.tiles_of_fragment``: [N/16, K/128, 256] and [N/16, K/128, 128]).
-    Where ``kernelbay.triton_pdl.enabled`` says so, the kernel and its split-K sum are
-    programmatic launches."""
+    Where ``kernelbay.triton_pdl.enabled`` says so, the kernel and its split-K sum wait and
+    release, and become programmatic dependents in CUDA graphs (``triton_pdl.dependent``)."""
     if block_k < 64 or block_k & (block_k - 1):
         raise ValueError(f"nvfp4-triton: block_k={block_k} for the halfword kernel; valid: a "
                          "power of two >= 64 (whole 16-element blocks, dots of >= 16)")
@@ -432,12 +432,13 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     grid = (-(-n // block_n), -(-m // block_m), split_k)
     opts: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages} if x.is_cuda else {}
     pdl = triton_pdl.enabled(x.device)
-    hw_kernel()[grid](x, words, sbits, global_scale, bias if bias is not None else out, dest,
-                      m, n, k, x.stride(0), words.stride(0), sbits.stride(0), dest.stride(-2),
-                      m * n if partial else 0, HAS_BIAS=bias is not None and not partial,
-                      BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                      TILES_PER_SPLIT=per_split, PARTIAL=partial, EVEN_K=even, ASM=asm,
-                      INTERPRET=interp, PAIRS=pairs, REPACKED=repacked or fragment,
-                      SWAP=fragment, TILED=tiled, PDL=pdl, **opts,
-                      **triton_pdl.launch_options(pdl))
+    with triton_pdl.dependent(x.device, pdl):
+        hw_kernel()[grid](x, words, sbits, global_scale, bias if bias is not None else out,
+                          dest, m, n, k, x.stride(0), words.stride(0), sbits.stride(0),
+                          dest.stride(-2), m * n if partial else 0,
+                          HAS_BIAS=bias is not None and not partial, BLOCK_M=block_m,
+                          BLOCK_N=block_n, BLOCK_K=block_k, TILES_PER_SPLIT=per_split,
+                          PARTIAL=partial, EVEN_K=even, ASM=asm, INTERPRET=interp, PAIRS=pairs,
+                          REPACKED=repacked or fragment, SWAP=fragment, TILED=tiled, PDL=pdl,
+                          **opts)
     return sum_partials(dest, bias, out, pdl=pdl) if partial else out

@@ -111,7 +111,11 @@ def splitk_reduce(part_ptr, b_ptr, out_ptr, MN, N, SPLIT_K,
 
 @triton.jit
 def stream_fixup(part_ptr, b_ptr, out_ptr, M, N, C, U, P, SEGS,
-                 HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
+                 PDL: tl.constexpr = False):
+    if PDL:  # as splitk_reduce
+        grid_wait()
+        grid_release()
     # Row tile r of ROWS rows, tokens [BLOCK_M * pid(1), ...): the CTAs q whose unit ranges
     # [q U // P, (q + 1) U // P) meet the tile's units [r C, r C + C), in order; the tile is
     # segment r - (first unit of q) // C of CTA q.
@@ -196,21 +200,24 @@ def split_plan(k_tiles: int, split_k: int) -> tuple[int, int]:
 def sum_partials(part: torch.Tensor, bias: torch.Tensor | None,
                  out: torch.Tensor, *, pdl: bool = False) -> torch.Tensor:
     """``out [M, N] = sum of part [split, M, N] in split order (+ bias)``, cast to out's
-    dtype, by ``splitk_reduce`` (``pdl``: a programmatic launch, ``kernelbay.triton_pdl``)."""
+    dtype, by ``splitk_reduce`` (``pdl``: built to wait and release, ``kernelbay.triton_pdl``;
+    launched plainly after its GEMM, so the next GEMM may depend on it programmatically)."""
     split_k, m, n = part.shape
     block = 1024
-    kernels().reduce[(-(-(m * n) // block),)](part, bias if bias is not None else out, out,
-                                              m * n, n, SPLIT_K=split_k,
-                                              HAS_BIAS=bias is not None, BLOCK=block, PDL=pdl,
-                                              **triton_pdl.launch_options(pdl))
+    with triton_pdl.dependent(part.device, pdl, depend=False):
+        kernels().reduce[(-(-(m * n) // block),)](part, bias if bias is not None else out,
+                                                  out, m * n, n, SPLIT_K=split_k,
+                                                  HAS_BIAS=bias is not None, BLOCK=block,
+                                                  PDL=pdl)
     return out
 
 
 def sum_stream_segments(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
-                        chunks: int) -> torch.Tensor:
+                        chunks: int, *, pdl: bool = False) -> torch.Tensor:
     """``out [M, N]`` from the stream-K partials ``part [P, segments, M, rows]`` of row tiles
     of ``rows`` rows and ``chunks`` K chunks each (``cuda_wgmma.stream_plan``): each tile's
-    segments added in CTA order (+ bias), cast to out's dtype, by ``stream_fixup``."""
+    segments added in CTA order (+ bias), cast to out's dtype, by ``stream_fixup`` (``pdl``:
+    as ``sum_partials``)."""
     ctas, segments, m, rows = part.shape
     n = out.shape[1]
     if out.stride(1) != 1 or out.stride(0) != n:
@@ -218,9 +225,10 @@ def sum_stream_segments(part: torch.Tensor, bias: torch.Tensor | None, out: torc
                          f"{tuple(out.stride())}")
     row_tiles = -(-n // rows)
     block_m = 16
-    kernels().stream_fixup[(row_tiles, -(-m // block_m))](
-        part, bias if bias is not None else out, out, m, n, chunks, row_tiles * chunks, ctas,
-        segments, HAS_BIAS=bias is not None, ROWS=rows, BLOCK_M=block_m)
+    with triton_pdl.dependent(part.device, pdl, depend=False):
+        kernels().stream_fixup[(row_tiles, -(-m // block_m))](
+            part, bias if bias is not None else out, out, m, n, chunks, row_tiles * chunks,
+            ctas, segments, HAS_BIAS=bias is not None, ROWS=rows, BLOCK_M=block_m, PDL=pdl)
     return out
 
 
