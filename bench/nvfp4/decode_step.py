@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                "programmatic_edges": edges}
         rows.append(row)
         print(f"M={m}: bf16 {times['bf16']:.1f} us, nvfp4 off {times['pdl_off']:.1f} us, "
-              f"on {times['pdl_on']:.1f} us (on/off {row['on_vs_off']:.3f})", flush=True)
+              f"on {times['pdl_on']:.1f} us (speed-up on/off {row['on_vs_off']:.3f})",
+              flush=True)
 
     props = torch.cuda.get_device_properties(0)
     result = {
@@ -195,14 +196,15 @@ def _edges_per_step(fn: Callable[[], Any]) -> int | None:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """The results table (on / off > 1: programmatic launches faster)."""
+    """The results table (speed-up on / off = off time / on time; > 1: programmatic launches
+    faster)."""
     lines = [f"# NVFP4 decode step, programmatic launches on vs off ({result['device']})", "",
              f"{result['date']}, torch {result['torch']}, triton {result['triton']}; "
              f"{result['layers']} Llama-70B-shaped decoder layers as one CUDA graph (norms, "
              "a copy standing in for attention, SiLU-gate and residual adds in torch between "
              "the linears); each time the fastest of "
              f"{result['rounds']} alternating rounds after 0.25 s idle.", "",
-             "| M | bf16 us | NVFP4 off us | NVFP4 on us | on / off | bf16 / on | bf16 / off "
+             "| M | bf16 us | NVFP4 off us | NVFP4 on us | speed-up on / off | bf16 / on | bf16 / off "
              "| programmatic edges |",
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in result["rows"]:

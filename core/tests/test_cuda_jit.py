@@ -103,45 +103,110 @@ def test_programmatic_edge_matches_the_driver_layout() -> None:
         [1, 0, 1, 0, 0, 0, 0, 0])
 
 
+class _FakeCapture:
+    """A stand-in for the two driver calls ``programmatic_dependent`` makes, as C function
+    pointers with the driver's prototypes (so the real ctypes marshalling runs): a capture
+    whose tail the test sets, and the log of dependency updates (which set the tail's edge)."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        from kernelbay.cuda_jit import _EdgeData
+
+        self.capturing = True
+        self.capture = 2**63 + 5
+        self.nodes: list[int] = []
+        self.edge: bytes | None = None  # the tail's edge data; None: default
+        self.updates: list[tuple[int, bytes | None, int, int]] = []
+        c = ctypes
+        query = c.CFUNCTYPE(c.c_int, c.c_void_p, c.POINTER(c.c_int), c.POINTER(c.c_uint64),
+                            c.POINTER(c.c_void_p), c.POINTER(c.POINTER(c.c_void_p)),
+                            c.POINTER(c.POINTER(_EdgeData)), c.POINTER(c.c_size_t))
+        update = c.CFUNCTYPE(c.c_int, c.c_void_p, c.POINTER(c.c_void_p), c.POINTER(_EdgeData),
+                             c.c_size_t, c.c_uint)
+        self.cuStreamGetCaptureInfo_v3 = query(self._query)
+        self.cuStreamUpdateCaptureDependencies_v2 = update(self._update)
+        self._keep: list[object] = []
+
+    def _query(self, stream, status, capture, graph, nodes, edges, count):  # type: ignore[no-untyped-def]
+        import ctypes
+
+        from kernelbay.cuda_jit import _EdgeData
+
+        assert stream == 0xABC
+        status[0] = 1 if self.capturing else 0
+        capture[0] = self.capture
+        array = (ctypes.c_void_p * max(1, len(self.nodes)))(*self.nodes)
+        nodes[0] = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))
+        data = (_EdgeData * max(1, len(self.nodes)))()
+        if self.edge is not None:
+            ctypes.memmove(data, self.edge, 8)
+        edges[0] = (ctypes.cast(data, ctypes.POINTER(_EdgeData)) if self.edge is not None
+                    else ctypes.POINTER(_EdgeData)())
+        self._keep += [array, data]
+        count[0] = len(self.nodes)
+        return 0
+
+    def _update(self, stream, nodes, edge, count, flags):  # type: ignore[no-untyped-def]
+        import ctypes
+
+        data = ctypes.string_at(ctypes.addressof(edge.contents), 8) if edge else None
+        self.updates.append((nodes[0], data, count, flags))
+        self.nodes, self.edge = [nodes[0]], data
+        return 0
+
+
 def test_programmatic_dependent_links_only_launches_made_through_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A simulated capture: the first launch follows a node not made here (a torch kernel) and
-    stays plain; the next one follows that launch and gets one programmatic edge from exactly
-    that node; after a join (two predecessors) or in another capture, plain again; outside a
-    capture nothing is asked of the driver."""
-    import ctypes
-
+    """Through a stand-in driver: a launch after a node not made here (a torch kernel) stays
+    plain and is recorded; the next one gets one programmatic edge from exactly that node;
+    an edge with data already on it, a join, ``depend=False``, another capture and no capture
+    at all keep the plain edge; a launch that adds no node or raises gets the plain edge back
+    and is not counted; only the last eight captures are remembered."""
     from kernelbay import cuda_jit
 
-    tails: list[tuple[int, list[int]] | None] = []
-    edges: list[tuple[int, bytes, int, int]] = []
-
-    class FakeDriver:
-        def cuStreamUpdateCaptureDependencies_v2(self, stream, nodes, edge, count, flags):
-            data = ctypes.cast(edge, ctypes.POINTER(ctypes.c_ubyte * 8)).contents
-            edges.append((nodes[0], bytes(data), count, flags))
-            return 0
-
-    monkeypatch.setattr(cuda_jit, "_cuda", lambda: FakeDriver())
-    monkeypatch.setattr(cuda_jit, "_capture_tail", lambda stream: tails.pop(0))
+    fake = _FakeCapture()
+    monkeypatch.setattr(cuda_jit, "_cuda", lambda: fake)
+    monkeypatch.setattr(cuda_jit, "_capture_query", lambda: fake.cuStreamGetCaptureInfo_v3)
     monkeypatch.setattr(cuda_jit, "_releasing", {})
+    programmatic = bytes([1, 0, 1, 0, 0, 0, 0, 0])
 
-    def launch(before: tuple[int, list[int]] | None,
-               after: tuple[int, list[int]] | None) -> bool:
-        tails[:] = [before, after]
-        with cuda_jit.programmatic_dependent(0xABC) as made:
-            pass
-        assert not tails
+    def launch(before: list[int], added: int | None, *, depend: bool = True) -> bool:
+        fake.nodes, fake.edge = list(before), None
+        with cuda_jit.programmatic_dependent(0xABC, depend=depend) as made:
+            if added is not None:
+                fake.nodes, fake.edge = [added], None
         return made
 
     count = cuda_jit.programmatic_edges()
-    assert launch((5, [0x100]), (5, [0x200])) is False       # after a torch kernel
-    assert launch((5, [0x200]), (5, [0x300])) is True        # after ours
-    assert edges == [(0x200, bytes([1, 0, 1, 0, 0, 0, 0, 0]), 1, 1)]
-    assert launch((5, [0x300, 0x100]), (5, [0x400])) is False  # a join
-    assert launch((6, [0x300]), (6, [0x500])) is False       # the same node, another capture
-    assert launch(None, None) is False                        # eager
-    assert len(edges) == 1 and cuda_jit.programmatic_edges() == count + 1
+    assert launch([0x100], 0x200) is False                     # after a torch kernel
+    assert launch([0x200], 0x300) is True                      # after ours
+    assert fake.updates == [(0x200, programmatic, 1, 1)]
+    assert cuda_jit.programmatic_edges() == count + 1
+    fake.nodes, fake.edge = [0x300], programmatic               # an edge with data on it
+    with cuda_jit.programmatic_dependent(0xABC) as made:
+        fake.nodes, fake.edge = [0x310], None
+    assert made is False
+    assert launch([0x300, 0x100], 0x400) is False              # a join
+    assert launch([0x300], 0x500, depend=False) is False       # a sum after its GEMM
+    assert launch([0x500], None) is True                       # an empty grid: no node
+    assert fake.updates[-1] == (0x500, None, 1, 1) and fake.nodes == [0x500]
+    with pytest.raises(RuntimeError, match="launch failed"), \
+            cuda_jit.programmatic_dependent(0xABC):
+        raise RuntimeError("launch failed")
+    assert fake.updates[-1] == (0x500, None, 1, 1) and len(fake.updates) == 5
+    assert cuda_jit.programmatic_edges() == count + 1
+    fake.capture += 1
+    assert launch([0x500], 0x600) is False                     # another capture
+    fake.capturing = False
+    assert launch([0x600], 0x700) is False                     # eager
+    assert len(fake.updates) == 5
+    fake.capturing = True
+    first = fake.capture - 1
+    for _ in range(8):
+        fake.capture += 1
+        launch([0x1], 0x2)
+    assert first not in cuda_jit._releasing and len(cuda_jit._releasing) == 8
 
 
 def test_programmatic_launch_reads_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -237,7 +237,8 @@ def programmatic_edge() -> _EdgeData:
 
 
 #: Graph nodes of launches that release their dependents (grid_dependents_launch on every
-#: path), by stream-capture id; only the latest few captures are kept.
+#: path), by stream-capture id, in the order the captures were first seen; only the latest
+#: few captures are kept.
 _releasing: dict[int, set[int]] = {}
 _releasing_lock = threading.Lock()
 _KEPT_CAPTURES = 8
@@ -251,58 +252,94 @@ def programmatic_edges() -> int:
     return _edges_made
 
 
-def _capture_tail(stream: int) -> tuple[int, list[int]] | None:
-    """The capture id and the nodes the next node captured on ``stream`` will depend on, or
-    None when ``stream`` is not capturing (or the driver predates CUDA 12.3's query)."""
-    lib = _cuda()
-    query = getattr(lib, "cuStreamGetCaptureInfo_v3", None)
+@dataclass(frozen=True)
+class _CaptureTail:
+    """Where a capture stands: its id, the nodes the next captured node will depend on, and
+    whether every one of those edges carries default data."""
+
+    capture: int
+    nodes: tuple[int, ...]
+    plain: bool
+
+
+@functools.cache
+def _capture_query() -> Any:
+    """The driver's ``cuStreamGetCaptureInfo_v3`` (CUDA 12.3+), or None."""
+    return getattr(_cuda(), "cuStreamGetCaptureInfo_v3", None)
+
+
+def _capture_tail(stream: int) -> _CaptureTail | None:
+    """Where the capture on ``stream`` stands, or None when ``stream`` is not capturing (or the
+    driver predates CUDA 12.3's query)."""
+    query = _capture_query()
     if query is None:
         return None
     status, capture = ctypes.c_int(), ctypes.c_uint64()
-    graph, edges, count = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_size_t()
+    graph, count = ctypes.c_void_p(), ctypes.c_size_t()
     nodes = ctypes.POINTER(ctypes.c_void_p)()
+    edges = ctypes.POINTER(_EdgeData)()
     if query(ctypes.c_void_p(stream), ctypes.byref(status), ctypes.byref(capture),
              ctypes.byref(graph), ctypes.byref(nodes), ctypes.byref(edges),
              ctypes.byref(count)) != 0 or status.value != _CAPTURE_ACTIVE:
         return None
-    return capture.value, [int(nodes[i] or 0) for i in range(count.value)]
+    n = count.value
+    # no edge data array: every edge is a default one
+    plain = not edges or all(bytes(edges[i]) == bytes(8) for i in range(n))
+    return _CaptureTail(capture.value, tuple(int(nodes[i] or 0) for i in range(n)), plain)
+
+
+def _set_capture_dependency(stream: int, node: int, edge: _EdgeData | None) -> None:
+    """Make ``node`` the one node the next node captured on ``stream`` depends on, through
+    ``edge`` (None: a plain edge)."""
+    lib = _cuda()
+    _cu_check(lib, lib.cuStreamUpdateCaptureDependencies_v2(
+        ctypes.c_void_p(stream), (ctypes.c_void_p * 1)(node),
+        ctypes.byref(edge) if edge is not None else None, ctypes.c_size_t(1),
+        ctypes.c_uint(_SET_DEPENDENCIES)), "programmatic capture dependency")
 
 
 @contextlib.contextmanager
 def programmatic_dependent(stream: int, *, depend: bool = True) -> Iterator[bool]:
     """Around the launch of a kernel that waits (``grid_dependency_wait``) before it touches
     memory and releases (``grid_dependents_launch``) on every path. While ``stream`` is
-    captured into a CUDA graph and the node before is such a launch made here, the new node
-    depends on it programmatically (it may start once every block of that kernel released,
-    and waits for its end in ``grid_dependency_wait``); the value says whether it does. Any
-    other predecessor (a torch kernel, a copy, a join of streams, nothing) keeps the plain
-    edge, and launches outside a capture stay plain: a programmatic edge from a kernel that
-    never releases only costs (measured: ``bench/results/nvfp4-decode-step-h200.md``).
-    ``depend=False`` keeps the plain edge whatever came before (a kernel that only sums the
-    one before's partials gained nothing as its dependent). The launch is then recorded as
-    one that releases."""
+    captured into a CUDA graph and the node before is such a launch made here (one node, a
+    plain edge), the new node depends on it programmatically (it may start once every block
+    of that kernel released, and waits for its end in ``grid_dependency_wait``); the value
+    says whether it does. Any other predecessor (a torch kernel, a copy, a join of streams,
+    nothing) keeps the plain edge, and launches outside a capture stay plain: a programmatic
+    edge from a kernel that never releases only costs (measured:
+    ``bench/results/nvfp4-pdl-graph-edges-h200.md``). ``depend=False`` keeps the plain edge
+    whatever came before (a split-K sum after its GEMM: slower as its dependent). The node
+    the launch added is then recorded as one that releases; a launch that added none (an
+    empty grid) or raised gets the plain edge back, so nothing after it inherits the
+    programmatic one."""
     global _edges_made
-    tail = _capture_tail(stream) if depend else None
+    before = _capture_tail(stream)
     made = False
-    if tail is not None:
-        capture, nodes = tail
+    if before is not None and depend and before.plain and len(before.nodes) == 1:
         with _releasing_lock:
-            after_ours = len(nodes) == 1 and nodes[0] in _releasing.get(capture, ())
+            after_ours = before.nodes[0] in _releasing.get(before.capture, ())
         if after_ours:
-            lib = _cuda()
-            node = (ctypes.c_void_p * 1)(nodes[0])
-            _cu_check(lib, lib.cuStreamUpdateCaptureDependencies_v2(
-                ctypes.c_void_p(stream), node, ctypes.byref(programmatic_edge()), 1,
-                _SET_DEPENDENCIES), "programmatic capture dependency")
+            _set_capture_dependency(stream, before.nodes[0], programmatic_edge())
             made = True
-            _edges_made += 1
-    yield made
-    tail = _capture_tail(stream)
-    if tail is not None and len(tail[1]) == 1:
-        with _releasing_lock:
-            _releasing.setdefault(tail[0], set()).add(tail[1][0])
-            for old in sorted(_releasing)[:-_KEPT_CAPTURES]:
-                del _releasing[old]
+    launched = False
+    try:
+        yield made
+        launched = True
+    finally:
+        after = _capture_tail(stream) if before is not None else None
+        added = (after is not None and before is not None and len(after.nodes) == 1
+                 and after.nodes != before.nodes)
+        if made and not (launched and added):
+            assert before is not None
+            _set_capture_dependency(stream, before.nodes[0], None)
+        if after is not None and launched and added:
+            with _releasing_lock:
+                if made:
+                    _edges_made += 1
+                _releasing.setdefault(after.capture, set()).add(after.nodes[0])
+                while len(_releasing) > _KEPT_CAPTURES:
+                    del _releasing[next(iter(_releasing))]
 
 
 def programmatic_launch(device: int | None = None) -> bool:

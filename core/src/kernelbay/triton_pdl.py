@@ -16,8 +16,9 @@ their own wait).
 interpreter; a Triton with the grid-dependency ops), and ``dependent(device, pdl)`` goes
 around the launch: captured into a CUDA graph right after another launch made so, the new
 node depends on it programmatically (``cuda_jit.programmatic_dependent``); every other launch
-is plain (the kernel's wait then returns at once). With ``PDL`` false the kernels compile
-exactly as before.
+is plain (the kernel's wait then returns at once), and ``depend=False`` keeps it plain in any
+case while still recording it as releasing (the split-K sums after their GEMM). With ``PDL``
+false the kernels compile exactly as before.
 ``grid_wait`` / ``grid_release`` are the Triton twins of ``kernelbay/ptx.cuh``'s
 ``grid_dependency_wait`` / ``grid_dependents_launch`` (the same PTX, ``griddepcontrol``).
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import triton
 
@@ -40,7 +41,7 @@ try:  # Triton 3.3 and newer
 except ImportError:  # pragma: no cover - older Triton: never built with PDL
     gdc_launch_dependents = gdc_wait = None
 
-__all__ = ["SUPPORTED", "dependent", "enabled", "grid_release", "grid_wait"]
+__all__ = ["SUPPORTED", "dependent", "enabled", "grid_release", "grid_wait", "launch_options"]
 
 #: Whether this Triton has the grid-dependency ops.
 SUPPORTED = gdc_wait is not None
@@ -88,3 +89,9 @@ def dependent(device: torch.device, pdl: bool, *,
     import torch
 
     return programmatic_dependent(torch.cuda.current_stream(device).cuda_stream, depend=depend)
+
+
+def launch_options(pdl: bool) -> dict[str, Any]:
+    """Deprecated (core 0.4.4's launch keyword): no keyword any more, since launches go through
+    ``dependent``; kept so that a plugin built against 0.4.4 still launches (plainly)."""
+    return {}

@@ -15,12 +15,14 @@ __all__ = ["check_programmatic_chain"]
 
 def check_programmatic_chain(monkeypatch: Any, layers: Sequence[Callable[[torch.Tensor],
                                                                    torch.Tensor]],
-                             inputs: Sequence[torch.Tensor]) -> None:
+                             inputs: Sequence[torch.Tensor], *,
+                             edges: int | None = None) -> None:
     """Run ``layers`` as a chain (each reading the output of the one before) on each of
     ``inputs`` (CUDA tensors), launched plainly (``KERNELBAY_PDL=0``), then with
     ``KERNELBAY_PDL=1`` eagerly (plain launches of the waiting and releasing builds) and
-    replayed from a CUDA graph captured then, where each layer after the first must have
-    become a programmatic dependent of the kernel before it: the same bits every time. Every
+    replayed from a CUDA graph captured then, which must hold ``edges`` programmatic edges
+    (default: one per layer after the first, each layer's first kernel depending on the last
+    kernel of the layer before): the same bits every time. Every
     replay has fresh activations, so a layer that read its input before the kernel before it
     finished would see the previous replay's values."""
     from kernelbay.cuda_jit import programmatic_edges, programmatic_launch
@@ -42,13 +44,14 @@ def check_programmatic_chain(monkeypatch: Any, layers: Sequence[Callable[[torch.
     stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
-    edges = programmatic_edges()
+    before = programmatic_edges()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         out = chain(static)
-    made = programmatic_edges() - edges
-    assert made >= len(layers) - 1, (
-        f"{made} programmatic edges in a chain of {len(layers)} layers; every layer after the "
-        "first should depend programmatically on the one before")
+    made = programmatic_edges() - before
+    want_edges = len(layers) - 1 if edges is None else edges
+    assert made == want_edges, (
+        f"{made} programmatic edges in the graph of a chain of {len(layers)} layers, expected "
+        f"{want_edges}")
     for x, w in zip(list(inputs[1:]) + list(inputs[:1]), want[1:] + want[:1], strict=True):
         static.copy_(x)
         graph.replay()

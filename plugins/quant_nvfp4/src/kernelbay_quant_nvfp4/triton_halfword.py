@@ -407,7 +407,8 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     sm_90 for ``wgmma``); ``tiled``: the same words and codes in the ``tiles`` layout
     (``linear_triton.tiles_of_fragment``: [N/16, K/128, 256] and [N/16, K/128, 128]).
     Where ``kernelbay.triton_pdl.enabled`` says so, the kernel and its split-K sum wait and
-    release, and become programmatic dependents in CUDA graphs (``triton_pdl.dependent``)."""
+    release; in a CUDA graph the kernel becomes a programmatic dependent of a releasing kernel
+    of ours right before it, the sum never (``triton_pdl.dependent``)."""
     if block_k < 64 or block_k & (block_k - 1):
         raise ValueError(f"nvfp4-triton: block_k={block_k} for the halfword kernel; valid: a "
                          "power of two >= 64 (whole 16-element blocks, dots of >= 16)")
