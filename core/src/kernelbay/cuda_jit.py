@@ -343,11 +343,12 @@ def programmatic_dependent(stream: int, *, depend: bool = True) -> Iterator[bool
 
 
 def programmatic_launch(device: int | None = None) -> bool:
-    """Whether kernels that support it are launched as programmatic dependents of the kernel
+    """Whether kernels that support it may become programmatic dependents of the kernel
     before them (on by default; ``KERNELBAY_PDL=0`` turns it off, ``1`` or unset leaves it
-    on), and, given a CUDA ``device`` index, whether that device can (compute capability 9.0
-    and newer; callers that choose a build by it ask so; ``Kernel.launch`` launches plainly
-    below). Read at every call, so a process may switch it."""
+    on; ``programmatic_dependent`` decides per launch), and, given a CUDA ``device`` index,
+    whether that device can (compute capability 9.0 and newer; callers that choose a build by
+    it ask so; ``Kernel.launch`` launches plainly below). Read at every call, so a process may
+    switch it."""
     value = os.environ.get("KERNELBAY_PDL", "1")
     if value not in ("", "0", "1"):
         raise ValueError(f"KERNELBAY_PDL={value!r}; valid: '1' (on, the default) or '0' (off)")

@@ -1,6 +1,7 @@
 """The Triton fragment-order kernel of ``nvfp4-triton`` (``triton_halfword``, the M <= 16
-``pt-*`` configs) launched as programmatic dependents (the default; ``KERNELBAY_PDL=0`` turns it off,
-``kernelbay.triton_pdl``): chained layers give the bits of plain launches."""
+``pt-*`` configs) built to wait and release, and in a CUDA graph a programmatic dependent of the
+layer before (the default; ``KERNELBAY_PDL=0`` turns it off, ``kernelbay.triton_pdl``): chained
+layers give the bits of plain launches."""
 
 from __future__ import annotations
 
