@@ -22,3 +22,23 @@ def test_startup_bench_writes_json_and_markdown(tmp_path: object) -> None:
     assert "core" in result["plugins"]
     with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
         assert f.read().count("\n|") >= 5
+
+
+def test_write_results_keeps_the_record_and_fails_on_wrong_results(tmp_path: object,
+                                                                    capsys: object) -> None:
+    """``report.write_results``: both files written (folder made), exit status 0 without
+    failures, 1 with them (named on stderr), the record still on disk."""
+    sys.path.insert(0, HERE)
+    try:
+        from report import write_results
+    finally:
+        sys.path.remove(HERE)
+    out = os.path.join(str(tmp_path), "new", "folder")
+    record = {"rows": [{"m": 1, "us": 2.5}]}
+    assert write_results(out, record, "| m | us |\n") == 0
+    assert write_results(out, record, "| m | us |\n", ["M=1: exceeds the bound"]) == 1
+    assert "M=1: exceeds the bound" in capsys.readouterr().err  # type: ignore[attr-defined]
+    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
+        assert json.load(f) == record
+    with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
+        assert f.read() == "| m | us |\n"

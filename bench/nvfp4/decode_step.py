@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -33,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from settle import settle  # from bench/, put on the path above
+from report import write_results  # from bench/, put on the path above
+from settle import settle
 
 HERE = Path(__file__).resolve().parent
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 8192, 28672, 64, 8, 128
@@ -166,14 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         "layers": args.layers, "rounds": max(1, args.rounds), "rows": rows,
         "failures": failures,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    (out / "results.md").write_text(markdown(result), encoding="utf-8")
-    if failures:
-        print("WRONG RESULTS:\n  " + "\n  ".join(failures), file=sys.stderr)
-        return 1
-    return 0
+    return write_results(args.out, result, markdown(result), failures)
 
 
 def _edges_per_step(fn: Callable[[], Any]) -> int | None:

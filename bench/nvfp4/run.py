@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from l2_rotation import copies_for, rotating  # from bench/, put on the path above
+from report import write_results
 from settle import settle
 
 HERE = Path(__file__).resolve().parent
@@ -229,14 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         "configs": args.configs, "programmatic_launches": _programmatic(dev),
         "rows": rows, "failures": failures,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    (out / "results.md").write_text(markdown(result), encoding="utf-8")
-    if failures:
-        print("WRONG RESULTS:\n  " + "\n  ".join(failures), file=sys.stderr)
-        return 1
-    return 0
+    return write_results(args.out, result, markdown(result), failures)
 
 
 def _programmatic(dev: str) -> bool:
