@@ -169,23 +169,19 @@ def main(argv: list[str] | None = None) -> int:
     return write_results(args.out, result, markdown(result), failures)
 
 
-def _edges_per_step(fn: Callable[[], Any]) -> int | None:
-    """Programmatic edges in a CUDA graph of one step (``cuda_jit.programmatic_edges``;
-    None with a core that does not count them)."""
+def _edges_per_step(fn: Callable[[], Any]) -> int:
+    """Programmatic edges in a CUDA graph of one step (``cuda_jit.programmatic_edges``)."""
     import torch
-    from kernelbay import cuda_jit
+    from kernelbay.cuda_jit import programmatic_edges
 
-    count = getattr(cuda_jit, "programmatic_edges", None)
-    if count is None:
-        return None
-    before = count()
+    before = programmatic_edges()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         fn()
     torch.cuda.synchronize()
-    return int(count() - before)
+    return programmatic_edges() - before
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -166,15 +166,11 @@ def stored_tensors(packed: torch.Tensor, scales: torch.Tensor,
                    table: tuple[tuple[int, KernelConfig], ...]
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """The checkpoint's weight and block scales in the layout ``table``'s kernels read
-    (``layout_tensors``), finished on the device before this returns: the CUDA kernels, as
-    programmatic launches, copy their weight before the kernel before them has finished, so
-    the kernels that write it must not be the ones right before a call."""
-    words, codes = layout_tensors(packed, scales, table_layout(table))
-    if words.is_cuda:
-        import torch
-
-        torch.cuda.current_stream(words.device).synchronize()
-    return words, codes
+    (``layout_tensors``). No wait for the layout kernels: the CUDA kernels copy their weight
+    before their grid wait only as programmatic dependents, and those only ever follow a GEMM
+    or split-K sum of ours (``cuda_jit.programmatic_dependent``), never a kernel that writes
+    a weight."""
+    return layout_tensors(packed, scales, table_layout(table))
 
 
 def _layout_text(weight: torch.Tensor, scales: torch.Tensor) -> str:
@@ -242,7 +238,7 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
             return out
         config = CUDA_FALLBACK[layout_of(config)]
     if config.path == "cuda-bulk":
-        sms = sm_count(x2.device.index or 0) if x2.is_cuda else 132
+        sms = sm_count(device_index(x2)) if x2.is_cuda else 132
         out = None
         if m <= 16 and cuda_gemv_reason(x2, packed, scales, True) is None:
             out = _run_bulk(x2, packed, scales, global_scale, bias, sms, config.bulk)
@@ -260,7 +256,7 @@ def run_config(config: KernelConfig, x2: torch.Tensor, packed: torch.Tensor,
         weight = dequantize_nvfp4_triton(packed, scales, global_scale, x2.dtype)
         return F.linear(x2, weight, bias)
     config = fit_block_m(config, m)
-    sms = sm_count(x2.device.index or 0) if x2.is_cuda else 4
+    sms = sm_count(device_index(x2)) if x2.is_cuda else 4
     return nvfp4_linear_hw(x2, packed, scales, global_scale, bias, block_m=config.block_m,
                            block_n=config.block_n, block_k=config.block_k,
                            split_k=split_k_for(config, m,
@@ -362,7 +358,7 @@ def _run_cuda(config: KernelConfig, x2: torch.Tensor, words: torch.Tensor,
     tiled = config.path == "cuda-tiles"
     if cuda_gemv_reason(x2[:rows], words, codes, tiled) is not None:
         return None
-    sms = sm_count(x2.device.index or 0) if x2.is_cuda else 132
+    sms = sm_count(device_index(x2)) if x2.is_cuda else 132
     if tiled and x2.shape[0] <= 16 and config.gemv is None:
         out = _run_bulk(x2, words, codes, global_scale, bias, sms)
         if out is not None:
