@@ -11,6 +11,7 @@ import torch
 from kernelbay.engine.kv_cache import PagedKVCache
 from kernelbay.engine.modules import ForwardMeta
 from kernelbay.engine.sampling import SamplingParams
+from kernelbay.engine.transfer import upload
 from kernelbay.layers import AttentionMetadata
 
 __all__ = ["ModelRunner", "Sequence"]
@@ -62,8 +63,8 @@ class ModelRunner:
         starts = [0]
         lengths = []
         width = max(len(seq.pages) for seq, _ in batch)
-        tables = torch.zeros(len(batch), width, dtype=torch.int32)
-        for row, (seq, num_new) in enumerate(batch):
+        tables: list[list[int]] = []
+        for seq, num_new in batch:
             end = seq.num_cached + num_new
             span = range(seq.num_cached, end)
             ids.extend(seq.tokens[seq.num_cached:end])
@@ -71,23 +72,26 @@ class ModelRunner:
             slots.extend(seq.pages[p // page] * page + p % page for p in span)
             starts.append(starts[-1] + num_new)
             lengths.append(end)
-            tables[row, :len(seq.pages)] = torch.tensor(seq.pages, dtype=torch.int32)
+            tables.append(seq.pages + [0] * (width - len(seq.pages)))
+        # Every table goes up without a stream sync (``upload``), and the attention backends
+        # get the host copies of the two they may need on the host: a step's kernels are then
+        # queued without waiting for the previous ones, once per step (the sampled tokens).
         dev = self.device
         meta = ForwardMeta(
-            AttentionMetadata(torch.tensor(starts, dtype=torch.int32, device=dev),
-                              torch.tensor(lengths, dtype=torch.int32, device=dev),
-                              tables.to(dev), torch.tensor(slots, dtype=torch.long, device=dev)),
+            AttentionMetadata(upload(starts, torch.int32, dev), upload(lengths, torch.int32, dev),
+                              upload(tables, torch.int32, dev), upload(slots, torch.long, dev),
+                              query_start_host=tuple(starts), seq_lens_host=tuple(lengths)),
             self.cache.caches)
+        token_ids, token_positions = upload(ids, torch.long, dev), upload(positions, torch.long, dev)
         with torch.inference_mode():
             if capture:
                 hidden, self.captured = self.model.forward_capturing(
-                    torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), meta,
-                    capture)
+                    token_ids, token_positions, meta, capture)
             else:
-                hidden = self.model(torch.tensor(ids, device=dev),
-                                    torch.tensor(positions, device=dev), meta)
-            if not all_logits:
-                hidden = hidden[torch.tensor(starts[1:], device=dev) - 1]
+                hidden = self.model(token_ids, token_positions, meta)
+            if not all_logits and any(num_new != 1 for _, num_new in batch):
+                # the last new token of each sequence (a decode step has only those)
+                hidden = hidden[upload(starts[1:], torch.long, dev) - 1]
             logits: torch.Tensor = self.model.compute_logits(hidden)
         for seq, num_new in batch:
             seq.num_cached += num_new

@@ -16,6 +16,8 @@ from typing import final
 
 import torch
 
+from kernelbay.engine.transfer import upload
+
 __all__ = ["SamplingParams", "gumbel_noise", "gumbel_noised_argmax", "sample_tokens"]
 
 _MASK32 = 0xFFFFFFFF
@@ -131,9 +133,9 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams],
     """Sample one token for each row of ``logits`` with that row's parameters."""
     if all(p.temperature == 0 for p in params):
         return logits.float().argmax(dim=-1)
-    on = logits.device  # per-row parameters go where the logits are: no host round trip
+    on = logits.device  # per-row parameters go where the logits are, copied without a sync
     return gumbel_noised_argmax(
-        logits, torch.tensor([p.temperature for p in params], device=on),
-        torch.tensor([p.seed for p in params], device=on),
-        torch.tensor(positions, device=on), torch.tensor([p.top_k for p in params], device=on),
-        torch.tensor([p.top_p for p in params], device=on))
+        logits, upload([p.temperature for p in params], torch.float32, on),
+        upload([p.seed for p in params], torch.long, on), upload(positions, torch.long, on),
+        upload([p.top_k for p in params], torch.long, on),
+        upload([p.top_p for p in params], torch.float32, on))

@@ -53,6 +53,25 @@ class AttentionMetadata:
     seq_lens: torch.Tensor
     block_tables: torch.Tensor
     slot_mapping: torch.Tensor
+    #: ``query_start_loc`` and ``seq_lens`` as host ints, when the caller has them (the
+    #: engine builds them there): a backend that needs host values (a loop over sequences,
+    #: a padded length) reads these instead of copying from the device, which waits for
+    #: every kernel queued before. ``None``: not given (``host_query_starts`` and
+    #: ``host_seq_lens`` then copy).
+    query_start_host: tuple[int, ...] | None = None
+    seq_lens_host: tuple[int, ...] | None = None
+
+    def host_query_starts(self) -> list[int]:
+        """``query_start_loc`` on the host: the caller's copy, else read from the tensor."""
+        if self.query_start_host is not None:
+            return list(self.query_start_host)
+        return [int(v) for v in self.query_start_loc.tolist()]
+
+    def host_seq_lens(self) -> list[int]:
+        """``seq_lens`` on the host: the caller's copy, else read from the tensor."""
+        if self.seq_lens_host is not None:
+            return list(self.seq_lens_host)
+        return [int(v) for v in self.seq_lens.tolist()]
 
 
 class AttentionBackend(Backend[AttentionRequest]):

@@ -85,7 +85,7 @@ class TorchPagedAttention(AttentionBackend):
 
     def forward(self, query: torch.Tensor, cache: torch.Tensor, metadata: AttentionMetadata,
                 scale: float) -> torch.Tensor:
-        starts = metadata.query_start_loc.tolist()
+        starts = metadata.host_query_starts()
         if len(starts) > 1 and all(b - a == 1 for a, b in pairwise(starts)):
             return self._decode(query, cache, metadata, scale)
         return self._varlen(query, cache, metadata, scale, starts)
@@ -99,7 +99,7 @@ class TorchPagedAttention(AttentionBackend):
         r = self.request
         batch, group = query.shape[0], r.num_heads // r.num_kv_heads
         lengths = metadata.seq_lens.long()
-        context = int(lengths.max())
+        context = max(metadata.host_seq_lens())
         pages = metadata.block_tables[:, :-(-context // r.page_size)].long()
         kv = cache[pages].float()                                 # [B, P, 2, S, Hkv, D]
         k = kv[:, :, 0].reshape(batch, -1, r.num_kv_heads, r.head_dim)[:, :context]
@@ -123,7 +123,7 @@ class TorchPagedAttention(AttentionBackend):
         r = self.request
         group = r.num_heads // r.num_kv_heads
         out = torch.empty_like(query)
-        lengths = metadata.seq_lens.tolist()
+        lengths = metadata.host_seq_lens()
         for b, context in enumerate(lengths):
             num_new = starts[b + 1] - starts[b]
             if num_new == 0:

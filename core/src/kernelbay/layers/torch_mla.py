@@ -109,8 +109,8 @@ class TorchMLAAttention(AttentionBackend):
         r = self.request
         rank = r.kv_lora_rank or 0
         out = query.new_zeros(query.shape[0], query.shape[1], rank)
-        starts = metadata.query_start_loc.tolist()
-        for b, context in enumerate(metadata.seq_lens.tolist()):
+        starts = metadata.host_query_starts()
+        for b, context in enumerate(metadata.host_seq_lens()):
             q = query[starts[b]:starts[b + 1]].float()                 # [L, H, D]
             num_new = q.shape[0]
             if num_new == 0:

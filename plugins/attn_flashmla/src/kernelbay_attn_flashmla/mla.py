@@ -96,8 +96,8 @@ def mla_attention(query: Tensor, cache: Tensor, record: MLARecord, page_size: in
     rank = record.kv_lora_rank
     out = torch.zeros(num_tokens, heads, rank, dtype=query.dtype, device=query.device)
     lse_out = torch.full((num_tokens, heads), float("-inf"), device=query.device)
-    starts = metadata.query_start_loc.tolist()
-    lengths = metadata.seq_lens.tolist()
+    starts = metadata.host_query_starts()
+    lengths = metadata.host_seq_lens()
     for b, context in enumerate(lengths):
         begin, end = starts[b], starts[b + 1]
         num_new = end - begin
