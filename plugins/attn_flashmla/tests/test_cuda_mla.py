@@ -344,3 +344,31 @@ def test_scores_rising_in_steps_on_gpu(build: str) -> None:
     case = Case(MXFP8, page, cache, meta, query.to("cuda", torch.bfloat16), [length])
     for splits in (None, 1, 3):
         _compare(case, splits=splits, build=build)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("kind", "kernel"), [("mxfp8", "cuda"), ("bf16", "triton"),
+                                              ("mxfp8", "triton")])
+def test_split_decode_and_combine_as_programmatic_pair_on_gpu(
+        kind: str, kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a CUDA graph the combine becomes a programmatic dependent of the split decode (one
+    edge per call on sm_90, none below) and gives the bits of plain launches on fresh queries
+    every replay: a combine reading partials before the decode finished would see the
+    previous replay's."""
+    from kernelbay.cuda_jit import programmatic_launch
+    from kernelbay.testing.programmatic import check_programmatic_chain
+    from kernelbay_attn_flashmla.triton_mla import mla_decode
+
+    record = RECORDS[kind]
+    case = _case(record, [700, 1300, 64], [1, 1, 1], 16, 64, seed=11, device="cuda")
+    scale = 1 / math.sqrt(192)
+
+    def layer(query: torch.Tensor) -> torch.Tensor:
+        return mla_decode(query, case.cache, record, 64, case.meta, scale, num_splits=5,
+                          kernel=kernel)[0]
+
+    gen = torch.Generator().manual_seed(12)
+    queries = [torch.randn(case.query.shape, generator=gen).to("cuda", torch.bfloat16)
+               for _ in range(3)]
+    edges = 1 if programmatic_launch(torch.cuda.current_device()) else 0
+    check_programmatic_chain(monkeypatch, [layer], queries, edges=edges)

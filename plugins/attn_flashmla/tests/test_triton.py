@@ -210,13 +210,15 @@ def test_prefill_window_and_sparse_interpreted(interpret: None) -> None:
     _compare(case, splits=2, atol=2e-2, topk=topk, grouped=True)
 
 
+@pytest.mark.parametrize("num_sms", [1, 132])
 @pytest.mark.parametrize(("splits", "rank"), [(3, 64), (24, 448), (40, 130)])
-def test_combine_matches_reference_interpreted(splits: int, rank: int,
+def test_combine_matches_reference_interpreted(splits: int, rank: int, num_sms: int,
                                                interpret: None) -> None:
     """The combine kernel against ``combine_splits`` on random partials: split counts and
     ranks that are not powers of two (the kernel pads both), splits without keys (lse -inf,
     partial 0), a head whose splits are all empty (out 0, lse -inf), and strided partials (a
-    view of a larger buffer)."""
+    view of a larger buffer); whole rows one split at a time (a program per SM or more) and
+    blocks of splits x 128 columns (fewer programs than SMs)."""
     from kernelbay_attn_flashmla.mla import combine_splits
     from kernelbay_attn_flashmla.triton_mla import _combine
 
@@ -231,7 +233,7 @@ def test_combine_matches_reference_interpreted(splits: int, rank: int,
     part[empty] = 0.0
     out = torch.empty(tokens, heads, rank, dtype=torch.bfloat16)
     lse = torch.empty(tokens, heads)
-    _combine(part, plse, out, lse, splits)
+    _combine(part, plse, out, lse, splits, num_sms=num_sms)
     want, want_lse = combine_splits(part.permute(1, 0, 2, 3), plse.permute(1, 0, 2))
     torch.testing.assert_close(out.float(), want.bfloat16().float(), atol=1e-2, rtol=1e-2)
     assert torch.equal(out[1, 0].float(), torch.zeros(rank))

@@ -268,9 +268,11 @@ def launch_decode(build: DecodeBuild, query: torch.Tensor, flat: torch.Tensor, p
     import ctypes
 
     import torch
+    from kernelbay.cuda_jit import programmatic_launch
 
     num_tokens, heads, _ = query.shape
-    kernel = decode_kernel(build, query.device.index or 0)
+    kernel = decode_kernel(build, query.device.index if query.device.index is not None
+                           else torch.cuda.current_device())
     ptr = ctypes.c_void_p
     i64 = ctypes.c_longlong
     i32 = ctypes.c_int
@@ -287,5 +289,8 @@ def launch_decode(build: DecodeBuild, query: torch.Tensor, flat: torch.Tensor, p
             ptr(out.data_ptr()), i64(out.stride(0)), i64(out.stride(1)),
             i32(heads), ctypes.c_float(scale), i32(num_splits)]
     grid = (-(-heads // HEADS) * num_splits * num_tokens, 1, 1)
+    # waits before its first global read and releases after its keys (kernelbay.cuda_jit):
+    # in a CUDA graph the combine after it becomes its programmatic dependent
     kernel.launch(grid, (WARPS * 32, 1, 1), args,
-                  torch.cuda.current_stream(query.device).cuda_stream, shared_bytes(build))
+                  torch.cuda.current_stream(query.device).cuda_stream, shared_bytes(build),
+                  programmatic=programmatic_launch())

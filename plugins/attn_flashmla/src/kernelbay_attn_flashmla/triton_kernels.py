@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from kernelbay.triton_pdl import grid_release, grid_wait
 
 __all__ = ["mla_combine_kernel", "mla_decode_kernel", "mla_write_kernel"]
 
@@ -408,7 +409,7 @@ def mla_decode_kernel(
     GROUP: tl.constexpr, NOPE_SCALE: tl.constexpr, ROPE_SCALE: tl.constexpr,
     SPARSE: tl.constexpr, FAST_FP8: tl.constexpr, DOT: tl.constexpr, CHUNKED: tl.constexpr,
     GROUPED: tl.constexpr, REG_PREFETCH: tl.constexpr, L2_AHEAD: tl.constexpr,
-    L2_LINES: tl.constexpr, F16_DOT: tl.constexpr,
+    L2_LINES: tl.constexpr, F16_DOT: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Partial attention of query token ``t`` over KV split ``split`` for heads
     ``hb * BLOCK_H ...``, program ``(t * num_splits + split) * head_blocks + hb``: writes the normalised partial output
@@ -422,7 +423,9 @@ def mla_decode_kernel(
     many tiles ahead, so far more bytes are in flight than registers or shared memory hold.
     ``GROUPED`` (chunked, quantized nope, ``CH == GROUP``): the codes go to the dots
     unscaled; each group's scale multiplies its partial scores ``[BLOCK_H, BLOCK_N]`` and
-    the probabilities of its value product, so no element of the tile is scaled."""
+    the probabilities of its value product, so no element of the tile is scaled. ``PDL``
+    (``kernelbay.triton_pdl``): waits for the kernels before it ahead of its first load, and
+    lets the next programmatic launch (the combine) start once its key loop is done."""
     # One flat grid, head blocks fastest: the programs that read the same KV split (one per
     # head block) run side by side, so all but the first find its tiles in L2.
     pid = tl.program_id(0)
@@ -433,6 +436,8 @@ def mla_decode_kernel(
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     heads_ok = heads < num_heads
     rcols = tl.arange(0, R_PAD)
+    if PDL:
+        grid_wait()
     rcols_ok = rcols < ROPE
 
     q_row = q_ptr + t * q_stride_t + heads[:, None] * q_stride_h
@@ -555,6 +560,8 @@ def mla_decode_kernel(
             acc2 = acc2 * alpha[:, None] + tl.dot(p.to(DOT), k_nope)
         m_i = m_new
 
+    if PDL:
+        grid_release()
     has = l_i > 0.0
     lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634,
                    float("-inf"))
@@ -579,36 +586,59 @@ def mla_combine_kernel(
     out_ptr, out_stride_t, out_stride_h,
     lse_ptr, lse_stride_t,
     num_heads, num_splits,
-    S_PAD: tl.constexpr, RANK: tl.constexpr, D_PAD: tl.constexpr,
+    S_PAD: tl.constexpr, S_BLOCK: tl.constexpr, RANK: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
-    """Merge the split partials of token ``program_id(0)``, head ``program_id(1)``:
-    lse = logsumexp_i lse_i, out = sum_i exp(lse_i - lse) * out_i (no key: 0 and -inf)."""
+    """Merge the split partials of token ``program_id(0)``, head ``program_id(1)``, columns
+    ``[BLOCK_D * program_id(2), + BLOCK_D)``: lse = logsumexp_i lse_i, out = sum_i
+    exp(lse_i - lse) * out_i (no key: 0 and -inf; the first column block writes the lse).
+
+    ``S_BLOCK`` 1: one split's row per step, which waits on L2 once per split (its add needs
+    the load before the next step's load issues): fine when there are enough programs to
+    cover it. Otherwise the partials come in blocks of ``S_BLOCK`` splits x ``BLOCK_D``
+    columns, one load each (``triton_mla.combine_blocks`` chooses). ``PDL``: waits for the decode kernel before its first
+    load (as its programmatic dependent it was launched while that kernel ran)."""
     t = tl.program_id(0)
     h = tl.program_id(1)
+    d = tl.program_id(2)
+    if PDL:
+        grid_wait()
     splits = tl.arange(0, S_PAD)
     s_ok = splits < num_splits
-    lses = tl.load(plse_ptr + t * plse_stride_t + splits * plse_stride_s + h, mask=s_ok,
-                   other=float("-inf"))
+    lse_row = plse_ptr + t * plse_stride_t + h
+    lses = tl.load(lse_row + splits * plse_stride_s, mask=s_ok, other=float("-inf"))
     m = tl.reduce(lses, 0, _max)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp(lses - m_safe)
-    total = tl.reduce(w, 0, _add)
+    total = tl.reduce(tl.exp(lses - m_safe), 0, _add)
     inv_total = 1.0 / tl.where(total > 0.0, total, 1.0)
-    cols = tl.arange(0, D_PAD)
+    cols = d * BLOCK_D + tl.arange(0, BLOCK_D)
     cols_ok = cols < RANK
-    # One split's partial row at a time: [splits, D] at once would not fit in registers.
-    out = tl.full([D_PAD], 0.0, tl.float32)
-    for i in range(0, num_splits):
-        lse_i = tl.load(plse_ptr + t * plse_stride_t + i * plse_stride_s + h)
-        w_i = tl.exp(lse_i - m_safe) * inv_total
-        part = tl.load(part_ptr + t * part_stride_t + i * part_stride_s + h * part_stride_h
-                       + cols, mask=cols_ok, other=0.0)
-        out += w_i * part
+    part_row = part_ptr + t * part_stride_t + h * part_stride_h
+    out = tl.full([BLOCK_D], 0.0, tl.float32)
+    if S_BLOCK == 1:
+        # one split's row per step (many programs keep enough loads in flight)
+        for i in range(0, num_splits):
+            w_i = tl.exp(tl.load(lse_row + i * plse_stride_s) - m_safe) * inv_total
+            out += w_i * tl.load(part_row + i * part_stride_s + cols, mask=cols_ok, other=0.0)
+    else:
+        rows = tl.arange(0, S_BLOCK)
+        for s0 in range(0, num_splits, S_BLOCK):
+            s = s0 + rows
+            ok = s < num_splits
+            # a split without keys (or past the count) weighs 0 and its partial is 0
+            w = tl.exp(tl.load(lse_row + s * plse_stride_s, mask=ok, other=float("-inf"))
+                       - m_safe) * inv_total
+            block = tl.load(part_row + s[:, None] * part_stride_s + cols[None, :],
+                            mask=ok[:, None] & cols_ok[None, :], other=0.0)
+            out += tl.reduce(w[:, None] * block, 0, _add)
     tl.store(out_ptr + t * out_stride_t + h * out_stride_h + cols, out.to(
         out_ptr.dtype.element_ty), mask=cols_ok)
-    lse = tl.where(total > 0.0, m_safe + tl.log(tl.where(total > 0.0, total, 1.0)),
-                   float("-inf"))
-    tl.store(lse_ptr + t * lse_stride_t + h, lse)
+    if d == 0:
+        lse = tl.where(total > 0.0, m_safe + tl.log(tl.where(total > 0.0, total, 1.0)),
+                       float("-inf"))
+        tl.store(lse_ptr + t * lse_stride_t + h, lse)
+    if PDL:
+        grid_release()
 
 
 @triton.jit

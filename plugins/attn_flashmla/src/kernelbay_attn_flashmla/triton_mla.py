@@ -16,13 +16,14 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from kernelbay import triton_pdl
 from kernelbay.layers import AttentionMetadata
 from torch import Tensor
 
 from kernelbay_attn_flashmla import triton_kernels
 from kernelbay_attn_flashmla.records import MLARecord
 
-__all__ = ["KERNELS", "KernelFields", "choose_splits", "default_block_n", "default_l2_ahead",
+__all__ = ["KERNELS", "KernelFields", "choose_splits", "combine_blocks", "default_block_n", "default_l2_ahead",
            "default_warps", "device_programs_per_sm", "kernel_fields", "last_kernel",
            "last_splits", "launch_constants", "mla_decode", "mla_write", "programs_per_sm",
            "resident_programs", "split_cost"]
@@ -373,6 +374,9 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                               sparse=topk_indices is not None,
                               fast_fp8=query.is_cuda and not _interpreting(),
                               interpreting=_interpreting())
+    # waits and releases (kernelbay.triton_pdl), so that the combine after it may be its
+    # programmatic dependent in a CUDA graph
+    consts["PDL"] = triton_pdl.enabled(query.device)
     head_blocks = -(-heads // consts["BLOCK_H"])
     warps = num_warps or default_warps(record, consts["BLOCK_H"])
     out = torch.empty(num_tokens, heads, rank, dtype=query.dtype, device=query.device)
@@ -429,8 +433,9 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                                    bytes_per_key=record.bytes_per_token,
                                    partial_bytes=consts["BLOCK_H"] * rank * 4)
     part, plse = _partials(out, lse, num_splits)
-    decode[(num_tokens * num_splits * head_blocks,)](
-        *args(part, plse, num_splits), **consts, num_warps=warps, num_stages=num_stages)
+    with triton_pdl.dependent(query.device, consts["PDL"]):
+        decode[(num_tokens * num_splits * head_blocks,)](
+            *args(part, plse, num_splits), **consts, num_warps=warps, num_stages=num_stages)
     _LAST_SPLITS.update(splits=num_splits, resident=resident, kernel="triton")
     if num_splits > 1:
         _combine(part, plse, out, lse, num_splits)
@@ -451,19 +456,50 @@ def _partials(out: Tensor, lse: Tensor, num_splits: int) -> tuple[Tensor, Tensor
             torch.empty(num_tokens, num_splits, heads, dtype=torch.float32, device=out.device))
 
 
-def _combine(part: Tensor, plse: Tensor, out: Tensor, lse: Tensor, num_splits: int) -> None:
+def combine_blocks(programs: int, num_splits: int, rank: int, sms: int) -> tuple[int, int]:
+    """The combine's (splits per load, columns per program) for ``programs`` (tokens x heads)
+    merging ``num_splits`` partials of ``rank`` columns on ``sms`` multiprocessors. With a
+    program per SM or more, one whole row per load and split (enough loads in flight across
+    the programs; smaller blocks only added programs: 2.3-3.8x slower at 1024-2048 programs
+    of 2-6 splits). With fewer, ``COMBINE_COLUMNS``-column programs reading up to
+    ``COMBINE_SPLITS`` splits per load: a program no longer waits on L2 once per split (64
+    and 128 splits at one token, 16 heads: 2.6 and 3.9 us against 7.9 and 14.1;
+    ``bench/results/mla-combine-ab-h200.md``)."""
+    if programs >= sms:
+        return 1, _pow2(rank)
+    return min(_pow2(num_splits), COMBINE_SPLITS), COMBINE_COLUMNS
+
+
+def _combine(part: Tensor, plse: Tensor, out: Tensor, lse: Tensor, num_splits: int,
+             num_sms: int | None = None) -> None:
     """Merge the split partials ``part [T, S, H, rank]``/``plse [T, S, H]`` into
-    ``out``/``lse`` (the combine kernel)."""
+    ``out``/``lse`` (the combine kernel, blocks from ``combine_blocks`` for ``num_sms`` or the
+    device's multiprocessors)."""
     num_tokens, heads, rank = out.shape
-    _kernels().mla_combine_kernel[(num_tokens, heads)](
-        part, part.stride(0), part.stride(1), part.stride(2),
-        plse, plse.stride(0), plse.stride(1),
-        out, out.stride(0), out.stride(1),
-        lse, lse.stride(0),
-        heads, num_splits,
-        S_PAD=_pow2(num_splits), RANK=rank, D_PAD=_pow2(rank),
-        num_warps=4,
-    )
+    if num_sms is None:
+        num_sms = _sm_count(out.device.index if out.device.index is not None
+                            else torch.cuda.current_device()) if out.is_cuda else 1
+    s_block, block_d = combine_blocks(num_tokens * heads, num_splits, rank, num_sms)
+    # a programmatic dependent of the decode kernel before it where that one releases (in a
+    # CUDA graph): its launch overlaps that kernel's last CTAs
+    pdl = triton_pdl.enabled(out.device)
+    with triton_pdl.dependent(out.device, pdl):
+        _kernels().mla_combine_kernel[(num_tokens, heads, -(-rank // block_d))](
+            part, part.stride(0), part.stride(1), part.stride(2),
+            plse, plse.stride(0), plse.stride(1),
+            out, out.stride(0), out.stride(1),
+            lse, lse.stride(0),
+            heads, num_splits,
+            S_PAD=_pow2(num_splits), S_BLOCK=s_block, RANK=rank, BLOCK_D=block_d, PDL=pdl,
+            num_warps=4,
+        )
+
+
+#: Columns of one combine program when there are fewer (token, head) pairs than SMs.
+COMBINE_COLUMNS = 128
+#: Most splits the combine reads per load then (32 floats per thread at 128 columns and four
+#: warps).
+COMBINE_SPLITS = 32
 
 
 #: ``mla_decode``'s kernel choices.

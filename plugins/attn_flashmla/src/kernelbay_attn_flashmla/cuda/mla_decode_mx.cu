@@ -355,6 +355,9 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   const int t = blockIdx.x / (head_blocks * num_splits);
   const int h0 = hb * 16 + g, h1 = h0 + 8;
 
+  // A programmatic launch (PDL) may start before the kernel before it ends: nothing global is
+  // read before this wait (a no-op on a plain launch).
+  grid_dependency_wait();
   const int seq = tok_seq[t];
   const int length = tok_len[t];  // keys at positions < length are causal
   const int start = tok_start[t];  // and >= start (sliding window)
@@ -723,6 +726,9 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     }
     value_products(acc, p, kb, warp);  // 4-5.
   }
+  // The next programmatic launch (the combine) may start its CTAs once every CTA of ours is
+  // past its keys; it waits for our writes in its own grid wait.
+  grid_dependents_launch();
 #if !BULK
   wait_groups<0>();  // no copy left running when the CTA exits
 #endif
