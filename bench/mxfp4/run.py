@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import time
@@ -53,6 +52,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from l2_rotation import copies_for, rotating  # from bench/, put on the path above
+from report import write_results
 from settle import SETTLE_S, settle
 
 SHAPES = ((8192, 8192), (28672, 8192), (8192, 28672))
@@ -191,16 +191,10 @@ def main() -> int:
         "seconds": round(time.time() - start, 1),
         "rows": rows,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    (out / "results.md").write_text(markdown(result), encoding="utf-8")
-    print(f"wrote {out / 'results.json'} and {out / 'results.md'}")
-    if WRONG:
-        print(f"WRONG RESULTS ({len(WRONG)}): " + "; ".join(WRONG), file=sys.stderr)
-    if FAILED:
-        print(f"FAILED MEASUREMENTS ({len(FAILED)}): " + "; ".join(FAILED), file=sys.stderr)
-    return 1 if WRONG or FAILED else 0
+    status = write_results(args.out, result, markdown(result),
+                           [f"wrong: {w}" for w in WRONG] + [f"failed: {f}" for f in FAILED])
+    print(f"wrote results.json and results.md under {args.out}")
+    return status
 
 
 def run_shape(n: int, k: int, ms: tuple[int, ...], args: argparse.Namespace, start: float,

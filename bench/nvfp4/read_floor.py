@@ -21,13 +21,13 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from l2_rotation import copies_for, rotating  # from bench/, put on the path above
+from report import write_results
 from settle import settle
 
 SOURCE = r'''
@@ -155,17 +155,13 @@ def main(argv: list[str] | None = None) -> int:
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "device": props.name, "sms": sms, "torch": torch.__version__,
               "triton": triton.__version__, "rows": rows}
-    path = Path(args.out)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "results.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     lines = [f"# Read-only floor for weight streaming ({result['device']})", "",
              f"{result['date']}, torch {result['torch']}, triton {result['triton']}; CUDA graph "
              "timing after 0.25 s idle, buffers rotated past twice the L2.", "",
              "| MB | kernel | us | GB/s |", "| ---: | --- | ---: | ---: |"]
     lines += [f"| {r['bytes'] / 1e6:.1f} | {r['kernel']} | {r['us']:.2f} | {r['gbps']:.0f} |"
               for r in rows]
-    (path / "results.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return 0
+    return write_results(args.out, result, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
