@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -95,6 +96,9 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+    parser.add_argument("--no-reference", action="store_true",
+                        help="time kernelbay only (an A/B between kernelbay versions); the "
+                             "transformers columns are left empty")
     parser.add_argument("--core-only", action="store_true",
                         help="only the core's reference backends (ignore installed plugins)")
     args = parser.parse_args()
@@ -111,19 +115,23 @@ def main() -> int:
             llm = LLM(path, device=args.device, dtype=args.dtype, max_num_seqs=16,
                       progress=False, policy=policy)
             linear = sorted({d.chosen for d in llm.plan.linears})
-            ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
+            ref = None if args.no_reference else AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype).to(args.device).eval()
             for batch in (int(b) for b in args.batches.split(",")):
                 prompts = _prompts(batch, args.prompt_len)
                 n = args.new_tokens
                 ours = measure(partial(time_kernelbay, llm, prompts, n), args.repeats)
-                theirs = measure(partial(time_transformers, ref, prompts, n), args.repeats)
+                theirs = (math.inf, math.inf) if ref is None else measure(
+                    partial(time_transformers, ref, prompts, n), args.repeats)
                 row: dict[str, Any] = {"size": size, "batch": batch,
                                        "prompt_len": args.prompt_len, "new_tokens": n,
                                        "linear_backends": linear,
                                        "attention_backend": llm.plan.attention.chosen}
                 for name, (ttft, total) in (("kernelbay", ours), ("transformers", theirs)):
-                    row[f"{name}_prefill_tok_s"] = batch * args.prompt_len / ttft
-                    row[f"{name}_decode_tok_s"] = batch * (n - 1) / max(total - ttft, 1e-9)
+                    row[f"{name}_prefill_tok_s"] = (batch * args.prompt_len / ttft
+                                                    if math.isfinite(ttft) else math.nan)
+                    row[f"{name}_decode_tok_s"] = (batch * (n - 1) / max(total - ttft, 1e-9)
+                                                   if math.isfinite(total) else math.nan)
                 row["decode_ratio"] = row["kernelbay_decode_tok_s"] / row[
                     "transformers_decode_tok_s"]
                 row["prefill_ratio"] = row["kernelbay_prefill_tok_s"] / row[

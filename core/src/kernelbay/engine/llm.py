@@ -16,6 +16,7 @@ import torch
 from kernelbay.checkpoint.folder import CheckpointFolder
 from kernelbay.device import DeviceCapability
 from kernelbay.engine.build import ModelBuilder
+from kernelbay.engine.graphs import DecodeGraphs, graphs_enabled
 from kernelbay.engine.kv_cache import KVCacheConfig, PagedKVCache, pages_for
 from kernelbay.engine.loader import load_weights
 from kernelbay.engine.models import model_class
@@ -91,6 +92,8 @@ class LLM:
     available, else CPU); ``dtype`` the activation dtype (default: the checkpoint's);
     ``kv_cache`` a record kind (``"fp8"``) or a ``KVCacheConfig``; ``policy`` the selection
     policy (default: from the environment). ``plan`` shows every selection made.
+    ``cuda_graphs``: on a CUDA device at tensor-parallel size 1, replay decode steps from CUDA
+    graphs (``engine.graphs``; also off with ``KERNELBAY_CUDA_GRAPHS=0``).
     """
 
     def __init__(self, model: str, *, device: str | torch.device | None = None,
@@ -99,7 +102,7 @@ class LLM:
                  speculative: SpeculativeConfig | str | None = None,
                  policy: Policy | None = None, registry: Registry | None = None,
                  max_model_len: int | None = None, max_num_seqs: int = 16,
-                 progress: bool | None = None) -> None:
+                 progress: bool | None = None, cuda_graphs: bool = True) -> None:
         self.folder = CheckpointFolder(model)
         config = self.folder.config
         self.registry = registry if registry is not None else get_registry(policy)
@@ -155,7 +158,10 @@ class LLM:
         self.max_num_seqs = max_num_seqs
         num_pages = self._num_pages(builder, cache)
         self.cache = PagedKVCache(builder.attention_layers, num_pages, torch_device)
-        self.runner = ModelRunner(self.model, self.cache, torch_device)
+        graphs = (DecodeGraphs(self.model, self.cache.caches, self.cache.page_size, torch_device)
+                  if cuda_graphs and self.tp.size == 1 and graphs_enabled(torch_device)
+                  else None)
+        self.runner = ModelRunner(self.model, self.cache, torch_device, graphs)
         self.eos_token_ids = _eos_ids(self.folder)
         self.tokenizer = self._tokenizer()
         self.speculative = (SpeculativeConfig(speculative) if isinstance(speculative, str)

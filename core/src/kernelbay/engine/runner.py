@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from kernelbay.engine.graphs import DecodeGraphs
 from kernelbay.engine.kv_cache import PagedKVCache
 from kernelbay.engine.modules import ForwardMeta
 from kernelbay.engine.sampling import SamplingParams
@@ -40,10 +41,13 @@ class Sequence:
 class ModelRunner:
     """Runs forward passes of ``model`` over sequences whose K/V live in ``cache``."""
 
-    def __init__(self, model: Any, cache: PagedKVCache, device: torch.device) -> None:
+    def __init__(self, model: Any, cache: PagedKVCache, device: torch.device,
+                 graphs: DecodeGraphs | None = None) -> None:
         self.model = model
         self.cache = cache
         self.device = device
+        #: Decode steps replayed from CUDA graphs (``None``: always eager).
+        self.graphs = graphs
         #: The states ``forward(..., capture=...)`` took last (see ``forward``).
         self.captured: torch.Tensor | None = None
 
@@ -73,6 +77,13 @@ class ModelRunner:
             starts.append(starts[-1] + num_new)
             lengths.append(end)
             tables.append(seq.pages + [0] * (width - len(seq.pages)))
+        if (self.graphs is not None and not all_logits and not capture
+                and all(num_new == 1 for _, num_new in batch)):
+            replayed = self.graphs.run(ids, positions, slots, lengths, tables)
+            if replayed is not None:
+                for seq, num_new in batch:
+                    seq.num_cached += num_new
+                return replayed
         # Every table goes up without a stream sync (``upload``), and the attention backends
         # get the host copies of the two they may need on the host: a step's kernels are then
         # queued without waiting for the previous ones, once per step (the sampled tokens).
@@ -80,7 +91,8 @@ class ModelRunner:
         meta = ForwardMeta(
             AttentionMetadata(upload(starts, torch.int32, dev), upload(lengths, torch.int32, dev),
                               upload(tables, torch.int32, dev), upload(slots, torch.long, dev),
-                              query_start_host=tuple(starts), seq_lens_host=tuple(lengths)),
+                              query_start_host=tuple(starts), seq_lens_host=tuple(lengths),
+                              max_seq_len=max(lengths)),
             self.cache.caches)
         token_ids, token_positions = upload(ids, torch.long, dev), upload(positions, torch.long, dev)
         with torch.inference_mode():

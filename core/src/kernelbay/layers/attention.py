@@ -60,12 +60,24 @@ class AttentionMetadata:
     #: ``host_seq_lens`` then copy).
     query_start_host: tuple[int, ...] | None = None
     seq_lens_host: tuple[int, ...] | None = None
+    #: A bound on ``seq_lens`` known on the host, for a backend that pads keys to one length:
+    #: the engine gives the longest context, or inside a CUDA graph (where ``seq_lens_host``
+    #: is ``None``: the lengths change at every replay) the block tables' capacity. Keys past
+    #: a sequence's length are masked, so the result does not depend on the bound beyond
+    #: rounding. ``None``: not given (``max(host_seq_lens())``).
+    max_seq_len: int | None = None
 
     def host_query_starts(self) -> list[int]:
         """``query_start_loc`` on the host: the caller's copy, else read from the tensor."""
         if self.query_start_host is not None:
             return list(self.query_start_host)
         return [int(v) for v in self.query_start_loc.tolist()]
+
+    def seq_len_bound(self) -> int:
+        """``max_seq_len`` when given, else the longest context (``host_seq_lens``)."""
+        if self.max_seq_len is not None:
+            return self.max_seq_len
+        return max(self.host_seq_lens(), default=0)
 
     def host_seq_lens(self) -> list[int]:
         """``seq_lens`` on the host: the caller's copy, else read from the tensor."""

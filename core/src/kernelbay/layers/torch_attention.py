@@ -99,7 +99,8 @@ class TorchPagedAttention(AttentionBackend):
         r = self.request
         batch, group = query.shape[0], r.num_heads // r.num_kv_heads
         lengths = metadata.seq_lens.long()
-        context = max(metadata.host_seq_lens())
+        context = min(metadata.seq_len_bound(),
+                      metadata.block_tables.shape[1] * r.page_size)
         pages = metadata.block_tables[:, :-(-context // r.page_size)].long()
         kv = cache[pages].float()                                 # [B, P, 2, S, Hkv, D]
         k = kv[:, :, 0].reshape(batch, -1, r.num_kv_heads, r.head_dim)[:, :context]

@@ -1,0 +1,131 @@
+"""Decode steps replayed from CUDA graphs.
+
+A decode step of a small model launches a few hundred kernels whose host-side cost exceeds
+their GPU time; a CUDA graph launches them all at once. A graph is captured per (batch,
+block-table width): the second time a decode step of that shape comes (the first ran eagerly,
+so every kernel it needs is compiled and loaded, which a capture cannot do), and replayed for
+every later one, with the step's tokens, positions, slots, lengths and tables copied into the
+graph's own input buffers first. Attention sees the tables' capacity as its key bound
+(``AttentionMetadata.max_seq_len``) and no host lengths, which change at every replay.
+
+A model or backend that cannot be captured (it reads a device value on the host, as the MoE
+reference's expert loop does, or runs a collective the capture cannot hold) fails the capture;
+the engine then warns once and runs eagerly for the rest of its life. ``KERNELBAY_CUDA_GRAPHS=0``
+(or ``LLM(cuda_graphs=False)``) never captures.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kernelbay.engine.modules import ForwardMeta
+from kernelbay.layers import AttentionMetadata
+
+__all__ = ["DecodeGraphs", "graphs_enabled"]
+
+#: Most graphs one engine keeps (each holds its input buffers; memory comes from one pool).
+MAX_GRAPHS = 32
+
+
+def graphs_enabled(device: torch.device) -> bool:
+    """Whether decode steps on ``device`` may be captured: CUDA devices, unless
+    ``KERNELBAY_CUDA_GRAPHS=0`` (``1`` or unset: on)."""
+    value = os.environ.get("KERNELBAY_CUDA_GRAPHS", "1")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"KERNELBAY_CUDA_GRAPHS={value!r}; valid: '1' (on, the default) or "
+                         f"'0' (off)")
+    return value != "0" and device.type == "cuda"
+
+
+@dataclass
+class _Graph:
+    """One captured decode step and the buffers it reads and writes."""
+
+    graph: torch.cuda.CUDAGraph
+    ids: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    lengths: torch.Tensor
+    tables: torch.Tensor
+    logits: torch.Tensor
+
+
+def _fill(buffer: torch.Tensor, values: list[Any]) -> None:
+    """Copy host ``values`` into ``buffer``; into a CUDA buffer without a stream sync (pinned
+    staging)."""
+    host = torch.tensor(values, dtype=buffer.dtype)
+    buffer.copy_(host.pin_memory() if buffer.is_cuda else host, non_blocking=buffer.is_cuda)
+
+
+class DecodeGraphs:
+    """The CUDA graphs of one engine's decode steps (see the module doc)."""
+
+    def __init__(self, model: Any, caches: list[torch.Tensor], page_size: int,
+                 device: torch.device) -> None:
+        self.model = model
+        self.caches = caches
+        self.page_size = page_size
+        self.device = device
+        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.seen: set[tuple[int, int]] = set()
+        #: Why capturing stopped (a failed capture), or ``None``.
+        self.off_reason: str | None = None
+        self.replays = 0
+        self._pool: Any = None
+
+    def run(self, ids: list[int], positions: list[int], slots: list[int],
+            lengths: list[int], tables: list[list[int]]) -> torch.Tensor | None:
+        """The logits [B, vocab] of a decode step (one new token per sequence) replayed from
+        its graph, captured now if this shape ran once before; ``None`` when the caller
+        should run the step eagerly (a shape seen for the first time, too many graphs,
+        capturing off)."""
+        if self.off_reason is not None:
+            return None
+        key = (len(ids), len(tables[0]))
+        entry = self.graphs.get(key)
+        if entry is None:
+            if key not in self.seen or len(self.graphs) >= MAX_GRAPHS:
+                self.seen.add(key)
+                return None
+            entry = self._capture(*key)
+            if entry is None:
+                return None
+            self.graphs[key] = entry
+        _fill(entry.ids, ids)
+        _fill(entry.positions, positions)
+        _fill(entry.slots, slots)
+        _fill(entry.lengths, lengths)
+        _fill(entry.tables, tables)
+        entry.graph.replay()
+        self.replays += 1
+        return entry.logits
+
+    def _capture(self, batch: int, width: int) -> _Graph | None:
+        dev = self.device
+        ids = torch.zeros(batch, dtype=torch.long, device=dev)
+        positions = torch.zeros(batch, dtype=torch.long, device=dev)
+        slots = torch.zeros(batch, dtype=torch.long, device=dev)
+        lengths = torch.ones(batch, dtype=torch.int32, device=dev)
+        tables = torch.zeros(batch, width, dtype=torch.int32, device=dev)
+        starts = torch.arange(batch + 1, dtype=torch.int32, device=dev)
+        meta = ForwardMeta(AttentionMetadata(starts, lengths, tables, slots,
+                                              query_start_host=tuple(range(batch + 1)),
+                                              max_seq_len=width * self.page_size),
+                           self.caches)
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool):
+                logits = self.model.compute_logits(self.model(ids, positions, meta))
+        except Exception as exc:  # a model or backend that cannot be captured: eager from now
+            self.off_reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            warnings.warn(f"kernelbay: decode steps run eagerly (no CUDA graph): capturing a "
+                          f"step of {batch} sequences failed: {self.off_reason}",
+                          RuntimeWarning, stacklevel=4)
+            return None
+        self._pool = graph.pool()
+        return _Graph(graph, ids, positions, slots, lengths, tables, logits)

@@ -1,0 +1,138 @@
+"""Decode steps replayed from CUDA graphs (``engine.graphs``): when a graph is captured and
+replayed, what its buffers receive, the eager fallback, and on a GPU the same tokens as eager
+steps."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+import torch
+from engine_helpers import save_tiny
+from kernelbay import Policy, Registry
+from kernelbay.engine import LLM, SamplingParams
+from kernelbay.engine import graphs as graphs_module
+from kernelbay.engine.graphs import DecodeGraphs, graphs_enabled
+
+CORE_ONLY = Registry(Policy(plugins=frozenset()))
+
+
+def test_graphs_are_for_cuda_devices_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not graphs_enabled(torch.device("cpu"))
+    assert graphs_enabled(torch.device("cuda"))
+    monkeypatch.setenv("KERNELBAY_CUDA_GRAPHS", "0")
+    assert not graphs_enabled(torch.device("cuda"))
+    monkeypatch.setenv("KERNELBAY_CUDA_GRAPHS", "yes")
+    with pytest.raises(ValueError, match="KERNELBAY_CUDA_GRAPHS='yes'; valid"):
+        graphs_enabled(torch.device("cuda"))
+
+
+class _Replay:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def replay(self) -> None:
+        self.count += 1
+
+
+def _fake_capture(graphs: DecodeGraphs, made: list[tuple[int, int]]) -> Any:
+    def capture(batch: int, width: int) -> Any:
+        made.append((batch, width))
+        return graphs_module._Graph(
+            _Replay(), torch.zeros(batch, dtype=torch.long),  # type: ignore[arg-type]
+            torch.zeros(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.long),
+            torch.zeros(batch, dtype=torch.int32), torch.zeros(batch, width, dtype=torch.int32),
+            torch.full((batch, 7), float(batch)))
+    return capture
+
+
+def test_a_shape_runs_eagerly_once_then_is_captured_and_replayed() -> None:
+    graphs = DecodeGraphs(None, [], 16, torch.device("cpu"))
+    made: list[tuple[int, int]] = []
+    graphs._capture = _fake_capture(graphs, made)  # type: ignore[method-assign]
+    step = ([3, 4], [10, 20], [5, 6], [11, 21], [[1, 2], [3, 0]])
+    assert graphs.run(*step) is None and made == []          # first time: eager, warms up
+    logits = graphs.run(*step)
+    assert logits is not None and made == [(2, 2)] and graphs.replays == 1
+    entry = graphs.graphs[(2, 2)]
+    assert entry.ids.tolist() == [3, 4] and entry.positions.tolist() == [10, 20]
+    assert entry.slots.tolist() == [5, 6] and entry.lengths.tolist() == [11, 21]
+    assert entry.tables.tolist() == [[1, 2], [3, 0]]
+    nxt = ([7, 8], [11, 21], [7, 8], [12, 22], [[1, 2], [3, 0]])
+    assert graphs.run(*nxt) is logits and made == [(2, 2)]   # replayed, not captured again
+    assert entry.ids.tolist() == [7, 8] and entry.graph.count == 2  # type: ignore[attr-defined]
+    assert graphs.run([1], [1], [1], [2], [[1, 2, 3]]) is None  # another shape: eager first
+
+
+def test_a_failed_capture_warns_once_and_leaves_every_step_eager(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the capture's own machinery stood in for (no CUDA here): the model raises inside it
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Replay)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: contextlib.nullcontext())
+    graphs = DecodeGraphs(None, [], 16, torch.device("cpu"))
+    step = ([3], [10], [5], [11], [[1]])
+
+    class Model:
+        def __call__(self, ids: torch.Tensor, positions: torch.Tensor, meta: Any) -> Any:
+            raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+        def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+            return hidden
+
+    graphs.model = Model()
+    graphs.run(*step)
+    with pytest.warns(RuntimeWarning, match="decode steps run eagerly .* RuntimeError: "
+                                            "operation not permitted"):
+        assert graphs.run(*step) is None
+    assert graphs.off_reason is not None and graphs.graphs == {}
+    assert graphs.run(*step) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_graph_replayed_decode_gives_the_eager_tokens_on_gpu(tmp_path: Any,
+                                                             dtype: str) -> None:
+    path = save_tiny(str(tmp_path), "llama")
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14], [3] * 40]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    eager = LLM(path, device="cuda", dtype=dtype, registry=CORE_ONLY, cuda_graphs=False)
+    graphed = LLM(path, device="cuda", dtype=dtype, registry=CORE_ONLY)
+    want = [o.token_ids for o in eager.generate(prompts, params)]
+    got = [o.token_ids for o in graphed.generate(prompts, params)]
+    assert got == want
+    graphs = graphed.runner.graphs
+    assert graphs is not None and graphs.off_reason is None and graphs.replays > 10
+    # sampled steps too (per-row parameters go up without a sync)
+    sampled = [SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, seed=s)
+               for s in range(4)]
+    assert [o.token_ids for o in graphed.generate(prompts, sampled)] == [
+        o.token_ids for o in eager.generate(prompts, sampled)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_backend_that_syncs_falls_back_to_eager_on_gpu(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelbay.layers.torch_attention import TorchPagedAttention
+
+    forward = TorchPagedAttention.forward
+
+    def syncing(self: Any, query: torch.Tensor, cache: torch.Tensor, metadata: Any,
+                scale: float) -> torch.Tensor:
+        metadata.seq_lens.tolist()  # a device read: not allowed while capturing
+        return forward(self, query, cache, metadata, scale)
+
+    monkeypatch.setattr(TorchPagedAttention, "forward", syncing)
+    path = save_tiny(str(tmp_path), "llama")
+    prompts = [[5, 6, 7], [8, 9]]
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    want = [o.token_ids for o in LLM(path, device="cuda", dtype="float32", registry=CORE_ONLY,
+                                     cuda_graphs=False).generate(prompts, params)]
+    graphed = LLM(path, device="cuda", dtype="float32", registry=CORE_ONLY)
+    with pytest.warns(RuntimeWarning, match="decode steps run eagerly"):
+        got = [o.token_ids for o in graphed.generate(prompts, params)]
+    assert got == want
+    assert graphed.runner.graphs is not None and graphed.runner.graphs.off_reason is not None
+    assert [o.token_ids for o in graphed.generate(prompts, params)] == want
