@@ -13,7 +13,7 @@ from engine_helpers import save_tiny
 from kernelbay import Policy, Registry
 from kernelbay.engine import LLM, SamplingParams
 from kernelbay.engine import graphs as graphs_module
-from kernelbay.engine.graphs import DecodeGraphs, graphs_enabled
+from kernelbay.engine.graphs import DecodeGraphs, graphs_enabled, table_width
 
 CORE_ONLY = Registry(Policy(plugins=frozenset()))
 
@@ -87,6 +87,62 @@ def test_a_failed_capture_warns_once_and_leaves_every_step_eager(
         assert graphs.run(*step) is None
     assert graphs.off_reason is not None and graphs.graphs == {}
     assert graphs.run(*step) is None
+
+
+def test_table_width_is_the_needed_pages_rounded_to_a_power_of_two_within_capacity() -> None:
+    assert [table_width(n, 16, 100) for n in (1, 16, 17, 33, 64, 65, 129)] == [
+        1, 1, 2, 4, 4, 8, 16]
+    assert table_width(1000, 16, 40) == 40 and table_width(0, 16, 5) == 1
+
+
+class _Rerun:
+    """Stands in for a captured graph on the CPU: a replay runs the captured step again and
+    writes its result where the capture's output lives (what a CUDA graph's replay does)."""
+
+    def __init__(self, step: Any, out: torch.Tensor) -> None:
+        self.step, self.out = step, out
+
+    def replay(self) -> None:
+        with torch.inference_mode():
+            self.out.copy_(self.step())
+
+    def pool(self) -> None:
+        return None
+
+
+def _recorder(caches: list[torch.Tensor]) -> Any:
+    """A capture that, like a CUDA one, leaves no trace: the step runs once for its output
+    tensor and the caches it wrote are put back."""
+    def record(step: Any, pool: Any) -> tuple[_Rerun, torch.Tensor]:
+        saved = [c.clone() for c in caches]
+        with torch.inference_mode():
+            out = step()
+            for cache, old in zip(caches, saved, strict=True):
+                cache.copy_(old)
+        return _Rerun(step, out), out
+    return record
+
+
+def test_graph_steps_give_the_eager_tokens_through_the_static_buffers(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole engine through the graph path on the CPU (the capture replaced by a rerun
+    of the captured step): the static buffers, the widths growing in powers of two as the
+    contexts grow, the key bound and the missing host lengths give the eager tokens."""
+    path = save_tiny(str(tmp_path), "llama")
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14]]
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    eager = LLM(path, dtype="float32", registry=CORE_ONLY)
+    want = [o.token_ids for o in eager.generate(prompts, params)]
+    llm = LLM(path, dtype="float32", registry=CORE_ONLY)
+    graphs = DecodeGraphs(llm.model, llm.cache.caches, llm.cache.page_size, llm.device)
+    llm.runner.graphs = graphs
+    monkeypatch.setattr(graphs_module, "_record", _recorder(llm.cache.caches))
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want
+    assert graphs.off_reason is None and graphs.replays > 30
+    capacity = -(-(5 + 40) // llm.cache.page_size)
+    widths = sorted({w for _, w in graphs.graphs})
+    assert len(widths) > 1, widths
+    assert all(w <= capacity and (w & (w - 1) == 0 or w == capacity) for w in widths), widths
 
 
 @pytest.mark.gpu

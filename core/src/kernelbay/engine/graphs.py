@@ -5,8 +5,11 @@ their GPU time; a CUDA graph launches them all at once. A graph is captured per 
 block-table width): the second time a decode step of that shape comes (the first ran eagerly,
 so every kernel it needs is compiled and loaded, which a capture cannot do), and replayed for
 every later one, with the step's tokens, positions, slots, lengths and tables copied into the
-graph's own input buffers first. Attention sees the tables' capacity as its key bound
-(``AttentionMetadata.max_seq_len``) and no host lengths, which change at every replay.
+graph's own input buffers first. The width is the pages the step's longest context needs,
+rounded up to a power of two (``table_width``), so a graph's attention pads keys to at most
+twice that context, not to every page a request reserved; attention sees that capacity as its
+key bound (``AttentionMetadata.max_seq_len``) and no host lengths, which change at every
+replay.
 
 A model or backend that cannot be captured (it reads a device value on the host, as the MoE
 reference's expert loop does, or runs a collective the capture cannot hold) fails the capture;
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +30,7 @@ import torch
 from kernelbay.engine.modules import ForwardMeta
 from kernelbay.layers import AttentionMetadata
 
-__all__ = ["DecodeGraphs", "graphs_enabled"]
+__all__ = ["DecodeGraphs", "graphs_enabled", "table_width"]
 
 #: Most graphs one engine keeps (each holds its input buffers; memory comes from one pool).
 MAX_GRAPHS = 32
@@ -46,13 +50,31 @@ def graphs_enabled(device: torch.device) -> bool:
 class _Graph:
     """One captured decode step and the buffers it reads and writes."""
 
-    graph: torch.cuda.CUDAGraph
+    graph: Any  # torch.cuda.CUDAGraph
     ids: torch.Tensor
     positions: torch.Tensor
     slots: torch.Tensor
     lengths: torch.Tensor
     tables: torch.Tensor
     logits: torch.Tensor
+
+
+def table_width(longest: int, page_size: int, capacity: int) -> int:
+    """Block-table columns a graph of a step whose longest context is ``longest`` keys sees:
+    the pages that context needs, rounded up to a power of two, at most ``capacity`` (the
+    tables' width). Attention then pads keys to at most twice the longest context, instead of
+    to every page a request reserved for its ``max_tokens``, with one graph per power of two."""
+    need = max(1, -(-longest // page_size))
+    return min(capacity, 1 << (need - 1).bit_length())
+
+
+def _record(step: Callable[[], torch.Tensor], pool: Any) -> tuple[Any, torch.Tensor]:
+    """Capture ``step`` into a new CUDA graph (memory from ``pool``, or a new pool):
+    (graph, its output)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.inference_mode(), torch.cuda.graph(graph, pool=pool):
+        out = step()
+    return graph, out
 
 
 def _fill(buffer: torch.Tensor, values: list[Any]) -> None:
@@ -83,10 +105,12 @@ class DecodeGraphs:
         """The logits [B, vocab] of a decode step (one new token per sequence) replayed from
         its graph, captured now if this shape ran once before; ``None`` when the caller
         should run the step eagerly (a shape seen for the first time, too many graphs,
-        capturing off)."""
+        capturing off). The graph sees the first ``table_width`` columns of ``tables``."""
         if self.off_reason is not None:
             return None
-        key = (len(ids), len(tables[0]))
+        width = table_width(max(lengths), self.page_size, len(tables[0]))
+        tables = [row[:width] for row in tables]
+        key = (len(ids), width)
         entry = self.graphs.get(key)
         if entry is None:
             if key not in self.seen or len(self.graphs) >= MAX_GRAPHS:
@@ -117,10 +141,14 @@ class DecodeGraphs:
                                               query_start_host=tuple(range(batch + 1)),
                                               max_seq_len=width * self.page_size),
                            self.caches)
+
+        def step() -> torch.Tensor:
+            hidden = self.model(ids, positions, meta)
+            logits: torch.Tensor = self.model.compute_logits(hidden)
+            return logits
+
         try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool):
-                logits = self.model.compute_logits(self.model(ids, positions, meta))
+            graph, logits = _record(step, self._pool)
         except Exception as exc:  # a model or backend that cannot be captured: eager from now
             self.off_reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             warnings.warn(f"kernelbay: decode steps run eagerly (no CUDA graph): capturing a "
