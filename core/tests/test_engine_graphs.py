@@ -26,6 +26,7 @@ def test_graphs_are_for_cuda_devices_unless_turned_off(monkeypatch: pytest.Monke
     monkeypatch.setenv("KERNELBAY_CUDA_GRAPHS", "yes")
     with pytest.raises(ValueError, match="KERNELBAY_CUDA_GRAPHS='yes'; valid"):
         graphs_enabled(torch.device("cuda"))
+    assert not graphs_enabled(torch.device("cpu"))  # not read where graphs never apply
 
 
 class _Replay:
@@ -37,13 +38,15 @@ class _Replay:
 
 
 def _fake_capture(graphs: DecodeGraphs, made: list[tuple[int, int]]) -> Any:
-    def capture(batch: int, width: int) -> Any:
+    def capture(batch: int, width: int, values: tuple[list[Any], ...]) -> Any:
         made.append((batch, width))
-        return graphs_module._Graph(
-            _Replay(), torch.zeros(batch, dtype=torch.long),  # type: ignore[arg-type]
+        entry = graphs_module._Graph(
+            _Replay(), torch.zeros(batch, dtype=torch.long),
             torch.zeros(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.long),
             torch.zeros(batch, dtype=torch.int32), torch.zeros(batch, width, dtype=torch.int32),
             torch.full((batch, 7), float(batch)))
+        graphs_module._fill_step(entry, *values)
+        return entry
     return capture
 
 
@@ -59,10 +62,28 @@ def test_a_shape_runs_eagerly_once_then_is_captured_and_replayed() -> None:
     assert entry.ids.tolist() == [3, 4] and entry.positions.tolist() == [10, 20]
     assert entry.slots.tolist() == [5, 6] and entry.lengths.tolist() == [11, 21]
     assert entry.tables.tolist() == [[1, 2], [3, 0]]
+    assert logits is not entry.logits and torch.equal(logits, entry.logits)  # a copy
     nxt = ([7, 8], [11, 21], [7, 8], [12, 22], [[1, 2], [3, 0]])
-    assert graphs.run(*nxt) is logits and made == [(2, 2)]   # replayed, not captured again
-    assert entry.ids.tolist() == [7, 8] and entry.graph.count == 2  # type: ignore[attr-defined]
+    assert torch.equal(graphs.run(*nxt), logits) and made == [(2, 2)]  # replayed only
+    assert entry.ids.tolist() == [7, 8] and entry.graph.count == 2
     assert graphs.run([1], [1], [1], [2], [[1, 2, 3]]) is None  # another shape: eager first
+
+
+def test_past_the_graph_limit_the_least_recently_replayed_graph_goes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(graphs_module, "MAX_GRAPHS", 2)
+    graphs = DecodeGraphs(None, [], 16, torch.device("cpu"))
+    made: list[tuple[int, int]] = []
+    graphs._capture = _fake_capture(graphs, made)  # type: ignore[method-assign]
+
+    def step(batch: int) -> tuple[list[Any], ...]:
+        return [1] * batch, [1] * batch, [1] * batch, [2] * batch, [[1]] * batch
+
+    for batch in (1, 2, 1, 2, 1):      # captures 1 and 2; 1 replayed last
+        graphs.run(*step(batch))
+    for _ in range(2):                 # 3: eager, then captured in place of 2
+        graphs.run(*step(3))
+    assert list(graphs.graphs) == [(1, 1), (3, 1)] and made == [(1, 1), (2, 1), (3, 1)]
 
 
 def test_a_failed_capture_warns_once_and_leaves_every_step_eager(

@@ -19,9 +19,11 @@ the engine then warns once and runs eagerly for the rest of its life. ``KERNELBA
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,18 +34,21 @@ from kernelbay.layers import AttentionMetadata
 
 __all__ = ["DecodeGraphs", "graphs_enabled", "table_width"]
 
-#: Most graphs one engine keeps (each holds its input buffers; memory comes from one pool).
+#: Most graphs one engine keeps (each holds its input buffers; memory comes from one pool);
+#: past it the least recently replayed one is dropped.
 MAX_GRAPHS = 32
 
 
 def graphs_enabled(device: torch.device) -> bool:
     """Whether decode steps on ``device`` may be captured: CUDA devices, unless
     ``KERNELBAY_CUDA_GRAPHS=0`` (``1`` or unset: on)."""
+    if device.type != "cuda":
+        return False
     value = os.environ.get("KERNELBAY_CUDA_GRAPHS", "1")
     if value not in ("", "0", "1"):
         raise ValueError(f"KERNELBAY_CUDA_GRAPHS={value!r}; valid: '1' (on, the default) or "
                          f"'0' (off)")
-    return value != "0" and device.type == "cuda"
+    return value != "0"
 
 
 @dataclass
@@ -70,11 +75,33 @@ def table_width(longest: int, page_size: int, capacity: int) -> int:
 
 def _record(step: Callable[[], torch.Tensor], pool: Any) -> tuple[Any, torch.Tensor]:
     """Capture ``step`` into a new CUDA graph (memory from ``pool``, or a new pool):
-    (graph, its output)."""
+    (graph, its output). A capture that fails leaves the caller on the stream it was on
+    (torch's capture context ends the capture before it restores the stream, so an
+    invalidated capture would otherwise leave the thread on the capture's side stream)."""
     graph = torch.cuda.CUDAGraph()
-    with torch.inference_mode(), torch.cuda.graph(graph, pool=pool):
-        out = step()
+    stream = torch.cuda.current_stream()
+    try:
+        with torch.inference_mode(), torch.cuda.graph(graph, pool=pool):
+            out = step()
+    except BaseException:
+        torch.cuda.set_stream(stream)
+        raise
     return graph, out
+
+
+@contextlib.contextmanager
+def _no_device() -> Iterator[None]:
+    yield
+
+
+def _fill_step(entry: _Graph, ids: list[int], positions: list[int], slots: list[int],
+               lengths: list[int], tables: list[list[int]]) -> None:
+    """A step's values into a graph's input buffers."""
+    _fill(entry.ids, ids)
+    _fill(entry.positions, positions)
+    _fill(entry.slots, slots)
+    _fill(entry.lengths, lengths)
+    _fill(entry.tables, tables)
 
 
 def _fill(buffer: torch.Tensor, values: list[Any]) -> None:
@@ -93,7 +120,8 @@ class DecodeGraphs:
         self.caches = caches
         self.page_size = page_size
         self.device = device
-        self.graphs: dict[tuple[int, int], _Graph] = {}
+        #: Captured graphs, least recently replayed first.
+        self.graphs: OrderedDict[tuple[int, int], _Graph] = OrderedDict()
         self.seen: set[tuple[int, int]] = set()
         #: Why capturing stopped (a failed capture), or ``None``.
         self.off_reason: str | None = None
@@ -111,25 +139,33 @@ class DecodeGraphs:
         width = table_width(max(lengths), self.page_size, len(tables[0]))
         tables = [row[:width] for row in tables]
         key = (len(ids), width)
-        entry = self.graphs.get(key)
-        if entry is None:
-            if key not in self.seen or len(self.graphs) >= MAX_GRAPHS:
-                self.seen.add(key)
-                return None
-            entry = self._capture(*key)
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else _no_device():
+            entry = self.graphs.get(key)
             if entry is None:
-                return None
-            self.graphs[key] = entry
-        _fill(entry.ids, ids)
-        _fill(entry.positions, positions)
-        _fill(entry.slots, slots)
-        _fill(entry.lengths, lengths)
-        _fill(entry.tables, tables)
-        entry.graph.replay()
-        self.replays += 1
-        return entry.logits
+                if key not in self.seen:
+                    self.seen.add(key)
+                    return None
+                if len(self.graphs) >= MAX_GRAPHS:  # the least recently replayed goes
+                    del self.graphs[next(iter(self.graphs))]
+                entry = self._capture(*key, (ids, positions, slots, lengths, tables))
+                if entry is None:
+                    return None
+                self.graphs[key] = entry
+            else:
+                self.graphs.move_to_end(key)
+                _fill_step(entry, ids, positions, slots, lengths, tables)
+            entry.graph.replay()
+            self.replays += 1
+            # a copy: the graph's own output is rewritten by its next replay, and its memory
+            # may be another graph's scratch space
+            return entry.logits.clone()
 
-    def _capture(self, batch: int, width: int) -> _Graph | None:
+    def _capture(self, batch: int, width: int, values: tuple[list[Any], ...]) -> _Graph | None:
+        """The graph of a step of ``batch`` sequences and ``width`` table columns, its buffers
+        holding ``values`` (the step's ids, positions, slots, lengths and tables) and the step
+        run once eagerly on them first, so that everything the graph launches is built and
+        loaded in exactly its shapes (the step's cache writes then happen twice, with the same
+        values); ``None`` (and capturing off, with a warning) when it cannot be captured."""
         dev = self.device
         ids = torch.zeros(batch, dtype=torch.long, device=dev)
         positions = torch.zeros(batch, dtype=torch.long, device=dev)
@@ -147,10 +183,18 @@ class DecodeGraphs:
             logits: torch.Tensor = self.model.compute_logits(hidden)
             return logits
 
+        buffers = _Graph(None, ids, positions, slots, lengths, tables, torch.empty(0))
+        _fill_step(buffers, *values)
         try:
+            with torch.inference_mode():
+                step()
             graph, logits = _record(step, self._pool)
         except Exception as exc:  # a model or backend that cannot be captured: eager from now
-            self.off_reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            # the cause, not the error of ending the capture it invalidated
+            cause = exc.__context__ if isinstance(exc.__context__, Exception) else exc
+            self.off_reason = f"{type(cause).__name__}: {str(cause).splitlines()[0][:200]}"
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
             warnings.warn(f"kernelbay: decode steps run eagerly (no CUDA graph): capturing a "
                           f"step of {batch} sequences failed: {self.off_reason}",
                           RuntimeWarning, stacklevel=4)
