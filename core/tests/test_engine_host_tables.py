@@ -10,7 +10,7 @@ import torch
 from engine_helpers import save_tiny
 from kernelbay import Policy, Registry
 from kernelbay.engine import LLM, SamplingParams
-from kernelbay.engine.transfer import upload
+from kernelbay.engine.transfer import upload, upload_into
 from kernelbay.layers import AttentionMetadata
 from kernelbay.layers.torch_attention import TorchPagedAttention
 from kernelbay.requests import AttentionRequest
@@ -73,3 +73,5 @@ def test_torch_attention_takes_the_host_starts_without_reading_the_tensor(
 def test_upload_gives_the_values_with_the_dtype() -> None:
     out = upload([[1, 2], [3, 4]], torch.int32, torch.device("cpu"))
     assert out.dtype == torch.int32 and out.tolist() == [[1, 2], [3, 4]]
+    upload_into(out, [[5, 6], [7, 8]])
+    assert out.dtype == torch.int32 and out.tolist() == [[5, 6], [7, 8]]

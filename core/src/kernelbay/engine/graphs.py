@@ -23,13 +23,14 @@ import contextlib
 import os
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from kernelbay.engine.modules import ForwardMeta
+from kernelbay.engine.transfer import upload_into
 from kernelbay.layers import AttentionMetadata
 
 __all__ = ["DecodeGraphs", "graphs_enabled", "table_width"]
@@ -55,7 +56,7 @@ def graphs_enabled(device: torch.device) -> bool:
 class _Graph:
     """One captured decode step and the buffers it reads and writes."""
 
-    graph: Any  # torch.cuda.CUDAGraph
+    graph: Any  # torch.cuda.CUDAGraph (None until captured)
     ids: torch.Tensor
     positions: torch.Tensor
     slots: torch.Tensor
@@ -89,26 +90,13 @@ def _record(step: Callable[[], torch.Tensor], pool: Any) -> tuple[Any, torch.Ten
     return graph, out
 
 
-@contextlib.contextmanager
-def _no_device() -> Iterator[None]:
-    yield
-
-
 def _fill_step(entry: _Graph, ids: list[int], positions: list[int], slots: list[int],
                lengths: list[int], tables: list[list[int]]) -> None:
     """A step's values into a graph's input buffers."""
-    _fill(entry.ids, ids)
-    _fill(entry.positions, positions)
-    _fill(entry.slots, slots)
-    _fill(entry.lengths, lengths)
-    _fill(entry.tables, tables)
-
-
-def _fill(buffer: torch.Tensor, values: list[Any]) -> None:
-    """Copy host ``values`` into ``buffer``; into a CUDA buffer without a stream sync (pinned
-    staging)."""
-    host = torch.tensor(values, dtype=buffer.dtype)
-    buffer.copy_(host.pin_memory() if buffer.is_cuda else host, non_blocking=buffer.is_cuda)
+    for buffer, values in ((entry.ids, ids), (entry.positions, positions),
+                           (entry.slots, slots), (entry.lengths, lengths),
+                           (entry.tables, tables)):
+        upload_into(buffer, values)
 
 
 class DecodeGraphs:
@@ -139,7 +127,8 @@ class DecodeGraphs:
         width = table_width(max(lengths), self.page_size, len(tables[0]))
         tables = [row[:width] for row in tables]
         key = (len(ids), width)
-        with torch.cuda.device(self.device) if self.device.type == "cuda" else _no_device():
+        with (torch.cuda.device(self.device) if self.device.type == "cuda"
+              else contextlib.nullcontext()):
             entry = self.graphs.get(key)
             if entry is None:
                 if key not in self.seen:
@@ -183,12 +172,12 @@ class DecodeGraphs:
             logits: torch.Tensor = self.model.compute_logits(hidden)
             return logits
 
-        buffers = _Graph(None, ids, positions, slots, lengths, tables, torch.empty(0))
-        _fill_step(buffers, *values)
+        entry = _Graph(None, ids, positions, slots, lengths, tables, torch.empty(0))
+        _fill_step(entry, *values)
         try:
             with torch.inference_mode():
                 step()
-            graph, logits = _record(step, self._pool)
+            entry.graph, entry.logits = _record(step, self._pool)
         except Exception as exc:  # a model or backend that cannot be captured: eager from now
             # the cause, not the error of ending the capture it invalidated
             cause = exc.__context__ if isinstance(exc.__context__, Exception) else exc
@@ -199,5 +188,5 @@ class DecodeGraphs:
                           f"step of {batch} sequences failed: {self.off_reason}",
                           RuntimeWarning, stacklevel=4)
             return None
-        self._pool = graph.pool()
-        return _Graph(graph, ids, positions, slots, lengths, tables, logits)
+        self._pool = entry.graph.pool()
+        return entry

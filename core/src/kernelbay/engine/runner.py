@@ -77,8 +77,8 @@ class ModelRunner:
             starts.append(starts[-1] + num_new)
             lengths.append(end)
             tables.append(seq.pages + [0] * (width - len(seq.pages)))
-        if (self.graphs is not None and not all_logits and not capture
-                and all(num_new == 1 for _, num_new in batch)):
+        decode = all(num_new == 1 for _, num_new in batch)
+        if self.graphs is not None and not all_logits and not capture and decode:
             replayed = self.graphs.run(ids, positions, slots, lengths, tables)
             if replayed is not None:
                 for seq, num_new in batch:
@@ -101,7 +101,7 @@ class ModelRunner:
                     token_ids, token_positions, meta, capture)
             else:
                 hidden = self.model(token_ids, token_positions, meta)
-            if not all_logits and any(num_new != 1 for _, num_new in batch):
+            if not all_logits and not decode:
                 # the last new token of each sequence (a decode step has only those)
                 hidden = hidden[upload(starts[1:], torch.long, dev) - 1]
             logits: torch.Tensor = self.model.compute_logits(hidden)

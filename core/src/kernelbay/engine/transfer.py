@@ -13,13 +13,23 @@ from typing import Any
 
 import torch
 
-__all__ = ["upload"]
+__all__ = ["upload", "upload_into"]
+
+
+def _staged(values: Sequence[Any], dtype: torch.dtype, cuda: bool) -> torch.Tensor:
+    """``values`` as a host tensor, in pinned memory when it goes to a CUDA device."""
+    host = torch.tensor(values, dtype=dtype)
+    return host.pin_memory() if cuda else host
 
 
 def upload(values: Sequence[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``torch.tensor(values, dtype=dtype)`` on ``device``; on a CUDA device the copy is
     asynchronous (pinned staging buffer, ``non_blocking``)."""
-    host = torch.tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+    cuda = device.type == "cuda"
+    return _staged(values, dtype, cuda).to(device, non_blocking=cuda)
+
+
+def upload_into(buffer: torch.Tensor, values: Sequence[Any]) -> None:
+    """``values`` into the existing ``buffer`` (its dtype and shape), asynchronously into a
+    CUDA buffer, as ``upload`` copies."""
+    buffer.copy_(_staged(values, buffer.dtype, buffer.is_cuda), non_blocking=buffer.is_cuda)

@@ -71,7 +71,7 @@ class AttentionMetadata:
         """``query_start_loc`` on the host: the caller's copy, else read from the tensor."""
         if self.query_start_host is not None:
             return list(self.query_start_host)
-        return [int(v) for v in self.query_start_loc.tolist()]
+        return list(self.query_start_loc.tolist())
 
     def seq_len_bound(self) -> int:
         """``max_seq_len`` when given, else the longest context (``host_seq_lens``)."""
@@ -83,7 +83,7 @@ class AttentionMetadata:
         """``seq_lens`` on the host: the caller's copy, else read from the tensor."""
         if self.seq_lens_host is not None:
             return list(self.seq_lens_host)
-        return [int(v) for v in self.seq_lens.tolist()]
+        return list(self.seq_lens.tolist())
 
 
 class AttentionBackend(Backend[AttentionRequest]):
