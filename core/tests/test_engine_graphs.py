@@ -5,6 +5,8 @@ steps."""
 from __future__ import annotations
 
 import contextlib
+import re
+import warnings
 from typing import Any
 
 import pytest
@@ -13,7 +15,14 @@ from engine_helpers import save_tiny
 from kernelbay import Policy, Registry
 from kernelbay.engine import LLM, SamplingParams
 from kernelbay.engine import graphs as graphs_module
-from kernelbay.engine.graphs import DecodeGraphs, graphs_enabled, table_width
+from kernelbay.engine.graphs import (
+    MAX_FAILED_BATCHES,
+    DecodeGraphs,
+    capture_failure,
+    graphs_enabled,
+    table_width,
+)
+from kernelbay.testing.capture import simulated_graphs
 
 CORE_ONLY = Registry(Policy(plugins=frozenset()))
 
@@ -41,7 +50,8 @@ def _fake_capture(graphs: DecodeGraphs, made: list[tuple[int, int]]) -> Any:
     def capture(batch: int, width: int, values: tuple[list[Any], ...]) -> Any:
         made.append((batch, width))
         entry = graphs_module._Graph(
-            _Replay(), torch.zeros(batch, dtype=torch.long),
+            _Replay(), torch.arange(batch + 1, dtype=torch.int32),
+            torch.zeros(batch, dtype=torch.long),
             torch.zeros(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.long),
             torch.zeros(batch, dtype=torch.int32), torch.zeros(batch, width, dtype=torch.int32),
             torch.full((batch, 7), float(batch)))
@@ -86,28 +96,57 @@ def test_past_the_graph_limit_the_least_recently_replayed_graph_goes(
     assert list(graphs.graphs) == [(1, 1), (3, 1)] and made == [(1, 1), (2, 1), (3, 1)]
 
 
-def test_a_failed_capture_warns_once_and_leaves_every_step_eager(
+def test_a_failed_capture_warns_once_and_leaves_that_batch_size_eager(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # the capture's own machinery stood in for (no CUDA here): the model raises inside it
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _Replay)
     monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: contextlib.nullcontext())
     graphs = DecodeGraphs(None, [], 16, torch.device("cpu"))
-    step = ([3], [10], [5], [11], [[1]])
+    calls: list[int] = []
+
+    def step(batch: int) -> tuple[list[Any], ...]:
+        return [3] * batch, [10] * batch, [5] * batch, [11] * batch, [[1]] * batch
 
     class Model:
         def __call__(self, ids: torch.Tensor, positions: torch.Tensor, meta: Any) -> Any:
+            calls.append(ids.shape[0])
             raise RuntimeError("operation not permitted when stream is capturing\nmore")
 
         def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
             return hidden
 
     graphs.model = Model()
-    graphs.run(*step)
-    with pytest.warns(RuntimeWarning, match="decode steps run eagerly .* RuntimeError: "
-                                            "operation not permitted"):
-        assert graphs.run(*step) is None
-    assert graphs.off_reason is not None and graphs.graphs == {}
-    assert graphs.run(*step) is None
+    graphs.run(*step(1))
+    with pytest.warns(RuntimeWarning, match="steps of 1 sequences run eagerly .* RuntimeError: "
+                                            "operation not permitted when stream is capturing$"):
+        assert graphs.run(*step(1)) is None
+    assert graphs.failed == {1: "RuntimeError: operation not permitted when stream is capturing"}
+    assert graphs.off_reason is None and graphs.graphs == {} and calls == [1]
+    assert graphs.run(*step(1)) is None and calls == [1]  # that size is not tried again
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one warning per engine, not one per batch size
+        for batch in range(2, MAX_FAILED_BATCHES + 1):
+            graphs.run(*step(batch))
+            assert graphs.run(*step(batch)) is None
+    assert sorted(graphs.failed) == list(range(1, MAX_FAILED_BATCHES + 1))
+    assert graphs.off_reason is not None and graphs.off_reason.startswith(
+        f"{MAX_FAILED_BATCHES} batch sizes failed")
+    assert graphs.run(*step(9)) is None and graphs.run(*step(9)) is None
+    assert 9 not in graphs.failed  # capturing is off: nothing more is tried
+
+
+def test_a_capture_failure_names_the_error_and_the_kernelbay_line_it_came_from() -> None:
+    from kernelbay.engine.transfer import upload_into
+
+    with pytest.raises(RuntimeError) as info:
+        upload_into(torch.zeros(2), [[1.0, 2.0, 3.0]])
+    reason = capture_failure(info.value)
+    assert reason.startswith(type(info.value).__name__ + ": ")
+    assert re.search(r" \(at kernelbay/engine/transfer\.py:\d+ in upload_into\)$", reason), reason
+    # the cause is reported, not the error that ending the invalidated capture raised
+    ended = RuntimeError("capture invalidated")
+    ended.__context__ = ValueError("read a device value\nsecond line")
+    assert capture_failure(ended) == "ValueError: read a device value"
 
 
 def test_table_width_is_the_needed_pages_rounded_to_a_power_of_two_within_capacity() -> None:
@@ -116,54 +155,52 @@ def test_table_width_is_the_needed_pages_rounded_to_a_power_of_two_within_capaci
     assert table_width(1000, 16, 40) == 40 and table_width(0, 16, 5) == 1
 
 
-class _Rerun:
-    """Stands in for a captured graph on the CPU: a replay runs the captured step again and
-    writes its result where the capture's output lives (what a CUDA graph's replay does)."""
-
-    def __init__(self, step: Any, out: torch.Tensor) -> None:
-        self.step, self.out = step, out
-
-    def replay(self) -> None:
-        with torch.inference_mode():
-            self.out.copy_(self.step())
-
-    def pool(self) -> None:
-        return None
-
-
-def _recorder(caches: list[torch.Tensor]) -> Any:
-    """A capture that, like a CUDA one, leaves no trace: the step runs once for its output
-    tensor and the caches it wrote are put back."""
-    def record(step: Any, pool: Any) -> tuple[_Rerun, torch.Tensor]:
-        saved = [c.clone() for c in caches]
-        with torch.inference_mode():
-            out = step()
-            for cache, old in zip(caches, saved, strict=True):
-                cache.copy_(old)
-        return _Rerun(step, out), out
-    return record
-
-
-def test_graph_steps_give_the_eager_tokens_through_the_static_buffers(
-        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The whole engine through the graph path on the CPU (the capture replaced by a rerun
-    of the captured step): the static buffers, the widths growing in powers of two as the
-    contexts grow, the key bound and the missing host lengths give the eager tokens."""
+def test_graph_steps_give_the_eager_tokens_through_the_static_buffers(tmp_path: Any) -> None:
+    """The whole engine through the graph path on the CPU (captures and replays simulated):
+    the static buffers, the widths growing in powers of two as the contexts grow, the key
+    bound and the missing host lengths give the eager tokens."""
     path = save_tiny(str(tmp_path), "llama")
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14]]
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     eager = LLM(path, dtype="float32", registry=CORE_ONLY)
     want = [o.token_ids for o in eager.generate(prompts, params)]
     llm = LLM(path, dtype="float32", registry=CORE_ONLY)
-    graphs = DecodeGraphs(llm.model, llm.cache.caches, llm.cache.page_size, llm.device)
-    llm.runner.graphs = graphs
-    monkeypatch.setattr(graphs_module, "_record", _recorder(llm.cache.caches))
+    graphs = simulated_graphs(llm)
     assert [o.token_ids for o in llm.generate(prompts, params)] == want
-    assert graphs.off_reason is None and graphs.replays > 30
+    assert graphs.failed == {} and graphs.replays > 30
     capacity = -(-(5 + 40) // llm.cache.page_size)
     widths = sorted({w for _, w in graphs.graphs})
     assert len(widths) > 1, widths
     assert all(w <= capacity and (w & (w - 1) == 0 or w == capacity) for w in widths), widths
+
+
+def test_the_demo_moe_and_mla_model_decodes_in_graphs_without_host_reads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The DeepSeek-V3-shaped demo (MLA attention, routed experts) through the graph path on
+    the CPU, its captures simulated (any host read raises): every expert runs on every token
+    there, and the tokens are the eager ones. With fewer experts allowed per routed one, the
+    smallest batch is refused and runs eagerly while larger ones are still captured."""
+    from kernelbay.demo import demo_path
+    from kernelbay.layers import moe
+
+    prompts = ["def main(", "import os\n", "class A:", "x = 1"]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    eager = LLM(demo_path(), dtype="float32", registry=CORE_ONLY)
+    want = [o.token_ids for o in eager.generate(prompts, params)]
+    llm = LLM(demo_path(), dtype="float32", registry=CORE_ONLY)
+    graphs = simulated_graphs(llm)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want
+    assert graphs.failed == {} and graphs.replays > 5
+    # 8 experts, top-2: one token is 2 routed evaluations; 2x allows 4 < 8
+    monkeypatch.setattr(moe, "CAPTURED_EXPERTS_PER_ROUTED", 2)
+    llm = LLM(demo_path(), dtype="float32", registry=CORE_ONLY)
+    graphs = simulated_graphs(llm)
+    with pytest.warns(RuntimeWarning, match=r"steps of 1 sequences run eagerly .*run all 8 "
+                                            r"experts .* \(at kernelbay/layers/moe.py:\d+"):
+        got = [o.token_ids for o in llm.generate(prompts[:1], params)]
+    assert got == want[:1] and set(graphs.failed) == {1} and graphs.graphs == {}
+    assert [o.token_ids for o in llm.generate(prompts[:2], params)] == want[:2]
+    assert set(graphs.failed) == {1} and {b for b, _ in graphs.graphs} == {2}
 
 
 @pytest.mark.gpu
@@ -208,8 +245,8 @@ def test_a_backend_that_syncs_falls_back_to_eager_on_gpu(
     want = [o.token_ids for o in LLM(path, device="cuda", dtype="float32", registry=CORE_ONLY,
                                      cuda_graphs=False).generate(prompts, params)]
     graphed = LLM(path, device="cuda", dtype="float32", registry=CORE_ONLY)
-    with pytest.warns(RuntimeWarning, match="decode steps run eagerly"):
+    with pytest.warns(RuntimeWarning, match="decode steps of 2 sequences run eagerly"):
         got = [o.token_ids for o in graphed.generate(prompts, params)]
     assert got == want
-    assert graphed.runner.graphs is not None and graphed.runner.graphs.off_reason is not None
+    assert graphed.runner.graphs is not None and set(graphed.runner.graphs.failed) == {2}
     assert [o.token_ids for o in graphed.generate(prompts, params)] == want

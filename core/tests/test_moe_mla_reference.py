@@ -229,14 +229,16 @@ def _ragged_batch(backend: TorchMLAAttention, gen: torch.Generator, contexts: li
 
 
 def _plain_mla(query: torch.Tensor, latents: list[torch.Tensor], news: list[int],
-               scale: float) -> torch.Tensor:
+               scale: float, window: int | None = None) -> torch.Tensor:
     outs, start = [], 0
     for latent, new in zip(latents, news, strict=True):
         q = query[start:start + new]
         context = latent.shape[0]
         scores = torch.einsum("lhd,cd->lhc", q, latent) * scale
         q_pos = torch.arange(context - new, context)[:, None, None]
-        scores = scores.masked_fill(torch.arange(context)[None, None, :] > q_pos, float("-inf"))
+        k_pos = torch.arange(context)[None, None, :]
+        hidden = (k_pos > q_pos) | (k_pos <= q_pos - window if window else False)
+        scores = scores.masked_fill(hidden, float("-inf"))
         outs.append(torch.einsum("lhc,cr->lhr", scores.softmax(-1), latent[:, :RANK]))
         start += new
     return torch.cat(outs)
@@ -244,16 +246,31 @@ def _plain_mla(query: torch.Tensor, latents: list[torch.Tensor], news: list[int]
 
 @pytest.mark.parametrize("kv_cache, cache_dtype", [("auto", torch.float32),
                                                    ("bf16", torch.bfloat16)])
-def test_torch_mla_matches_plain_torch(kv_cache: str, cache_dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("contexts, news", [
+    ([7, 20, 11, 1], [7, 1, 3, 1]),  # prefill, decode, chunk, first token
+    ([7, 20, 1, 33], [1, 1, 1, 1]),  # decode only: the batch at once, keys padded
+])
+def test_torch_mla_matches_plain_torch(kv_cache: str, cache_dtype: torch.dtype,
+                                       contexts: list[int], news: list[int]) -> None:
     backend = TorchMLAAttention(mla_request(kv_cache=kv_cache))
     assert TorchMLAAttention.can_implement(backend.request, CPU).accepted
     gen = torch.Generator().manual_seed(2)
-    contexts, news = [7, 20, 11, 1], [7, 1, 3, 1]  # prefill, decode, chunk, first token
     query, cache, meta, latents = _ragged_batch(backend, gen, contexts, news, 24)
     assert cache.dtype == cache_dtype and tuple(cache.shape) == (24, PAGE, RANK + ROPE)
     out = backend.forward(query, cache, meta, 0.3)
     assert out.shape == (sum(news), HEADS, RANK) and out.dtype == query.dtype
     torch.testing.assert_close(out, _plain_mla(query, latents, news, 0.3), rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("news", [[1, 1, 1, 1], [1, 4, 1, 2]])
+def test_torch_mla_sliding_window_matches_plain_torch(news: list[int]) -> None:
+    backend = TorchMLAAttention(mla_request(sliding_window=5))
+    gen = torch.Generator().manual_seed(3)
+    contexts = [7, 20, 1, 33]
+    query, cache, meta, latents = _ragged_batch(backend, gen, contexts, news, 24)
+    torch.testing.assert_close(backend.forward(query, cache, meta, 0.3),
+                               _plain_mla(query, latents, news, 0.3, window=5), rtol=1e-5,
                                atol=1e-5)
 
 

@@ -79,16 +79,19 @@ def _causal(n: int, q_len: int) -> torch.Tensor:
 
 
 LENGTHS, NEW = [1, 9, 40, 130, 17], [1, 9, 1, 6, 3]   # decode, prefill, chunked continuations
+# One new token each: the batch is attended at once, keys padded to the longest and masked.
+DECODE = [1] * len(LENGTHS)
 
 
 @pytest.mark.parametrize("page", [16, 5])
-def test_bf16_records_equal_plain_mla(page: int) -> None:
-    paged = _paged("bf16", LENGTHS, NEW, heads=4, page=page, seed=page)
+@pytest.mark.parametrize("new", [NEW, DECODE], ids=["mixed", "decode"])
+def test_bf16_records_equal_plain_mla(page: int, new: list[int]) -> None:
+    paged = _paged("bf16", LENGTHS, new, heads=4, page=page, seed=page)
     scale = 192 ** -0.5
     out = paged.backend.forward(paged.query, paged.cache, paged.meta, scale)
-    assert out.shape == (sum(NEW), 4, 512) and out.dtype == torch.float32
+    assert out.shape == (sum(new), 4, 512) and out.dtype == torch.float32
     start = 0
-    for b, (n, q_len) in enumerate(zip(LENGTHS, NEW, strict=True)):
+    for b, (n, q_len) in enumerate(zip(LENGTHS, new, strict=True)):
         exact = paged.latents[b].bfloat16().float()            # what a bf16 record holds
         ref = plain_mla(paged.queries[b], exact, 512, scale, _causal(n, q_len))
         torch.testing.assert_close(out[start:start + q_len].double(), ref, rtol=1e-5,
@@ -97,7 +100,8 @@ def test_bf16_records_equal_plain_mla(page: int) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_quantized_records_within_the_format_bound(kind: str) -> None:
+@pytest.mark.parametrize("new", [NEW, DECODE], ids=["mixed", "decode"])
+def test_quantized_records_within_the_format_bound(kind: str, new: list[int]) -> None:
     """Attention over quantized records stays within a bound derived from the format.
 
     With E_j the per-element record bound of context token j (_bounds.py:
@@ -110,11 +114,11 @@ def test_quantized_records_within_the_format_bound(kind: str) -> None:
     """
     record = RECORDS[kind]
     rank = record.kv_lora_rank
-    paged = _paged(kind, LENGTHS, NEW, heads=3, page=16, seed=len(kind))
+    paged = _paged(kind, LENGTHS, new, heads=3, page=16, seed=len(kind))
     scale = 192 ** -0.5
     out = paged.backend.forward(paged.query, paged.cache, paged.meta, scale).double()
     start = 0
-    for b, (n, q_len) in enumerate(zip(LENGTHS, NEW, strict=True)):
+    for b, (n, q_len) in enumerate(zip(LENGTHS, new, strict=True)):
         x, q = paged.latents[b], paged.queries[b]
         allowed = _causal(n, q_len)
         got = out[start:start + q_len]
@@ -136,8 +140,9 @@ def test_quantized_records_within_the_format_bound(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("splits", [2, 3, 8, 200])
-def test_split_kv_equals_unsplit(kind: str, splits: int) -> None:
-    paged = _paged(kind, LENGTHS, NEW, heads=2, page=8, seed=splits)
+@pytest.mark.parametrize("new", [NEW, DECODE], ids=["mixed", "decode"])
+def test_split_kv_equals_unsplit(kind: str, splits: int, new: list[int]) -> None:
+    paged = _paged(kind, LENGTHS, new, heads=2, page=8, seed=splits)
     scale = 0.1
     out, lse = paged.backend.forward_with_lse(paged.query, paged.cache, paged.meta, scale)
     out_s, lse_s = paged.backend.forward_with_lse(paged.query, paged.cache, paged.meta, scale,
@@ -196,8 +201,9 @@ def test_sparse_topk_attends_to_the_chosen_positions_only(kind: str) -> None:
                               topk_indices=torch.full((5, 2), 30, dtype=torch.int32))
 
 
-def test_sliding_window() -> None:
-    lengths, new = [20, 7], [5, 7]
+@pytest.mark.parametrize("new", [[5, 7], [1, 1]], ids=["mixed", "decode"])
+def test_sliding_window(new: list[int]) -> None:
+    lengths = [20, 7]
     paged = _paged("bf16", lengths, new, heads=2, page=4, seed=9, window=4)
     out = paged.backend.forward(paged.query, paged.cache, paged.meta, 0.3, num_splits=3)
     start = 0

@@ -62,3 +62,22 @@ def test_demo_on_gpu_uses_the_triton_kernels(kind: str, bf16_bits: float) -> Non
     assert abs(bits - bf16_bits) <= 0.02 * bf16_bits, (kind, bits, bf16_bits)
     outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=16))
     assert all(len(o.token_ids) == 16 for o in outputs)
+    # decode steps replayed from CUDA graphs: the kernels and the MoE routing capture
+    graphs = llm.runner.graphs
+    assert graphs is not None and graphs.failed == {} and graphs.replays > 0
+
+
+@pytest.mark.parametrize("kind", ["bf16", "mxfp8"])
+def test_decode_steps_can_be_captured_with_each_record_kind(kind: str) -> None:
+    """Decode steps through the engine's CUDA-graph path, captures simulated on the CPU (a
+    host read would raise): the records' batched decode reads no length on the host, and
+    the tokens are the eager ones."""
+    from kernelbay.testing.capture import simulated_graphs
+
+    params = SamplingParams(max_tokens=12)
+    want = [o.token_ids for o in LLM(demo_path(), kv_cache=kind, device="cpu",
+                                     dtype="float32").generate(PROMPTS, params)]
+    llm = LLM(demo_path(), kv_cache=kind, device="cpu", dtype="float32")
+    graphs = simulated_graphs(llm)
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == want
+    assert graphs.failed == {} and graphs.replays > 5

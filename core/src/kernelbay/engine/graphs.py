@@ -11,16 +11,20 @@ twice that context, not to every page a request reserved; attention sees that ca
 key bound (``AttentionMetadata.max_seq_len``) and no host lengths, which change at every
 replay.
 
-A model or backend that cannot be captured (it reads a device value on the host, as the MoE
-reference's expert loop does, or runs a collective the capture cannot hold) fails the capture;
-the engine then warns once and runs eagerly for the rest of its life. ``KERNELBAY_CUDA_GRAPHS=0``
-(or ``LLM(cuda_graphs=False)``) never captures.
+A model or backend that cannot be captured (it reads a device value on the host, or runs a
+collective the capture cannot hold) fails the capture. The engine warns once, naming the
+error and the line of the model or backend that raised it, and runs that batch size eagerly
+from then on; other batch sizes still try (a layer may refuse only some: the MoE layers decline
+batches so small that running every expert would cost far more than the routed ones). After
+``MAX_FAILED_BATCHES`` batch sizes have failed, the engine stops capturing.
+``KERNELBAY_CUDA_GRAPHS=0`` (or ``LLM(cuda_graphs=False)``) never captures.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import traceback
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
@@ -29,15 +33,18 @@ from typing import Any
 
 import torch
 
+from kernelbay.capture import capturable_paths, kernelbay_line
 from kernelbay.engine.modules import ForwardMeta
 from kernelbay.engine.transfer import upload_into
 from kernelbay.layers import AttentionMetadata
 
-__all__ = ["DecodeGraphs", "graphs_enabled", "table_width"]
+__all__ = ["DecodeGraphs", "capture_failure", "graphs_enabled", "table_width"]
 
 #: Most graphs one engine keeps (each holds its input buffers; memory comes from one pool);
 #: past it the least recently replayed one is dropped.
 MAX_GRAPHS = 32
+#: Batch sizes whose capture may fail (each then runs eagerly) before capturing stops.
+MAX_FAILED_BATCHES = 4
 
 
 def graphs_enabled(device: torch.device) -> bool:
@@ -57,6 +64,9 @@ class _Graph:
     """One captured decode step and the buffers it reads and writes."""
 
     graph: Any  # torch.cuda.CUDAGraph (None until captured)
+    # Every tensor the captured step reads is held here: the graph reads them by address,
+    # so one freed after the capture would be read as whatever reuses its memory.
+    starts: torch.Tensor
     ids: torch.Tensor
     positions: torch.Tensor
     slots: torch.Tensor
@@ -72,6 +82,16 @@ def table_width(longest: int, page_size: int, capacity: int) -> int:
     to every page a request reserved for its ``max_tokens``, with one graph per power of two."""
     need = max(1, -(-longest // page_size))
     return min(capacity, 1 << (need - 1).bit_length())
+
+
+def capture_failure(exc: BaseException) -> str:
+    """Why a capture failed, for an operator: the error that broke it (not the error of
+    ending the capture it invalidated) and the innermost line of kernelbay code (core or
+    plugin) it came from, ``file:line in function``."""
+    cause = exc.__context__ if isinstance(exc.__context__, Exception) else exc
+    text = f"{type(cause).__name__}: {str(cause).splitlines()[0][:200] if str(cause) else ''}"
+    where = kernelbay_line(traceback.extract_tb(cause.__traceback__))
+    return f"{text} (at {where})" if where and where not in text else text
 
 
 def _record(step: Callable[[], torch.Tensor], pool: Any) -> tuple[Any, torch.Tensor]:
@@ -103,15 +123,22 @@ class DecodeGraphs:
     """The CUDA graphs of one engine's decode steps (see the module doc)."""
 
     def __init__(self, model: Any, caches: list[torch.Tensor], page_size: int,
-                 device: torch.device) -> None:
+                 device: torch.device,
+                 record: Callable[[Callable[[], torch.Tensor], Any],
+                                  tuple[Any, torch.Tensor]] | None = None) -> None:
         self.model = model
+        #: ``record(step, pool) -> (graph, output)``: a CUDA graph capture, or a simulated one
+        #: (``kernelbay.testing.simulated_graphs``).
+        self.record = record or _record
         self.caches = caches
         self.page_size = page_size
         self.device = device
         #: Captured graphs, least recently replayed first.
         self.graphs: OrderedDict[tuple[int, int], _Graph] = OrderedDict()
         self.seen: set[tuple[int, int]] = set()
-        #: Why capturing stopped (a failed capture), or ``None``.
+        #: Batch sizes that failed to capture (run eagerly), with why.
+        self.failed: dict[int, str] = {}
+        #: Why capturing stopped (``MAX_FAILED_BATCHES`` failures), or ``None``.
         self.off_reason: str | None = None
         self.replays = 0
         self._pool: Any = None
@@ -122,7 +149,7 @@ class DecodeGraphs:
         its graph, captured now if this shape ran once before; ``None`` when the caller
         should run the step eagerly (a shape seen for the first time, too many graphs,
         capturing off). The graph sees the first ``table_width`` columns of ``tables``."""
-        if self.off_reason is not None:
+        if self.off_reason is not None or len(ids) in self.failed:
             return None
         width = table_width(max(lengths), self.page_size, len(tables[0]))
         tables = [row[:width] for row in tables]
@@ -154,15 +181,18 @@ class DecodeGraphs:
         holding ``values`` (the step's ids, positions, slots, lengths and tables) and the step
         run once eagerly on them first, so that everything the graph launches is built and
         loaded in exactly its shapes (the step's cache writes then happen twice, with the same
-        values); ``None`` (and capturing off, with a warning) when it cannot be captured."""
+        values), its layers taking their capturable paths (``kernelbay.capture``); ``None``
+        (that batch size eager from now, with a warning the first time)
+        when it cannot be captured."""
         dev = self.device
         ids = torch.zeros(batch, dtype=torch.long, device=dev)
         positions = torch.zeros(batch, dtype=torch.long, device=dev)
         slots = torch.zeros(batch, dtype=torch.long, device=dev)
         lengths = torch.ones(batch, dtype=torch.int32, device=dev)
         tables = torch.zeros(batch, width, dtype=torch.int32, device=dev)
-        starts = torch.arange(batch + 1, dtype=torch.int32, device=dev)
-        meta = ForwardMeta(AttentionMetadata(starts, lengths, tables, slots,
+        entry = _Graph(None, torch.arange(batch + 1, dtype=torch.int32, device=dev), ids,
+                       positions, slots, lengths, tables, torch.empty(0))
+        meta = ForwardMeta(AttentionMetadata(entry.starts, lengths, tables, slots,
                                               query_start_host=tuple(range(batch + 1)),
                                               max_seq_len=width * self.page_size),
                            self.caches)
@@ -172,21 +202,23 @@ class DecodeGraphs:
             logits: torch.Tensor = self.model.compute_logits(hidden)
             return logits
 
-        entry = _Graph(None, ids, positions, slots, lengths, tables, torch.empty(0))
         _fill_step(entry, *values)
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), capturable_paths():  # what the capture will run
                 step()
-            entry.graph, entry.logits = _record(step, self._pool)
-        except Exception as exc:  # a model or backend that cannot be captured: eager from now
-            # the cause, not the error of ending the capture it invalidated
-            cause = exc.__context__ if isinstance(exc.__context__, Exception) else exc
-            self.off_reason = f"{type(cause).__name__}: {str(cause).splitlines()[0][:200]}"
+            entry.graph, entry.logits = self.record(step, self._pool)
+        except Exception as exc:  # a model or backend that cannot be captured: eager
+            reason = capture_failure(exc)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
-            warnings.warn(f"kernelbay: decode steps run eagerly (no CUDA graph): capturing a "
-                          f"step of {batch} sequences failed: {self.off_reason}",
-                          RuntimeWarning, stacklevel=4)
+            if not self.failed:
+                warnings.warn(f"kernelbay: decode steps of {batch} sequences run eagerly (no "
+                              f"CUDA graph): capturing one failed: {reason}",
+                              RuntimeWarning, stacklevel=4)
+            self.failed[batch] = reason
+            if len(self.failed) >= MAX_FAILED_BATCHES:
+                self.off_reason = (f"{len(self.failed)} batch sizes failed to capture, the "
+                                   f"last: {reason}")
             return None
         self._pool = entry.graph.pool()
         return entry

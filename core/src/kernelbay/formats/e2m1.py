@@ -30,6 +30,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kernelbay.capture import is_capturing
+
 __all__ = [
     "E2M1_MAX",
     "decode_e2m1",
@@ -69,10 +71,11 @@ def encode_e2m1(x: Tensor) -> Tensor:
 def decode_e2m1(codes: Tensor) -> Tensor:
     """Map E2M1 codes (uint8 in 0..15) to their float32 values; code 8 is ``-0.0``."""
     _check_codes(codes, "decode_e2m1")
-    table = torch.tensor(
-        list(_VALUES) + [-v for v in _VALUES], dtype=torch.float32, device=codes.device
-    )
-    return table[codes.long()]
+    # From the bits (s eem), not a table: a table would be copied to the device at each call.
+    c = codes.to(torch.int32)
+    exp, man = (c >> 1) & 3, (c & 1).to(torch.float32)
+    mag = torch.where(exp == 0, man * 0.5, torch.exp2((exp - 1).to(torch.float32)) * (1 + man * 0.5))
+    return torch.where((c & 8) != 0, -mag, mag)
 
 
 def pack_e2m1(codes: Tensor) -> Tensor:
@@ -103,5 +106,5 @@ def unpack_e2m1(packed: Tensor) -> Tensor:
 def _check_codes(codes: Tensor, who: str) -> None:
     if codes.dtype != torch.uint8:
         raise TypeError(f"{who} wants uint8 codes, got dtype {codes.dtype}")
-    if codes.numel() and int(codes.max()) > 15:
+    if codes.numel() and not is_capturing(codes) and int(codes.max()) > 15:
         raise ValueError(f"{who}: codes must be in 0..15, got a maximum of {int(codes.max())}")

@@ -64,21 +64,67 @@ _FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 _FP8_SCHEMES = ("fp8", "fp8-block")
 
 
+#: A captured decode step runs every expert on every token (the routing cannot be read on the
+#: host while a CUDA graph is captured); it refuses (the step stays eager) when that is more
+#: than this many times the routed work, ``tokens x top-k`` expert evaluations.
+CAPTURED_EXPERTS_PER_ROUTED = 8
+
+
 def combine_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                     out_features: int,
-                    expert_fn: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                    expert_fn: Callable[[int, torch.Tensor], torch.Tensor], *,
+                    num_experts: int | None = None) -> torch.Tensor:
     """``sum_k topk_weights[t, k] * expert_fn(topk_ids[t, k], ...)[t]``: the routing every MoE
     method shares. ``expert_fn(expert, tokens)`` computes that expert's output rows for the
-    token indices ``tokens`` (called once per expert any token routes to); the weighted sum
-    is accumulated in float32 and returned [T, out_features] in ``x``'s dtype."""
+    token indices ``tokens``; the weighted sum is accumulated in float32, expert by expert in
+    ascending order, and returned [T, out_features] in ``x``'s dtype.
+
+    Eagerly, ``expert_fn`` is called once per expert some token routes to, with those tokens
+    (which experts these are is read on the host). While a CUDA graph is being captured that
+    read is impossible, so every one of the layer's ``num_experts`` experts is called with
+    every token and the rows not routed to it get weight zero: give ``num_experts`` to be
+    capturable. A capture with more than ``CAPTURED_EXPERTS_PER_ROUTED`` times the routed
+    work raises, so that step runs eagerly."""
     import torch
 
+    from kernelbay.capture import is_capturing
+
+    if is_capturing(x):
+        return _every_expert(x, topk_ids, topk_weights, out_features, expert_fn, num_experts)
     out = torch.zeros(x.shape[0], out_features, dtype=torch.float32, device=x.device)
     ids = topk_ids.long()
     for expert in torch.unique(ids).tolist():
         tokens, slots = torch.where(ids == expert)
         y = expert_fn(int(expert), tokens)
         out.index_add_(0, tokens, y.float() * topk_weights[tokens, slots, None].float())
+    return out.to(x.dtype)
+
+
+def _every_expert(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                  out_features: int, expert_fn: Callable[[int, torch.Tensor], torch.Tensor],
+                  num_experts: int | None) -> torch.Tensor:
+    """``combine_experts`` without reading the routing on the host: each expert on all tokens,
+    the rows not routed to it masked out (``where``, so that a row's inf or NaN from an expert
+    it does not use cannot reach it)."""
+    import torch
+
+    if num_experts is None:
+        raise RuntimeError("combine_experts: capturing a CUDA graph needs num_experts (every "
+                           "expert runs on every token); the caller gave none")
+    routed = topk_ids.numel()
+    if num_experts > CAPTURED_EXPERTS_PER_ROUTED * routed:
+        raise RuntimeError(f"combine_experts: a captured step would run all {num_experts} "
+                           f"experts on {x.shape[0]} tokens, more than "
+                           f"{CAPTURED_EXPERTS_PER_ROUTED}x the {routed} routed expert "
+                           f"evaluations; steps this small run eagerly")
+    out = torch.zeros(x.shape[0], out_features, dtype=torch.float32, device=x.device)
+    ids = topk_ids.long()
+    tokens = torch.arange(x.shape[0], device=x.device)
+    for expert in range(num_experts):
+        hit = ids == expert
+        weight = torch.where(hit, topk_weights.float(), 0.0).sum(-1, keepdim=True)
+        y = expert_fn(expert, tokens)
+        out += torch.where(hit.any(-1, keepdim=True), y.float() * weight, 0.0)
     return out.to(x.dtype)
 
 
@@ -102,7 +148,8 @@ def swiglu_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.
     def expert_mlp(expert: int, tokens: torch.Tensor) -> torch.Tensor:
         return matmul(swiglu(matmul(x[tokens], w13[expert])), w2[expert])
 
-    return combine_experts(x, topk_ids, topk_weights, w2.shape[1], expert_mlp)
+    return combine_experts(x, topk_ids, topk_weights, w2.shape[1], expert_mlp,
+                           num_experts=w2.shape[0])
 
 
 def expert_tensor(expert: int, projection: str, tensor: str = "weight") -> str:

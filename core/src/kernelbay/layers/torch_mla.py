@@ -13,6 +13,7 @@ The caller applies the value up-projection (W_UV) to ``out``.
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, ClassVar
 
 from kernelbay._version import PLUGIN_API_VERSION
@@ -108,8 +109,10 @@ class TorchMLAAttention(AttentionBackend):
 
         r = self.request
         rank = r.kv_lora_rank or 0
-        out = query.new_zeros(query.shape[0], query.shape[1], rank)
         starts = metadata.host_query_starts()
+        if len(starts) > 1 and all(b - a == 1 for a, b in itertools.pairwise(starts)):
+            return self._decode(query, cache, metadata, scale)
+        out = query.new_zeros(query.shape[0], query.shape[1], rank)
         for b, context in enumerate(metadata.host_seq_lens()):
             q = query[starts[b]:starts[b + 1]].float()                 # [L, H, D]
             num_new = q.shape[0]
@@ -127,3 +130,25 @@ class TorchMLAAttention(AttentionBackend):
             out[starts[b]:starts[b + 1]] = torch.einsum("hlc,cr->lhr", probs,
                                                         latent[:, :rank]).to(out.dtype)
         return out
+
+    def _decode(self, query: torch.Tensor, cache: torch.Tensor, metadata: AttentionMetadata,
+                scale: float) -> torch.Tensor:
+        """One new token per sequence: the whole batch at once, keys padded to the bound on
+        the longest context (``seq_len_bound``) and masked, so no length is read on the host
+        (and the step can be captured in a CUDA graph)."""
+        import torch
+
+        r = self.request
+        rank = r.kv_lora_rank or 0
+        batch = query.shape[0]
+        lengths = metadata.seq_lens.long()
+        context = min(metadata.seq_len_bound(), metadata.block_tables.shape[1] * r.page_size)
+        pages = metadata.block_tables[:, :-(-context // r.page_size)].long()
+        latent = cache[pages].reshape(batch, -1, self.latent_dim)[:, :context].float()
+        scores = torch.einsum("bhd,bcd->bhc", query.float(), latent) * scale  # [B, H, C]
+        k_pos = torch.arange(context, device=query.device)[None, :]
+        allowed = k_pos < lengths[:, None]
+        if r.sliding_window is not None:
+            allowed &= k_pos >= lengths[:, None] - r.sliding_window
+        probs = torch.softmax(scores.masked_fill(~allowed[:, None, :], float("-inf")), dim=-1)
+        return torch.einsum("bhc,bcr->bhr", probs, latent[..., :rank]).to(query.dtype)

@@ -97,6 +97,9 @@ def mla_attention(query: Tensor, cache: Tensor, record: MLARecord, page_size: in
     out = torch.zeros(num_tokens, heads, rank, dtype=query.dtype, device=query.device)
     lse_out = torch.full((num_tokens, heads), float("-inf"), device=query.device)
     starts = metadata.host_query_starts()
+    if topk_indices is None and len(starts) > 1 and all(
+            b - a == 1 for a, b in itertools.pairwise(starts)):
+        return _decode_batch(query, tokens, record, page_size, metadata, scale, sliding_window)
     lengths = metadata.host_seq_lens()
     for b, context in enumerate(lengths):
         begin, end = starts[b], starts[b + 1]
@@ -125,6 +128,31 @@ def mla_attention(query: Tensor, cache: Tensor, record: MLARecord, page_size: in
         out[begin:end] = o.to(out.dtype)
         lse_out[begin:end] = lse
     return out, lse_out
+
+
+def _decode_batch(query: Tensor, tokens: Tensor, record: MLARecord, page_size: int,
+                  metadata: AttentionMetadata, scale: float,
+                  sliding_window: int | None) -> tuple[Tensor, Tensor]:
+    """``mla_attention`` of one new token per sequence, the whole batch at once: keys padded
+    to the bound on the longest context (``seq_len_bound``) and masked, so no length is read
+    on the host (the step can be captured in a CUDA graph). One pass over the keys: a split
+    combine equals it up to rounding."""
+    batch = query.shape[0]
+    lengths = metadata.seq_lens.long()
+    context = min(metadata.seq_len_bound(), metadata.block_tables.shape[1] * page_size)
+    pages = metadata.block_tables[:, :-(-context // page_size)].long()
+    latent = decode_records(record, tokens[pages].reshape(batch, -1, record.bytes_per_token)
+                            [:, :context])                               # [B, C, dim] float32
+    scores = torch.einsum("bhd,bcd->bhc", query.float(), latent) * scale
+    k_pos = torch.arange(context, device=query.device)[None, :]
+    allowed = k_pos < lengths[:, None]
+    if sliding_window is not None:
+        allowed &= k_pos >= lengths[:, None] - sliding_window
+    masked = scores.masked_fill(~allowed[:, None, :], float("-inf"))
+    lse = torch.logsumexp(masked, dim=-1)                                # [B, H]
+    probs = torch.exp(masked - torch.where(torch.isfinite(lse), lse, 0.0).unsqueeze(-1))
+    out = torch.einsum("bhc,bcr->bhr", probs, latent[..., :record.kv_lora_rank])
+    return out.to(query.dtype), lse
 
 
 def _split_bounds(context: int, num_splits: int) -> list[int]:

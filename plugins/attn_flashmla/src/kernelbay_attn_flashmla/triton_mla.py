@@ -198,8 +198,10 @@ def _token_tables(metadata: AttentionMetadata, num_tokens: int,
                   sliding_window: int | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per query token: its sequence, its causal key count (position + 1) and first key;
     and the block table as contiguous int32 (cached for the most recent metadata object:
-    made once per step, not once per layer)."""
-    key = (num_tokens, sliding_window)
+    made once per step, not once per layer). Tables made outside a CUDA graph capture are
+    not reused inside one (nor the reverse): a graph must compute its own from its buffers,
+    or every replay would read the tables of the step it was captured after."""
+    key = (num_tokens, sliding_window, torch.cuda.is_current_stream_capturing())
     if _LAST.get("metadata") is metadata and _LAST.get("key") == key:
         return _LAST["tables"]  # type: ignore[return-value]
     tables = (*_compute_tables(metadata, num_tokens, sliding_window),

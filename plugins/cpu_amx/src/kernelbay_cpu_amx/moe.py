@@ -196,4 +196,5 @@ class CpuFp8MoE(TorchFp8MoE):
             gate_up = kernels.linear(gate_up_op, x[tokens])
             return kernels.linear(down_op, swiglu(gate_up))
 
-        return combine_experts(x, topk_ids, topk_weights, self.hidden_size, expert_mlp)
+        return combine_experts(x, topk_ids, topk_weights, self.hidden_size, expert_mlp,
+                               num_experts=self.num_experts)

@@ -128,4 +128,5 @@ class Mxfp4MoEEmulation(MoEMethod):
                 h = fake_quantize_mx(h, elem, rule)
             return F.linear(h, w2[expert])
 
-        return combine_experts(x, topk_ids, topk_weights, w2.shape[1], expert_mlp)
+        return combine_experts(x, topk_ids, topk_weights, w2.shape[1], expert_mlp,
+                               num_experts=self.num_experts)

@@ -131,4 +131,5 @@ class Mxfp4MoETriton(Mxfp4MoEEmulation):
             return mxfp4_gemm(hq, w2[expert], s2[expert], x_scale=hs, out_dtype=torch.float32,
                               scale_max=top2)
 
-        return combine_experts(x, topk_ids, topk_weights, int(w2.shape[1]), expert_mlp)
+        return combine_experts(x, topk_ids, topk_weights, int(w2.shape[1]), expert_mlp,
+                               num_experts=self.num_experts)

@@ -121,7 +121,8 @@ def fused_moe_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: t
         raw2 = _fp4_domain(h_dom) @ dequantize_nvfp4(experts.w2[e], experts.w2_bs[e], one).T
         return raw2 * scales.g2_alphas[e]
 
-    return combine_experts(x, topk_ids, topk_weights, experts.w2.shape[1], expert_mlp)
+    return combine_experts(x, topk_ids, topk_weights, experts.w2.shape[1], expert_mlp,
+                           num_experts=experts.w2.shape[0])
 
 
 class Nvfp4MoETriton(MoEMethod):
@@ -215,4 +216,5 @@ class Nvfp4MoETriton(MoEMethod):
             h = F.silu(gemm("gate_proj", e, xe)) * gemm("up_proj", e, xe)
             return gemm("down_proj", e, h.contiguous())
 
-        return combine_experts(x, topk_ids, topk_weights, self.hidden_size, expert_mlp)
+        return combine_experts(x, topk_ids, topk_weights, self.hidden_size, expert_mlp,
+                               num_experts=self.num_experts)

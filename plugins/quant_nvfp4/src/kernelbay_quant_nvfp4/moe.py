@@ -141,6 +141,8 @@ class Nvfp4MoEEmulation(MoEMethod):
                                torch.stack(scales["up_proj"])], dim=1)
             layer.register_buffer("a13", a13, persistent=False)
             layer.register_buffer("a2", torch.stack(scales["down_proj"]), persistent=False)
+            # decided here, on the host, so a forward reads no scale back (graph captures)
+            self.shared_input_scale: list[bool] = (a13[:, 0] == a13[:, 1]).reshape(-1).tolist()
 
     def apply_moe(self, layer: torch.nn.Module, x: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor) -> torch.Tensor:
@@ -165,9 +167,11 @@ class Nvfp4MoEEmulation(MoEMethod):
             a_gate, a_up = a13[expert, 0], a13[expert, 1]
             x_gate = fake_quantize_nvfp4(xe, a_gate)
             # gate and up usually share one input scale (ModelOpt exports them so).
-            x_up = x_gate if bool(a_gate == a_up) else fake_quantize_nvfp4(xe, a_up)
+            x_up = (x_gate if self.shared_input_scale[expert]
+                    else fake_quantize_nvfp4(xe, a_up))
             h = F.silu(F.linear(x_gate, w_gate)) * F.linear(x_up, w_up)
             a2 = cast("torch.Tensor", layer.a2)
             return F.linear(fake_quantize_nvfp4(h, a2[expert]), w2[expert])
 
-        return combine_experts(x, topk_ids, topk_weights, w2.shape[1], expert_mlp)
+        return combine_experts(x, topk_ids, topk_weights, w2.shape[1], expert_mlp,
+                               num_experts=self.num_experts)
