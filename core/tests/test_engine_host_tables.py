@@ -14,6 +14,7 @@ from kernelbay.engine.transfer import upload, upload_into
 from kernelbay.layers import AttentionMetadata
 from kernelbay.layers.torch_attention import TorchPagedAttention
 from kernelbay.requests import AttentionRequest
+from kernelbay.testing.capture import simulated_capture
 
 CORE_ONLY = Registry(Policy(plugins=frozenset()))
 
@@ -47,11 +48,11 @@ def _metadata(starts: torch.Tensor, lengths: list[int], page: int) -> AttentionM
 
 
 @pytest.mark.parametrize("new", [[1, 1, 1], [2, 1, 3]])
-def test_torch_attention_takes_the_host_starts_without_reading_the_tensor(
+def test_torch_attention_takes_the_host_copies_without_reading_the_tensors(
         new: list[int]) -> None:
-    """Decode and mixed batches give the same output whether the query starts are read from
-    the tensor or from the host copy, and with the host copy the tensor is never read (a
-    meta tensor, which has no values, stands in for it)."""
+    """Decode and mixed batches give the same output whether the query starts and lengths
+    are read from the tensors or from the host copies, and with the host copies nothing is
+    read back to the host (a simulated capture raises on any such read)."""
     request = AttentionRequest("gqa", 4, 2, 8, page_size=4)
     backend = TorchPagedAttention(request)
     cache = torch.randn(12, 2, 4, 2, 8)
@@ -63,11 +64,12 @@ def test_torch_attention_takes_the_host_starts_without_reading_the_tensor(
         starts.append(starts[-1] + n)
     plain = _metadata(torch.tensor(starts, dtype=torch.int32), lengths, 4)
     want = backend.forward(query, cache, plain, 0.3)
-    hosted = _metadata(torch.empty(len(starts), dtype=torch.int32, device="meta"), lengths, 4)
+    hosted = _metadata(torch.tensor(starts, dtype=torch.int32), lengths, 4)
     hosted.query_start_host = tuple(starts)
     hosted.seq_lens_host = tuple(lengths)
-    torch.testing.assert_close(backend.forward(query, cache, hosted, 0.3), want,
-                               rtol=0, atol=0)
+    with simulated_capture():
+        got = backend.forward(query, cache, hosted, 0.3)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_upload_gives_the_values_with_the_dtype() -> None:

@@ -45,12 +45,12 @@ def test_row_parallel_bias_is_added_on_rank_zero_only() -> None:
 
 
 def _paged_setup(lengths: list[int], new: list[int], heads: int, kv_heads: int, dim: int,
-                 page: int, seed: int) -> tuple[TorchPagedAttention, torch.Tensor, torch.Tensor,
+                 page: int, seed: int, window: int | None = None) -> tuple[TorchPagedAttention, torch.Tensor, torch.Tensor,
                                                AttentionMetadata, list[torch.Tensor],
                                                list[torch.Tensor], list[torch.Tensor]]:
     gen = torch.Generator().manual_seed(seed)
     request = AttentionRequest("gqa" if kv_heads < heads else "mha", heads, kv_heads, dim,
-                               dtype="float32", page_size=page)
+                               dtype="float32", page_size=page, sliding_window=window)
     backend = TorchPagedAttention(request)
     pages_per_seq = [math.ceil(n / page) for n in lengths]
     total_pages = sum(pages_per_seq) + 3
@@ -78,20 +78,31 @@ def _paged_setup(lengths: list[int], new: list[int], heads: int, kv_heads: int, 
 
 
 @pytest.mark.parametrize("new", [[1, 7, 1, 5],     # a decode, a prefill, chunked continuations
-                                 [1, 1, 1, 1]])    # a pure decode batch (the batched path)
+                                 [1, 1, 1, 1],     # a pure decode batch (the batched path)
+                                 [2, 0, 33, 3]])   # a sequence with no new token
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (8, 2), (6, 1)])
-def test_paged_attention_matches_sdpa_for_prefill_and_decode(heads: int, kv_heads: int,
-                                                            new: list[int]) -> None:
-    lengths = [1, 7, 33, 16]
+@pytest.mark.parametrize("budget", [None, 1, 60_000], ids=["one-group", "singles", "pairs"])
+@pytest.mark.parametrize("window", [None, 5])
+def test_paged_attention_matches_sdpa_for_prefill_and_decode(
+        heads: int, kv_heads: int, new: list[int], budget: int | None, window: int | None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Against SDPA per sequence; mixed batches are attended in groups of sequences (padded,
+    masked) as large as the score budget allows: all at once, one by one, or in between."""
+    from kernelbay.layers import torch_attention
+
+    if budget is not None:
+        monkeypatch.setattr(torch_attention, "VARLEN_SCORE_BYTES", budget)
+    lengths = [2, 7, 33, 16]
     backend, cache, query, meta, keys, values, queries = _paged_setup(
-        lengths, new, heads, kv_heads, 16, 8, seed=heads)
+        lengths, new, heads, kv_heads, 16, 8, seed=heads, window=window)
     out = backend.forward(query, cache, meta, scale=16 ** -0.5)
     start = 0
     for b, (n, q_len) in enumerate(zip(lengths, new, strict=True)):
         q = queries[b].transpose(0, 1)                                     # [H, L, D]
         k = keys[b].repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
         v = values[b].repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
-        mask = torch.arange(n)[None, :] <= torch.arange(n - q_len, n)[:, None]
+        k_pos, q_pos = torch.arange(n)[None, :], torch.arange(n - q_len, n)[:, None]
+        mask = (k_pos <= q_pos) & (k_pos > q_pos - window if window else True)
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=16 ** -0.5)
         torch.testing.assert_close(out[start:start + q_len], ref.transpose(0, 1),
                                    rtol=1e-5, atol=1e-5)

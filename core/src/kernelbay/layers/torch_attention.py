@@ -118,33 +118,108 @@ class TorchPagedAttention(AttentionBackend):
 
     def _varlen(self, query: torch.Tensor, cache: torch.Tensor, metadata: AttentionMetadata,
                 scale: float, starts: list[int]) -> torch.Tensor:
-        """Any mix of prefill and decode: one sequence at a time."""
+        """Any mix of prefill and decode: sequences in groups, each group at once with its
+        queries padded to its most new tokens and its keys to its longest context (masked),
+        a group as large as keeps its float32 scores within ``VARLEN_SCORE_BYTES``."""
+        import torch
+
+        r = self.request
+        out = torch.empty_like(query)
+        lengths = metadata.host_seq_lens()
+        counts = [b - a for a, b in pairwise(starts)]
+        qsl = seq_of = None
+        for first, last in _groups(counts, lengths, r.num_heads):
+            lo, hi = starts[first], starts[last]
+            if lo == hi:
+                continue
+            if last - first == 1:  # nothing to pad
+                out[lo:hi] = self._one(query[lo:hi], cache, metadata, scale, first,
+                                       lengths[first])
+                continue
+            if qsl is None or seq_of is None:  # each query token's sequence, on the device
+                qsl = metadata.query_start_loc.long()
+                seq_of = torch.repeat_interleave(torch.arange(len(counts), device=query.device),
+                                                 qsl[1:] - qsl[:-1], output_size=query.shape[0])
+            out[lo:hi] = self._group(query[lo:hi], cache, metadata, scale,
+                                     seq_of[lo:hi] - first, qsl[first:last + 1] - lo,
+                                     range(first, last), max(counts[first:last]),
+                                     max(lengths[first:last]))
+        return out
+
+    def _one(self, query: torch.Tensor, cache: torch.Tensor, metadata: AttentionMetadata,
+             scale: float, seq: int, context: int) -> torch.Tensor:
+        """Attention of the new tokens of sequence ``seq`` ([L, H, D]) over its ``context``
+        keys, in float32."""
+        import torch
+
+        r = self.request
+        num_new, group = query.shape[0], r.num_heads // r.num_kv_heads
+        q = query.float().view(num_new, r.num_kv_heads, group, r.head_dim)
+        pages = metadata.block_tables[seq, :-(-context // r.page_size)].long()
+        kv = cache[pages].float()                                 # [P, 2, S, Hkv, D]
+        k = kv[:, 0].reshape(-1, r.num_kv_heads, r.head_dim)[:context]
+        v = kv[:, 1].reshape(-1, r.num_kv_heads, r.head_dim)[:context]
+        scores = torch.einsum("lkgd,ckd->kglc", q, k) * scale     # [Hkv, G, L, C]
+        q_pos = torch.arange(context - num_new, context, device=q.device)[:, None]
+        k_pos = torch.arange(context, device=q.device)[None, :]
+        allowed = k_pos <= q_pos
+        if r.sliding_window is not None:
+            allowed &= k_pos > q_pos - r.sliding_window
+        probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+        o = torch.einsum("kglc,ckd->lkgd", probs, v)
+        return o.reshape(num_new, r.num_heads, r.head_dim).to(query.dtype)
+
+    def _group(self, query: torch.Tensor, cache: torch.Tensor, metadata: AttentionMetadata,
+               scale: float, seq_of: torch.Tensor, qsl: torch.Tensor, seqs: range,
+               width: int, context: int) -> torch.Tensor:
+        """Attention of the query tokens of sequences ``seqs`` ([T, H, D], ``seq_of`` each
+        token's sequence within the group, ``qsl`` the group's query starts from 0): padded
+        to ``width`` queries and ``context`` keys per sequence, masked, in float32."""
         import torch
 
         r = self.request
         group = r.num_heads // r.num_kv_heads
-        out = torch.empty_like(query)
-        lengths = metadata.host_seq_lens()
-        for b, context in enumerate(lengths):
-            num_new = starts[b + 1] - starts[b]
-            if num_new == 0:
-                continue
-            q = query[starts[b]:starts[b + 1]].float().view(num_new, r.num_kv_heads, group,
-                                                              r.head_dim)
-            num_pages = -(-context // r.page_size)
-            pages = metadata.block_tables[b, :num_pages].long()
-            kv = cache[pages].float()                             # [P, 2, S, Hkv, D]
-            k = kv[:, 0].reshape(-1, r.num_kv_heads, r.head_dim)[:context]
-            v = kv[:, 1].reshape(-1, r.num_kv_heads, r.head_dim)[:context]
-            scores = torch.einsum("lkgd,ckd->kglc", q, k) * scale  # [Hkv, G, L, C]
-            q_pos = torch.arange(context - num_new, context, device=q.device)[:, None]
-            k_pos = torch.arange(context, device=q.device)[None, :]
-            allowed = k_pos <= q_pos
-            if r.sliding_window is not None:
-                allowed &= k_pos > q_pos - r.sliding_window
-            scores = scores.masked_fill(~allowed, float("-inf"))
-            probs = torch.softmax(scores, dim=-1)
-            o = torch.einsum("kglc,ckd->lkgd", probs, v)
-            out[starts[b]:starts[b + 1]] = o.reshape(num_new, r.num_heads, r.head_dim).to(
-                out.dtype)
-        return out
+        batch, dev = len(seqs), query.device
+        within = torch.arange(query.shape[0], device=dev) - qsl[seq_of]   # [T]
+        # row i of sequence b is token qsl[b] + i; past its count, any token (masked out)
+        rows = (qsl[:-1, None] + torch.arange(width, device=dev)).clamp(max=query.shape[0] - 1)
+        q = query.float()[rows].view(batch, width, r.num_kv_heads, group, r.head_dim)
+        pages = metadata.block_tables[seqs.start:seqs.stop, :-(-context // r.page_size)].long()
+        kv = cache[pages].float()                                 # [B, P, 2, S, Hkv, D]
+        k = kv[:, :, 0].reshape(batch, -1, r.num_kv_heads, r.head_dim)[:, :context]
+        v = kv[:, :, 1].reshape(batch, -1, r.num_kv_heads, r.head_dim)[:, :context]
+        scores = torch.einsum("blkgd,bckd->bkglc", q, k) * scale  # [B, Hkv, G, L, C]
+        lengths = metadata.seq_lens[seqs.start:seqs.stop].long()
+        first_new = lengths - (qsl[1:] - qsl[:-1])                # position of query 0
+        q_pos = first_new[:, None] + torch.arange(width, device=dev)[None, :]     # [B, L]
+        k_pos = torch.arange(context, device=dev)[None, None, :]
+        allowed = k_pos <= q_pos[:, :, None]                      # [B, L, C]
+        if r.sliding_window is not None:
+            allowed &= k_pos > q_pos[:, :, None] - r.sliding_window
+        scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+        # padding query rows may have no key at all: their NaNs are never read back
+        probs = torch.softmax(scores, dim=-1)
+        o = torch.einsum("bkglc,bckd->blkgd", probs, v)           # [B, L, Hkv, G, D]
+        return o.reshape(batch, width, r.num_heads, r.head_dim)[seq_of, within].to(query.dtype)
+
+
+#: The float32 scores one group of ``_varlen`` may hold: sequences are attended together
+#: while their padded scores (heads x most new tokens x longest context each) fit.
+VARLEN_SCORE_BYTES = 256 << 20
+
+
+def _groups(counts: list[int], lengths: list[int], heads: int) -> list[tuple[int, int]]:
+    """Consecutive runs ``[first, last)`` of sequences attended at once: each run's padded
+    scores (run size x heads x its most new tokens x its longest context x 4 bytes) within
+    ``VARLEN_SCORE_BYTES``, at least one sequence per run."""
+    runs: list[tuple[int, int]] = []
+    first, width, context = 0, 0, 0
+    for b, (count, length) in enumerate(zip(counts, lengths, strict=True)):
+        w, c = max(width, count), max(context, length)
+        if b > first and (b - first + 1) * heads * w * c * 4 > VARLEN_SCORE_BYTES:
+            runs.append((first, b))
+            first, w, c = b, count, length
+        width, context = w, c
+    if counts:
+        runs.append((first, len(counts)))
+    return runs
