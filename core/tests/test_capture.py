@@ -3,11 +3,12 @@ capture (what it rejects, what it lets through) and the MoE routing's capturable
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
 import torch
-from kernelbay.capture import capturable_paths, is_capturing
+from kernelbay.capture import CaptureRefused, capturable_paths, is_capturing, kernelbay_line
 from kernelbay.layers import moe
 from kernelbay.layers.moe import combine_experts
 from kernelbay.testing.capture import CaptureViolation, simulated_capture
@@ -26,6 +27,7 @@ X = torch.arange(12.0).reshape(3, 4)
     ("repeat_interleave", lambda: torch.repeat_interleave(torch.arange(3), torch.arange(3))),
     ("torch.tensor", lambda: torch.tensor([1.0, 2.0], device=X.device)),
     ("torch.as_tensor", lambda: torch.as_tensor(1.0, device=X.device)),
+    ("Tensor.new_tensor", lambda: X.new_tensor([1.0])),
 ])
 def test_a_simulated_capture_rejects_host_reads_naming_the_op(name: str, host_read: Any) -> None:
     with simulated_capture(), pytest.raises(CaptureViolation, match=name.replace(".", r"\.")):
@@ -80,7 +82,8 @@ def test_captured_routing_runs_every_expert_and_equals_the_eager_sum() -> None:
             y = x[rows] @ weights_of[e]
             if e == poison:  # inf and NaN on every row that expert is not routed
                 routed = (ids[rows] == e).any(-1, keepdim=True)
-                y = torch.where(routed, y, torch.tensor(float("nan")))
+                junk = torch.tensor([float("nan"), float("inf")]).repeat(3)[:y.shape[1]]
+                y = torch.where(routed, y, junk)
             return y
 
         want = combine_experts(x, ids, weights, 5, expert)
@@ -92,8 +95,11 @@ def test_captured_routing_runs_every_expert_and_equals_the_eager_sum() -> None:
         assert torch.equal(got, want), (got - want).abs().max()
 
 
-def test_captured_routing_needs_the_expert_count_and_refuses_tiny_batches(
+def test_captured_routing_needs_the_expert_count_and_refuses_costly_batches(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the expert count a capture is an error; a batch so small that reading every
+    expert costs over the ratio, or so large that every expert's rows cost, is refused
+    (``CaptureRefused``: the engine runs it eagerly)."""
     x, ids, weights = _routing(1, 8, 2, 0)
 
     def expert(e: int, rows: torch.Tensor) -> torch.Tensor:
@@ -102,9 +108,43 @@ def test_captured_routing_needs_the_expert_count_and_refuses_tiny_batches(
     with simulated_capture(), pytest.raises(RuntimeError, match="needs num_experts"):
         combine_experts(x, ids, weights, 8, expert)
     monkeypatch.setattr(moe, "CAPTURED_EXPERTS_PER_ROUTED", 3)
-    with simulated_capture(), pytest.raises(RuntimeError, match="all 8 experts on 1 tokens, "
-                                                                "more than 3x the 2 routed"):
+    with simulated_capture(), pytest.raises(CaptureRefused, match="read all 8 experts for 1 "
+                                                                  "tokens, more than 3x the at "
+                                                                  "most 2 routed"):
         combine_experts(x, ids, weights, 8, expert, num_experts=8)
     monkeypatch.setattr(moe, "CAPTURED_EXPERTS_PER_ROUTED", 4)
     with simulated_capture():
         combine_experts(x, ids, weights, 8, expert, num_experts=8)
+    x, ids, weights = _routing(5, 8, 2, 1)
+    monkeypatch.setattr(moe, "CAPTURED_MAX_TOKENS", 4)
+    with simulated_capture(), pytest.raises(CaptureRefused, match="each of 5 tokens, more "
+                                                                  "than CAPTURED_MAX_TOKENS=4"):
+        combine_experts(x, ids, weights, 8, expert, num_experts=8)
+
+
+def test_the_kernelbay_line_is_inside_an_imported_kernelbay_package(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only files of the imported core and plugin packages count, named from the package
+    folder (a checkout or environment folder named like the project above them does not),
+    and the capture machinery itself is skipped."""
+    import os
+    import traceback
+    import types
+
+    import kernelbay
+
+    def frame(path: str) -> traceback.FrameSummary:
+        return traceback.FrameSummary(path, 7, "f")
+
+    plugin = types.ModuleType("kernelbay_acme")
+    plugin.__file__ = os.path.join(str(tmp_path), "kernelbay_acme", "__init__.py")
+    monkeypatch.setitem(sys.modules, "kernelbay_acme", plugin)
+    core = os.path.dirname(kernelbay.__file__)
+    moe_file = os.path.join(core, "layers", "moe.py")
+    assert kernelbay_line([frame(moe_file)]) == "kernelbay/layers/moe.py:7 in f"
+    assert kernelbay_line([frame(moe_file), frame(os.path.join(str(tmp_path), "kernelbay_acme",
+                                                               "attn.py"))]) == (
+        "kernelbay_acme/attn.py:7 in f")
+    outside = os.path.join(str(tmp_path), "kernelbay", "tests", "test_x.py")
+    assert kernelbay_line([frame(moe_file), frame(outside)]) == "kernelbay/layers/moe.py:7 in f"
+    assert kernelbay_line([frame(os.path.join(core, "engine", "graphs.py"))]) is None

@@ -81,7 +81,8 @@ def _paged_setup(lengths: list[int], new: list[int], heads: int, kv_heads: int, 
                                  [1, 1, 1, 1],     # a pure decode batch (the batched path)
                                  [2, 0, 33, 3]])   # a sequence with no new token
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (8, 2), (6, 1)])
-@pytest.mark.parametrize("budget", [None, 1, 60_000], ids=["one-group", "singles", "pairs"])
+# 12 kB: for [1, 7, 1, 5] at 4 heads groups (0-2)(3), at 6 or 8 heads (0-1)(2-3)
+@pytest.mark.parametrize("budget", [None, 1, 12_000], ids=["one-group", "singles", "groups"])
 @pytest.mark.parametrize("window", [None, 5])
 def test_paged_attention_matches_sdpa_for_prefill_and_decode(
         heads: int, kv_heads: int, new: list[int], budget: int | None, window: int | None,

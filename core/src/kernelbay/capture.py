@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
+import sys
 import traceback
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -20,12 +22,19 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["capturable_paths", "is_capturing", "kernelbay_line"]
+__all__ = ["CaptureRefused", "capturable_paths", "is_capturing", "kernelbay_line"]
 
 _FORCED = contextvars.ContextVar("kernelbay_capturable_paths", default=False)
 
 # Frames of these files are the capture machinery, never the line that broke a capture.
-_MACHINERY = ("kernelbay/engine/graphs.py", "kernelbay/testing/capture.py", "kernelbay/capture.py")
+_MACHINERY = ("kernelbay/engine/graphs.py", "kernelbay/testing/capture.py",
+              "kernelbay/capture.py")
+
+
+class CaptureRefused(RuntimeError):
+    """Raised by a layer whose capturable path would cost too much for this step (the MoE
+    routing at a batch too small for running every expert): the engine runs steps of that
+    shape eagerly, without a warning, and does not count it as a failed capture."""
 
 
 @contextlib.contextmanager
@@ -52,16 +61,28 @@ def is_capturing(x: torch.Tensor) -> bool:
 
 
 def kernelbay_line(frames: traceback.StackSummary | list[traceback.FrameSummary]) -> str | None:
-    """The innermost of ``frames`` in kernelbay code (the core or a ``kernelbay_*`` plugin),
-    outside the capture machinery, as ``kernelbay.../file.py:line in function``; ``None`` if
-    there is none."""
+    """The innermost of ``frames`` in kernelbay code (the core or an imported ``kernelbay_*``
+    plugin package), outside the capture machinery, as ``kernelbay.../file.py:line in
+    function``; ``None`` if there is none."""
+    packages = _package_folders()
     for frame in reversed(frames):
-        parts = frame.filename.replace("\\", "/").split("/")
-        top = next((i for i, part in enumerate(parts) if part.startswith("kernelbay")), None)
-        if top is None:
-            continue
-        where = "/".join(parts[top:])
-        if any(m in where for m in _MACHINERY):
-            continue
-        return f"{where}:{frame.lineno} in {frame.name}"
+        path = os.path.abspath(frame.filename)
+        for name, folder in packages:
+            if path.startswith(folder + os.sep):
+                where = "/".join([name, *os.path.relpath(path, folder).split(os.sep)])
+                if where.endswith(_MACHINERY):
+                    break
+                return f"{where}:{frame.lineno} in {frame.name}"
     return None
+
+
+def _package_folders() -> list[tuple[str, str]]:
+    """(name, folder) of the imported kernelbay packages: the core and its plugins."""
+    found = []
+    for name, module in list(sys.modules.items()):
+        if "." in name or not (name == "kernelbay" or name.startswith("kernelbay_")):
+            continue
+        file = getattr(module, "__file__", None)
+        if file:
+            found.append((name, os.path.dirname(os.path.abspath(file))))
+    return found

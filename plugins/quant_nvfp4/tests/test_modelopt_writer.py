@@ -158,3 +158,20 @@ def test_plans_the_demo_by_device(quantized: str, registry: Registry) -> None:
         experts = {c for m, c in chosen.items() if m.endswith(".experts")}
         dense = {c for m, c in chosen.items() if not m.endswith(".experts")}
         assert experts == {moe_method} and dense == {dense_method}, (spec, chosen)
+
+
+def test_quantized_demo_decode_steps_can_be_captured(quantized: str, registry: Registry) -> None:
+    """The NVFP4 demo's decode steps (emulated dense layers and routed experts) through the
+    engine's CUDA-graph path with captures simulated on the CPU: no host read, eager tokens."""
+    from kernelbay.engine import LLM, SamplingParams
+    from kernelbay.testing.capture import simulated_graphs
+
+    params = SamplingParams(max_tokens=8, temperature=0)
+    prompts = ["def main(", "import "]
+    want = [o.token_ids for o in LLM(quantized, registry=registry, device="cpu",
+                                     dtype="float32").generate(prompts, params)]
+    llm = LLM(quantized, registry=registry, device="cpu", dtype="float32")
+    assert {d.chosen for d in llm.plan.linears} >= {"nvfp4-emulation", "nvfp4-moe-emulation"}
+    graphs = simulated_graphs(llm)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want
+    assert graphs.failed == {} and graphs.refused == {} and graphs.replays > 3

@@ -14,9 +14,11 @@ replay.
 A model or backend that cannot be captured (it reads a device value on the host, or runs a
 collective the capture cannot hold) fails the capture. The engine warns once, naming the
 error and the line of the model or backend that raised it, and runs that batch size eagerly
-from then on; other batch sizes still try (a layer may refuse only some: the MoE layers decline
-batches so small that running every expert would cost far more than the routed ones). After
-``MAX_FAILED_BATCHES`` batch sizes have failed, the engine stops capturing.
+from then on; other batch sizes still try. After ``MAX_FAILED_BATCHES`` batch sizes have
+failed, the engine stops capturing. A layer may also decline a batch size by design
+(``kernelbay.capture.CaptureRefused``: the MoE routing declines batches whose captured path
+would cost far more than the routed experts): that size runs eagerly, with no warning and
+not counted as a failure.
 ``KERNELBAY_CUDA_GRAPHS=0`` (or ``LLM(cuda_graphs=False)``) never captures.
 """
 
@@ -33,7 +35,7 @@ from typing import Any
 
 import torch
 
-from kernelbay.capture import capturable_paths, kernelbay_line
+from kernelbay.capture import CaptureRefused, capturable_paths, kernelbay_line
 from kernelbay.engine.modules import ForwardMeta
 from kernelbay.engine.transfer import upload_into
 from kernelbay.layers import AttentionMetadata
@@ -88,10 +90,19 @@ def capture_failure(exc: BaseException) -> str:
     """Why a capture failed, for an operator: the error that broke it (not the error of
     ending the capture it invalidated) and the innermost line of kernelbay code (core or
     plugin) it came from, ``file:line in function``."""
-    cause = exc.__context__ if isinstance(exc.__context__, Exception) else exc
+    cause = _cause(exc)
     text = f"{type(cause).__name__}: {str(cause).splitlines()[0][:200] if str(cause) else ''}"
     where = kernelbay_line(traceback.extract_tb(cause.__traceback__))
     return f"{text} (at {where})" if where and where not in text else text
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The error a capture failed on: torch ends an invalidated capture with an error of its
+    own raised while handling the original (its implicit context); anything else is itself."""
+    context = exc.__context__
+    if isinstance(context, Exception) and exc.__cause__ is None and not exc.__suppress_context__:
+        return context
+    return exc
 
 
 def _record(step: Callable[[], torch.Tensor], pool: Any) -> tuple[Any, torch.Tensor]:
@@ -138,6 +149,8 @@ class DecodeGraphs:
         self.seen: set[tuple[int, int]] = set()
         #: Batch sizes that failed to capture (run eagerly), with why.
         self.failed: dict[int, str] = {}
+        #: Batch sizes a layer declined to capture (``CaptureRefused``; run eagerly), with why.
+        self.refused: dict[int, str] = {}
         #: Why capturing stopped (``MAX_FAILED_BATCHES`` failures), or ``None``.
         self.off_reason: str | None = None
         self.replays = 0
@@ -149,7 +162,7 @@ class DecodeGraphs:
         its graph, captured now if this shape ran once before; ``None`` when the caller
         should run the step eagerly (a shape seen for the first time, too many graphs,
         capturing off). The graph sees the first ``table_width`` columns of ``tables``."""
-        if self.off_reason is not None or len(ids) in self.failed:
+        if self.off_reason is not None or len(ids) in self.failed or len(ids) in self.refused:
             return None
         width = table_width(max(lengths), self.page_size, len(tables[0]))
         tables = [row[:width] for row in tables]
@@ -161,11 +174,11 @@ class DecodeGraphs:
                 if key not in self.seen:
                     self.seen.add(key)
                     return None
-                if len(self.graphs) >= MAX_GRAPHS:  # the least recently replayed goes
-                    del self.graphs[next(iter(self.graphs))]
                 entry = self._capture(*key, (ids, positions, slots, lengths, tables))
                 if entry is None:
                     return None
+                if len(self.graphs) >= MAX_GRAPHS:  # the least recently replayed goes
+                    del self.graphs[next(iter(self.graphs))]
                 self.graphs[key] = entry
             else:
                 self.graphs.move_to_end(key)
@@ -211,6 +224,9 @@ class DecodeGraphs:
             reason = capture_failure(exc)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
+            if isinstance(_cause(exc), CaptureRefused):  # by design: no warning, not counted
+                self.refused[batch] = reason
+                return None
             if not self.failed:
                 warnings.warn(f"kernelbay: decode steps of {batch} sequences run eagerly (no "
                               f"CUDA graph): capturing one failed: {reason}",

@@ -64,10 +64,15 @@ _FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 _FP8_SCHEMES = ("fp8", "fp8-block")
 
 
-#: A captured decode step runs every expert on every token (the routing cannot be read on the
-#: host while a CUDA graph is captured); it refuses (the step stays eager) when that is more
-#: than this many times the routed work, ``tokens x top-k`` expert evaluations.
+#: A captured step runs every expert on every token (the routing cannot be read on the host
+#: while a CUDA graph is captured). That reads every expert's weights, where the routed
+#: experts are at most ``tokens x top-k``: a capture is declined when that is more than this
+#: many times fewer experts.
 CAPTURED_EXPERTS_PER_ROUTED = 8
+#: ... and it multiplies each expert's rows by ``num_experts / top-k``, which costs nothing
+#: while an expert's GEMM is bound by reading its weights (few rows) and a lot past that: a
+#: capture of more tokens than this is declined.
+CAPTURED_MAX_TOKENS = 128
 
 
 def combine_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -83,8 +88,9 @@ def combine_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     (which experts these are is read on the host). While a CUDA graph is being captured that
     read is impossible, so every one of the layer's ``num_experts`` experts is called with
     every token and the rows not routed to it get weight zero: give ``num_experts`` to be
-    capturable. A capture with more than ``CAPTURED_EXPERTS_PER_ROUTED`` times the routed
-    work raises, so that step runs eagerly."""
+    capturable. Where that reads over ``CAPTURED_EXPERTS_PER_ROUTED`` times more experts
+    than are routed, or there are more than ``CAPTURED_MAX_TOKENS`` tokens, it raises
+    ``kernelbay.capture.CaptureRefused`` (steps of that size run eagerly)."""
     import torch
 
     from kernelbay.capture import is_capturing
@@ -108,15 +114,22 @@ def _every_expert(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     it does not use cannot reach it)."""
     import torch
 
+    from kernelbay.capture import CaptureRefused
+
     if num_experts is None:
         raise RuntimeError("combine_experts: capturing a CUDA graph needs num_experts (every "
                            "expert runs on every token); the caller gave none")
     routed = topk_ids.numel()
     if num_experts > CAPTURED_EXPERTS_PER_ROUTED * routed:
-        raise RuntimeError(f"combine_experts: a captured step would run all {num_experts} "
-                           f"experts on {x.shape[0]} tokens, more than "
-                           f"{CAPTURED_EXPERTS_PER_ROUTED}x the {routed} routed expert "
-                           f"evaluations; steps this small run eagerly")
+        raise CaptureRefused(f"combine_experts: a captured step would read all {num_experts} "
+                             f"experts for {x.shape[0]} tokens, more than "
+                             f"{CAPTURED_EXPERTS_PER_ROUTED}x the at most {routed} routed "
+                             f"ones; steps this small run eagerly")
+    if x.shape[0] > CAPTURED_MAX_TOKENS:
+        raise CaptureRefused(f"combine_experts: a captured step would run all {num_experts} "
+                             f"experts on each of {x.shape[0]} tokens, more than "
+                             f"CAPTURED_MAX_TOKENS={CAPTURED_MAX_TOKENS}; steps this large "
+                             f"run eagerly")
     out = torch.zeros(x.shape[0], out_features, dtype=torch.float32, device=x.device)
     ids = topk_ids.long()
     tokens = torch.arange(x.shape[0], device=x.device)

@@ -139,7 +139,7 @@ class TorchPagedAttention(AttentionBackend):
             if qsl is None or seq_of is None:  # each query token's sequence, on the device
                 qsl = metadata.query_start_loc.long()
                 seq_of = torch.repeat_interleave(torch.arange(len(counts), device=query.device),
-                                                 qsl[1:] - qsl[:-1], output_size=query.shape[0])
+                                                 qsl[1:] - qsl[:-1], output_size=starts[-1])
             out[lo:hi] = self._group(query[lo:hi], cache, metadata, scale,
                                      seq_of[lo:hi] - first, qsl[first:last + 1] - lo,
                                      range(first, last), max(counts[first:last]),

@@ -70,10 +70,11 @@ def simulated_capture() -> Iterator[None]:
     ``kernelbay.capture.is_capturing`` is true, and what a capture cannot hold raises
     ``CaptureViolation`` naming it and the kernelbay line that ran it: a host read
     (``item``, ``tolist``, ``bool`` of a tensor, ``nonzero``, ``unique``, boolean-mask
-    indexing, ``repeat_interleave`` without ``output_size``) and ``torch.tensor`` /
-    ``torch.as_tensor`` of Python data with a ``device`` (a copy from pageable host memory on
-    a GPU). Not thread-safe: those three functions are patched while it runs."""
-    real = torch.Tensor.tolist, torch.tensor, torch.as_tensor
+    indexing, ``repeat_interleave`` without ``output_size``), and Python data made into a
+    device tensor (``torch.tensor`` / ``torch.as_tensor`` with a ``device``,
+    ``Tensor.new_tensor``: a copy from pageable host memory on a GPU). Not thread-safe: those
+    four functions are patched while it runs, for every thread."""
+    real = torch.Tensor.tolist, torch.tensor, torch.as_tensor, torch.Tensor.new_tensor
 
     def tolist(self: torch.Tensor) -> Any:
         raise _violation("Tensor.tolist")
@@ -88,11 +89,19 @@ def simulated_capture() -> Iterator[None]:
     torch.Tensor.tolist = tolist  # type: ignore[method-assign,assignment]
     torch.tensor = made_on(real[1], "tensor")
     torch.as_tensor = made_on(real[2], "as_tensor")
+
+    def new_tensor(self: torch.Tensor, data: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(data, torch.Tensor):  # made on the tensor's device
+            raise _violation("Tensor.new_tensor(<Python data>)")
+        return real[3](self, data, *args, **kwargs)
+
+    torch.Tensor.new_tensor = new_tensor  # type: ignore[method-assign,assignment]
     try:
         with capturable_paths(), _RejectHostReads():  # type: ignore[no-untyped-call]
             yield
     finally:
-        torch.Tensor.tolist, torch.tensor, torch.as_tensor = real  # type: ignore[method-assign]
+        torch.Tensor.tolist, torch.Tensor.new_tensor = real[0], real[3]  # type: ignore[method-assign]
+        torch.tensor, torch.as_tensor = real[1], real[2]
 
 
 class _Rerun:
@@ -122,9 +131,11 @@ def simulated_graphs(llm: Any) -> DecodeGraphs:
         del pool
         saved = [c.clone() for c in caches]
         with torch.inference_mode(), simulated_capture():
-            out = step()
-            for cache, old in zip(caches, saved, strict=True):
-                cache.copy_(old)
+            try:
+                out = step()
+            finally:  # a failed capture leaves no trace either
+                for cache, old in zip(caches, saved, strict=True):
+                    cache.copy_(old)
         return _Rerun(step, out), out
 
     graphs = DecodeGraphs(llm.model, caches, llm.cache.page_size, llm.device, record=record)

@@ -13,7 +13,10 @@ pos(l) = seq_len - num_new + l: the new tokens are the last ones of their sequen
 Split-KV: the context is cut into ``num_splits`` contiguous chunks; each gives a partial
 (o_i, lse_i) over its own keys and ``combine_splits`` merges them exactly:
 lse = logsumexp_i lse_i, o = sum_i exp(lse_i - lse) * o_i. A query with no allowed key
-(possible only with sparse indices) gets o = 0 and lse = -inf.
+(possible only with sparse indices) gets o = 0 and lse = -inf. A batch of one new token per
+sequence (no sparse indices) is attended in one pass instead, keys padded to the longest
+context and masked, so that no length is read on the host (CUDA graph captures); splitting
+would equal it up to rounding, so ``num_splits`` is not used there.
 """
 
 from __future__ import annotations

@@ -201,7 +201,8 @@ def _token_tables(metadata: AttentionMetadata, num_tokens: int,
     made once per step, not once per layer). Tables made outside a CUDA graph capture are
     not reused inside one (nor the reverse): a graph must compute its own from its buffers,
     or every replay would read the tables of the step it was captured after."""
-    key = (num_tokens, sliding_window, torch.cuda.is_current_stream_capturing())
+    capturing = metadata.seq_lens.is_cuda and torch.cuda.is_current_stream_capturing()
+    key = (num_tokens, sliding_window, capturing)
     if _LAST.get("metadata") is metadata and _LAST.get("key") == key:
         return _LAST["tables"]  # type: ignore[return-value]
     tables = (*_compute_tables(metadata, num_tokens, sliding_window),
