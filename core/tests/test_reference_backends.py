@@ -81,8 +81,8 @@ def _paged_setup(lengths: list[int], new: list[int], heads: int, kv_heads: int, 
                                  [1, 1, 1, 1],     # a pure decode batch (the batched path)
                                  [2, 0, 33, 3]])   # a sequence with no new token
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (8, 2), (6, 1)])
-# 12 kB: for [1, 7, 1, 5] at 4 heads groups (0-2)(3), at 6 or 8 heads (0-1)(2-3)
-@pytest.mark.parametrize("budget", [None, 1, 12_000], ids=["one-group", "singles", "groups"])
+# 90 kB forms groups of two or three for [1, 7, 1, 5] (test_prefill_groups_...)
+@pytest.mark.parametrize("budget", [None, 1, 90_000], ids=["one-group", "singles", "groups"])
 @pytest.mark.parametrize("window", [None, 5])
 def test_paged_attention_matches_sdpa_for_prefill_and_decode(
         heads: int, kv_heads: int, new: list[int], budget: int | None, window: int | None,
@@ -92,7 +92,7 @@ def test_paged_attention_matches_sdpa_for_prefill_and_decode(
     from kernelbay.layers import torch_attention
 
     if budget is not None:
-        monkeypatch.setattr(torch_attention, "VARLEN_SCORE_BYTES", budget)
+        monkeypatch.setattr(torch_attention, "VARLEN_GROUP_BYTES", budget)
     lengths = [2, 7, 33, 16]
     backend, cache, query, meta, keys, values, queries = _paged_setup(
         lengths, new, heads, kv_heads, 16, 8, seed=heads, window=window)
@@ -108,6 +108,23 @@ def test_paged_attention_matches_sdpa_for_prefill_and_decode(
         torch.testing.assert_close(out[start:start + q_len], ref.transpose(0, 1),
                                    rtol=1e-5, atol=1e-5)
         start += q_len
+
+
+def test_prefill_groups_fill_the_budget_and_leave_out_sequences_without_new_tokens(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelbay.layers import torch_attention
+    from kernelbay.layers.torch_attention import _groups
+
+    monkeypatch.setattr(torch_attention, "VARLEN_GROUP_BYTES", 90_000)
+    counts, lengths = [1, 7, 1, 5], [2, 7, 33, 16]
+    # bytes of n sequences: n * 4 * (3 * heads * most new * longest + 2 * kv floats * longest)
+    assert _groups(counts, lengths, 4, 128) == [(0, 2), (2, 4)]     # 3 would take 134640
+    assert _groups(counts, lengths, 8, 64) == [(0, 2), (2, 4)]
+    assert _groups(counts, lengths, 6, 32) == [(0, 3), (3, 4)]      # 4 would take 100320
+    assert _groups([2, 0, 33, 3], lengths, 4, 128) == [(0, 1), (2, 3), (3, 4)]
+    assert _groups([0, 0], [3, 4], 4, 128) == [] and _groups([], [], 4, 128) == []
+    monkeypatch.setattr(torch_attention, "VARLEN_GROUP_BYTES", 1)
+    assert _groups(counts, lengths, 4, 128) == [(0, 1), (1, 2), (2, 3), (3, 4)]
 
 
 def test_kv_layout_is_derived_from_the_request() -> None:

@@ -120,7 +120,7 @@ class TorchPagedAttention(AttentionBackend):
                 scale: float, starts: list[int]) -> torch.Tensor:
         """Any mix of prefill and decode: sequences in groups, each group at once with its
         queries padded to its most new tokens and its keys to its longest context (masked),
-        a group as large as keeps its float32 scores within ``VARLEN_SCORE_BYTES``."""
+        a group as large as keeps its float32 working memory within ``VARLEN_GROUP_BYTES``."""
         import torch
 
         r = self.request
@@ -128,7 +128,8 @@ class TorchPagedAttention(AttentionBackend):
         lengths = metadata.host_seq_lens()
         counts = [b - a for a, b in pairwise(starts)]
         qsl = seq_of = None
-        for first, last in _groups(counts, lengths, r.num_heads):
+        for first, last in _groups(counts, lengths, r.num_heads,
+                                   2 * r.num_kv_heads * r.head_dim):
             lo, hi = starts[first], starts[last]
             if lo == hi:
                 continue
@@ -203,23 +204,36 @@ class TorchPagedAttention(AttentionBackend):
         return o.reshape(batch, width, r.num_heads, r.head_dim)[seq_of, within].to(query.dtype)
 
 
-#: The float32 scores one group of ``_varlen`` may hold: sequences are attended together
-#: while their padded scores (heads x most new tokens x longest context each) fit.
-VARLEN_SCORE_BYTES = 256 << 20
+#: The float32 working memory one group of ``_varlen`` may take: sequences are attended
+#: together while their padded scores (three copies: scores, masked, probabilities) and their
+#: keys and values read from the pages fit.
+VARLEN_GROUP_BYTES = 256 << 20
 
 
-def _groups(counts: list[int], lengths: list[int], heads: int) -> list[tuple[int, int]]:
-    """Consecutive runs ``[first, last)`` of sequences attended at once: each run's padded
-    scores (run size x heads x its most new tokens x its longest context x 4 bytes) within
-    ``VARLEN_SCORE_BYTES``, at least one sequence per run."""
+def _groups(counts: list[int], lengths: list[int], heads: int,
+            kv_row_floats: int) -> list[tuple[int, int]]:
+    """Consecutive runs ``[first, last)`` of sequences attended at once, each run's float32
+    working memory (per sequence: 3 x heads x its most new tokens x its longest context
+    scores, plus 2 x ``kv_row_floats`` per key of keys and values) within
+    ``VARLEN_GROUP_BYTES``, at least one sequence per run. Sequences without new tokens are
+    in no run (they would only widen one)."""
     runs: list[tuple[int, int]] = []
     first, width, context = 0, 0, 0
+
+    def size(n: int, w: int, c: int) -> int:
+        return n * 4 * (3 * heads * w * c + 2 * kv_row_floats * c)
+
     for b, (count, length) in enumerate(zip(counts, lengths, strict=True)):
+        if count == 0:
+            if b > first:
+                runs.append((first, b))
+            first, width, context = b + 1, 0, 0
+            continue
         w, c = max(width, count), max(context, length)
-        if b > first and (b - first + 1) * heads * w * c * 4 > VARLEN_SCORE_BYTES:
+        if b > first and size(b - first + 1, w, c) > VARLEN_GROUP_BYTES:
             runs.append((first, b))
             first, w, c = b, count, length
         width, context = w, c
-    if counts:
+    if first < len(counts):
         runs.append((first, len(counts)))
     return runs
