@@ -3,7 +3,12 @@
 Importing this package imports no torch: the references import it when they run.
 """
 
-from kernelbay.layers.attention import AttentionBackend, AttentionMetadata, KVCacheLayout
+from kernelbay.layers.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    KVCacheLayout,
+    visible_keys,
+)
 from kernelbay.layers.checkpoint_format import CheckpointFormat, LinearModule
 from kernelbay.layers.collective import Collective
 from kernelbay.layers.device_probe import DeviceProbe
@@ -26,4 +31,5 @@ __all__ = [
     "MoEMethod",
     "Proposer",
     "TensorSpec",
+    "visible_keys",
 ]

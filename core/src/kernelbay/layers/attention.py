@@ -12,7 +12,7 @@ from kernelbay.requests import AttentionRequest
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "KVCacheLayout"]
+__all__ = ["AttentionBackend", "AttentionMetadata", "KVCacheLayout", "visible_keys"]
 
 
 @final
@@ -84,6 +84,29 @@ class AttentionMetadata:
         if self.seq_lens_host is not None:
             return list(self.seq_lens_host)
         return list(self.seq_lens.tolist())
+
+    def padded_key_pages(self, page_size: int) -> tuple[int, torch.Tensor]:
+        """``(context, pages)`` for attending the batch with keys padded to one length:
+        ``seq_len_bound()`` within the tables' capacity, and the page ids [B, P] (int64) of
+        each sequence's first ``context`` keys. Keys past a sequence's length are the
+        caller's to mask (``visible_keys``)."""
+        context = min(self.seq_len_bound(), self.block_tables.shape[1] * page_size)
+        return context, self.block_tables[:, :-(-context // page_size)].long()
+
+
+def visible_keys(q_pos: torch.Tensor, context: int,
+                 sliding_window: int | None = None) -> torch.Tensor:
+    """Which of keys ``0 .. context - 1`` a query at position ``q_pos`` (a tensor of any
+    shape) attends to: bool ``[*q_pos.shape, context]``, key ``j`` when ``j <= q_pos``
+    (causal) and, with a sliding window, ``j > q_pos - sliding_window``. A decode step's
+    query sits at ``seq_len - 1``, so padded keys past its length are masked too."""
+    import torch
+
+    keys = torch.arange(context, device=q_pos.device)
+    allowed = keys <= q_pos[..., None]
+    if sliding_window is not None:
+        allowed &= keys > q_pos[..., None] - sliding_window
+    return allowed
 
 
 class AttentionBackend(Backend[AttentionRequest]):

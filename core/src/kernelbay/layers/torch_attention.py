@@ -6,7 +6,12 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, ClassVar
 
 from kernelbay._version import PLUGIN_API_VERSION
-from kernelbay.layers.attention import AttentionBackend, AttentionMetadata, KVCacheLayout
+from kernelbay.layers.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    KVCacheLayout,
+    visible_keys,
+)
 from kernelbay.requests import AttentionRequest
 from kernelbay.verdict import Verdict
 
@@ -99,18 +104,13 @@ class TorchPagedAttention(AttentionBackend):
         r = self.request
         batch, group = query.shape[0], r.num_heads // r.num_kv_heads
         lengths = metadata.seq_lens.long()
-        context = min(metadata.seq_len_bound(),
-                      metadata.block_tables.shape[1] * r.page_size)
-        pages = metadata.block_tables[:, :-(-context // r.page_size)].long()
+        context, pages = metadata.padded_key_pages(r.page_size)
         kv = cache[pages].float()                                 # [B, P, 2, S, Hkv, D]
         k = kv[:, :, 0].reshape(batch, -1, r.num_kv_heads, r.head_dim)[:, :context]
         v = kv[:, :, 1].reshape(batch, -1, r.num_kv_heads, r.head_dim)[:, :context]
         q = query.float().view(batch, r.num_kv_heads, group, r.head_dim)
         scores = torch.einsum("bkgd,bckd->bkgc", q, k) * scale    # [B, Hkv, G, C]
-        k_pos = torch.arange(context, device=query.device)[None, :]
-        allowed = k_pos < lengths[:, None]
-        if r.sliding_window is not None:
-            allowed &= k_pos >= lengths[:, None] - r.sliding_window
+        allowed = visible_keys(lengths - 1, context, r.sliding_window)   # [B, C]
         scores = scores.masked_fill(~allowed[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out = torch.einsum("bkgc,bckd->bkgd", probs, v)
@@ -161,11 +161,8 @@ class TorchPagedAttention(AttentionBackend):
         k = kv[:, 0].reshape(-1, r.num_kv_heads, r.head_dim)[:context]
         v = kv[:, 1].reshape(-1, r.num_kv_heads, r.head_dim)[:context]
         scores = torch.einsum("lkgd,ckd->kglc", q, k) * scale     # [Hkv, G, L, C]
-        q_pos = torch.arange(context - num_new, context, device=q.device)[:, None]
-        k_pos = torch.arange(context, device=q.device)[None, :]
-        allowed = k_pos <= q_pos
-        if r.sliding_window is not None:
-            allowed &= k_pos > q_pos - r.sliding_window
+        allowed = visible_keys(torch.arange(context - num_new, context, device=q.device),
+                               context, r.sliding_window)          # [L, C]
         probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
         o = torch.einsum("kglc,ckd->lkgd", probs, v)
         return o.reshape(num_new, r.num_heads, r.head_dim).to(query.dtype)
@@ -193,10 +190,7 @@ class TorchPagedAttention(AttentionBackend):
         lengths = metadata.seq_lens[seqs.start:seqs.stop].long()
         first_new = lengths - (qsl[1:] - qsl[:-1])                # position of query 0
         q_pos = first_new[:, None] + torch.arange(width, device=dev)[None, :]     # [B, L]
-        k_pos = torch.arange(context, device=dev)[None, None, :]
-        allowed = k_pos <= q_pos[:, :, None]                      # [B, L, C]
-        if r.sliding_window is not None:
-            allowed &= k_pos > q_pos[:, :, None] - r.sliding_window
+        allowed = visible_keys(q_pos, context, r.sliding_window)  # [B, L, C]
         scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
         # padding query rows may have no key at all: their NaNs are never read back
         probs = torch.softmax(scores, dim=-1)

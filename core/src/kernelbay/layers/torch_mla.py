@@ -17,7 +17,12 @@ import itertools
 from typing import TYPE_CHECKING, ClassVar
 
 from kernelbay._version import PLUGIN_API_VERSION
-from kernelbay.layers.attention import AttentionBackend, AttentionMetadata, KVCacheLayout
+from kernelbay.layers.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    KVCacheLayout,
+    visible_keys,
+)
 from kernelbay.requests import AttentionRequest
 from kernelbay.verdict import Verdict
 
@@ -121,11 +126,8 @@ class TorchMLAAttention(AttentionBackend):
             pages = metadata.block_tables[b, :-(-context // r.page_size)].long()
             latent = cache[pages].reshape(-1, self.latent_dim)[:context].float()  # [C, D]
             scores = torch.einsum("lhd,cd->hlc", q, latent) * scale   # [H, L, C]
-            q_pos = torch.arange(context - num_new, context, device=q.device)[:, None]
-            k_pos = torch.arange(context, device=q.device)[None, :]
-            allowed = k_pos <= q_pos
-            if r.sliding_window is not None:
-                allowed &= k_pos > q_pos - r.sliding_window
+            allowed = visible_keys(torch.arange(context - num_new, context, device=q.device),
+                                   context, r.sliding_window)   # [L, C]
             probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
             out[starts[b]:starts[b + 1]] = torch.einsum("hlc,cr->lhr", probs,
                                                         latent[:, :rank]).to(out.dtype)
@@ -142,13 +144,9 @@ class TorchMLAAttention(AttentionBackend):
         rank = r.kv_lora_rank or 0
         batch = query.shape[0]
         lengths = metadata.seq_lens.long()
-        context = min(metadata.seq_len_bound(), metadata.block_tables.shape[1] * r.page_size)
-        pages = metadata.block_tables[:, :-(-context // r.page_size)].long()
+        context, pages = metadata.padded_key_pages(r.page_size)
         latent = cache[pages].reshape(batch, -1, self.latent_dim)[:, :context].float()
         scores = torch.einsum("bhd,bcd->bhc", query.float(), latent) * scale  # [B, H, C]
-        k_pos = torch.arange(context, device=query.device)[None, :]
-        allowed = k_pos < lengths[:, None]
-        if r.sliding_window is not None:
-            allowed &= k_pos >= lengths[:, None] - r.sliding_window
+        allowed = visible_keys(lengths - 1, context, r.sliding_window)   # [B, C]
         probs = torch.softmax(scores.masked_fill(~allowed[:, None, :], float("-inf")), dim=-1)
         return torch.einsum("bhc,bcr->bhr", probs, latent[..., :rank]).to(query.dtype)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 
 import torch
-from kernelbay.layers import AttentionMetadata
+from kernelbay.layers import AttentionMetadata, visible_keys
 from torch import Tensor
 
 from kernelbay_attn_flashmla.codec import decode_records
@@ -116,11 +116,8 @@ def mla_attention(query: Tensor, cache: Tensor, record: MLARecord, page_size: in
                                 [:context])                              # [C, dim] float32
         q = query[begin:end].float()                                     # [L, H, dim]
         scores = torch.einsum("lhd,cd->lhc", q, latent) * scale
-        q_pos = torch.arange(context - num_new, context, device=q.device)[:, None]
-        k_pos = torch.arange(context, device=q.device)[None, :]
-        allowed = k_pos <= q_pos
-        if sliding_window is not None:
-            allowed &= k_pos > q_pos - sliding_window
+        allowed = visible_keys(torch.arange(context - num_new, context, device=q.device),
+                               context, sliding_window)                  # [L, C]
         if topk_indices is not None:
             allowed &= _selected(topk_indices[begin:end], context)
         bounds = _split_bounds(context, num_splits)
@@ -142,15 +139,11 @@ def _decode_batch(query: Tensor, tokens: Tensor, record: MLARecord, page_size: i
     combine equals it up to rounding."""
     batch = query.shape[0]
     lengths = metadata.seq_lens.long()
-    context = min(metadata.seq_len_bound(), metadata.block_tables.shape[1] * page_size)
-    pages = metadata.block_tables[:, :-(-context // page_size)].long()
+    context, pages = metadata.padded_key_pages(page_size)
     latent = decode_records(record, tokens[pages].reshape(batch, -1, record.bytes_per_token)
                             [:, :context])                               # [B, C, dim] float32
     scores = torch.einsum("bhd,bcd->bhc", query.float(), latent) * scale
-    k_pos = torch.arange(context, device=query.device)[None, :]
-    allowed = k_pos < lengths[:, None]
-    if sliding_window is not None:
-        allowed &= k_pos >= lengths[:, None] - sliding_window
+    allowed = visible_keys(lengths - 1, context, sliding_window)         # [B, C]
     masked = scores.masked_fill(~allowed[:, None, :], float("-inf"))
     lse = torch.logsumexp(masked, dim=-1)                                # [B, H]
     probs = torch.exp(masked - torch.where(torch.isfinite(lse), lse, 0.0).unsqueeze(-1))
