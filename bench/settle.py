@@ -9,6 +9,8 @@ every timing, the baseline's included."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 #: Idle seconds before each timing (0.2 s removed the effect above).
 SETTLE_S = 0.25
@@ -21,3 +23,25 @@ def settle(seconds: float = SETTLE_S) -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         time.sleep(seconds)
+
+
+def timed_us(fn: Callable[[], Any], device: str, *, settle_s: float = SETTLE_S,
+             rep_ms: float = 40.0, graph: bool = True) -> float:
+    """Microseconds per call of ``fn`` after ``settle(settle_s)``: replayed from a CUDA graph
+    (``triton.testing.do_bench_cudagraph``, on a side stream) or, with ``graph=False``, timed
+    by CUDA events around eager calls (``do_bench``: launches and host reads included). On a
+    CPU device (the scripts' interpreter checks) one warm call then one timed call: the
+    number means nothing."""
+    if device != "cuda":
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+    import torch
+    import triton.testing
+
+    settle(settle_s)
+    if graph:
+        with torch.cuda.stream(torch.cuda.Stream()):
+            return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms)) * 1e3
+    return float(triton.testing.do_bench(fn, warmup=5, rep=rep_ms)) * 1e3

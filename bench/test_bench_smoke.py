@@ -42,3 +42,18 @@ def test_write_results_keeps_the_record_and_fails_on_wrong_results(tmp_path: obj
         assert json.load(f) == record
     with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
         assert f.read() == "| m | us |\n"
+
+
+def test_nvfp4_moe_bench_runs_in_the_interpreter(tmp_path: object) -> None:
+    """bench/nvfp4/moe.py end to end on tiny shapes in Triton's interpreter (its correctness
+    check included: a wrong grouped result exits 1)."""
+    out = str(tmp_path)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    subprocess.run([sys.executable, os.path.join(HERE, "nvfp4", "moe.py"), "--device", "cpu",
+                    "--experts", "4", "--top-k", "2", "--hidden", "256", "--inter", "128",
+                    "--tokens", "1,5", "--out", out], check=True, capture_output=True,
+                   timeout=300, env=env)
+    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
+        result = json.load(f)
+    assert [r["tokens"] for r in result["rows"]] == [1, 5]
+    assert not result["failures"] and all(r["grouped_graph_us"] > 0 for r in result["rows"])

@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from l2_rotation import copies_for, rotating  # from bench/, put on the path above
 from report import write_results
-from settle import settle
+from settle import timed_us
 
 HERE = Path(__file__).resolve().parent
 SHAPES = ((8192, 8192), (28672, 8192), (8192, 28672))
@@ -80,7 +80,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch.nn.functional as F
     import triton
-    import triton.testing
     from kernelbay.formats import dequantize_nvfp4, quantize_nvfp4
     from kernelbay.requests import LinearRequest
     from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear, layout_tensors, run_config
@@ -112,18 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     bulk_ok = dev == "cuda" and torch.cuda.get_device_capability(0)[0] >= 9
 
     def bench(fn: Callable[[], Any]) -> float:
-        if dev != "cuda":
-            import time
-
-            fn()
-            t0 = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t0) * 1e6
-        settle(args.settle_s)
-        if args.timer == "graph":
-            with torch.cuda.stream(torch.cuda.Stream()):
-                return float(triton.testing.do_bench_cudagraph(fn, rep=args.rep_ms)) * 1e3
-        return float(triton.testing.do_bench(fn, warmup=10, rep=args.rep_ms)) * 1e3
+        return timed_us(fn, dev, settle_s=args.settle_s, rep_ms=args.rep_ms,
+                        graph=args.timer == "graph")
 
     rows: list[dict[str, Any]] = []
     failures: list[str] = []

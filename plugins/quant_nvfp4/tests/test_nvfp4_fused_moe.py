@@ -100,8 +100,83 @@ def test_triton_moe_verdicts() -> None:
     assert not Nvfp4MoETriton.can_implement(dense, parse_device("sm_90")).applicable
 
 
+@pytest.mark.parametrize("layout, n, k, turn", [
+    ("tiles", 128, 256, 64), ("tiles", 48, 128, 32), ("fragment", 40, 64, 64),
+    ("checkpoint", 24, 48, 8), ("repacked", 8, 32, 8)])
+def test_paired_weight_takes_gate_and_up_in_turns(layout: str, n: int, k: int,
+                                                  turn: int) -> None:
+    """The paired gate/up weight holds ``turn`` gate rows then ``turn`` up rows, in turns,
+    each projection zero-padded to whole turns; nothing else moves."""
+    from kernelbay_quant_nvfp4.grouped_weights import (
+        expert_weight,
+        pair_turn,
+        paired_weight,
+        unpaired,
+    )
+    from kernelbay_quant_nvfp4.linear_triton import layout_tensors
+
+    experts = 2
+    gen = torch.Generator().manual_seed(n)
+    packed = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=gen)
+    codes = torch.randint(1, 120, (experts, n, k // 16), dtype=torch.uint8, generator=gen)
+    scales = codes.view(torch.float8_e4m3fn)
+    one = torch.ones(experts, 1)
+    w = {p: expert_weight(*layout_tensors(packed + i, scales, layout), one * (i + 1), layout,
+                          n, k) for i, p in enumerate(("gate", "up"))}
+    paired = paired_weight(w["gate"], w["up"], turn)
+    assert paired.rows == 2 * -(-n // turn) * turn and paired.turn == turn and paired.n == n
+    assert paired.global_scale is w["gate"].global_scale and paired.up_scale is w["up"].global_scale
+    gw, uw, gs, us = unpaired(paired)
+    for got, want in ((gw, w["gate"].words), (uw, w["up"].words), (gs, w["gate"].scales),
+                      (us, w["up"].scales)):
+        assert torch.equal(got.reshape(want.shape), want)
+    # the last turn's padding rows (gate, then up) are zero words: they decode to zero
+    if n % turn and layout != "tiles":
+        rows = paired.words.reshape(experts, paired.rows, -1)
+        last = 2 * (n // turn) * turn
+        assert not rows[:, last + n % turn:last + turn].any()
+        assert not rows[:, last + turn + n % turn:].any()
+        assert rows[:, last:last + n % turn].any()
+    assert pair_turn(2048) == 64 and pair_turn(40) == 64 and pair_turn(20) == 32
+    assert pair_turn(3) == 8
+    with pytest.raises(ValueError, match="multiple of"):
+        paired_weight(w["gate"], w["up"], 8 if layout == "tiles" else 0)
+
+
 @pytest.mark.gpu
-def test_cuda_triton_moe_matches_emulation() -> None:
+@pytest.mark.parametrize("tokens", [1, 40, 300])  # 16-, 16- and 64-row blocks
+def test_cuda_triton_moe_matches_emulation(tokens: int) -> None:
     from moe_helpers import check_moe_triton
 
-    check_moe_triton("cuda", experts=8, hidden=512, inter=256, tokens=40)
+    check_moe_triton("cuda", experts=8, hidden=512, inter=256, tokens=tokens)
+
+
+@pytest.mark.gpu
+def test_cuda_triton_moe_replays_from_a_cuda_graph_with_new_routing() -> None:
+    """The grouped experts are captured as they run: a graph captured with one routing,
+    replayed with another written into the same tensors, gives the eager result of the new
+    routing (nothing about the routing was fixed on the host at capture)."""
+    experts, hidden, inter, tokens = 8, 256, 128, 6
+    req = LinearRequest(hidden, inter, W4A16, "bfloat16", False, MOE_EXPERTS_ROLE,
+                        num_experts=experts)
+    method = Nvfp4MoETriton(req)
+    tensors = quantized_experts(experts, hidden, inter, 3, w4a4=False)
+    layer = load_moe(method, {k: v.cuda() for k, v in tensors.items()}, "cuda")
+    x = torch.randn(tokens, hidden, device="cuda").bfloat16()
+    ids, weights = (t.cuda() for t in routing(tokens, experts, 2, 4))
+    method.apply_moe(layer, x, ids, weights)  # compiles outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out = method.apply_moe(layer, x, ids, weights)
+    torch.cuda.current_stream().wait_stream(stream)
+    new_ids, new_weights = routing(tokens, experts, 2, 9)
+    assert not torch.equal(new_ids, ids.cpu())
+    ids.copy_(new_ids)
+    weights.copy_(new_weights)
+    x.copy_(torch.randn(tokens, hidden).bfloat16())
+    graph.replay()
+    torch.cuda.synchronize()
+    want = method.apply_moe(layer, x, ids, weights)
+    assert torch.equal(out, want)

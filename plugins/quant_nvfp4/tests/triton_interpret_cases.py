@@ -123,11 +123,21 @@ def test_fp8_block_pads_inside_the_method(n: int, k: int, bias: bool) -> None:
     assert torch.equal(method.dequantized_weight(layer), w.bfloat16())
 
 
-def test_moe_triton_matches_emulation() -> None:
-    """nvfp4-moe-triton (per-expert Triton GEMMs driven by the routing) == the emulation."""
+@pytest.mark.parametrize("experts, hidden, inter, tokens, top_k", [
+    (3, 48, 32, 7, 2),  # gate/up in the checkpoint layout, down in fragment; 16-row blocks
+    (3, 48, 32, 30, 2),  # 32-row blocks (20 rows per expert on average)
+    (4, 256, 128, 5, 3),  # the tiles layout both ways
+    (3, 64, 48, 6, 2),  # I = 48: gate/up paired in turns of 64 rows, padded; ragged down K
+    (4, 48, 32, 0, 2),  # no tokens
+])
+def test_moe_triton_matches_emulation(experts: int, hidden: int, inter: int, tokens: int,
+                                      top_k: int) -> None:
+    """nvfp4-moe-triton (grouped Triton GEMMs over the blocks of the routing) == the
+    emulation."""
     from moe_helpers import check_moe_triton
 
-    check_moe_triton("cpu", experts=3, hidden=48, inter=32, tokens=7)
+    check_moe_triton("cpu", experts=experts, hidden=hidden, inter=inter, tokens=tokens,
+                     top_k=top_k)
 
 
 HALFWORD = [KernelConfig("hw-split", "fused", 16, 16, 64, 3),
@@ -211,3 +221,4 @@ def test_stream_k_segments_sum_to_the_product(row_tiles: int, rows: int, chunks:
     if b is not None:
         want = want + b.float()
     torch.testing.assert_close(out.float(), want.bfloat16().float(), rtol=2**-7, atol=1e-5)
+

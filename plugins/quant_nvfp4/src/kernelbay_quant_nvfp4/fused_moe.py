@@ -1,6 +1,6 @@
 """Fused NVFP4 MoE: the scale folding of FP4 fused-MoE kernels (reference, torch) and a
-Triton method for GPUs (per-expert weight-only GEMMs through ``nvfp4-triton``'s kernel,
-driven by the routing).
+Triton method for GPUs (grouped weight-only GEMMs over every routed expert, two launches per
+layer: ``triton_grouped``).
 
 Scalars per expert ``e`` (FORMATS.md), with ``a13`` the gate/up input scale, ``a2`` the down
 input scale and ``w*_scale_2`` the weights' global scales (one per gate, up, down)::
@@ -44,6 +44,8 @@ from kernelbay_quant_nvfp4.schemes import W4A4_ACTIVATION, nvfp4_layer_checks
 if TYPE_CHECKING:
     import torch
     from kernelbay.device import DeviceCapability
+
+    from kernelbay_quant_nvfp4.grouped_weights import ExpertWeight
 
 __all__ = ["MoEScales", "Nvfp4FusedExperts", "Nvfp4MoETriton", "fold_moe_scales",
            "fused_moe_reference"]
@@ -126,18 +128,19 @@ def fused_moe_reference(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: t
 
 
 class Nvfp4MoETriton(MoEMethod):
-    """NVFP4 routed experts on GPUs, weight-only: every expert projection through the
-    ``nvfp4-triton`` kernel (weights decoded in registers), per expert with the tokens routed
-    to it; SiLU(gate) * up between, in the activation dtype."""
+    """NVFP4 routed experts on GPUs, weight-only: one grouped kernel for gate and up of every
+    routed expert (weights decoded in registers as ``nvfp4-triton`` does, SiLU(gate) * up in
+    float32, stored in the activation dtype), one for down times the routing weights; the
+    K slots of each token added in float32."""
 
     name: ClassVar[str] = "nvfp4-moe-triton"
     api_version: ClassVar[str] = "1.0"
     priority: ClassVar[int] = 30
-    # An expert's kernel (and its split of K) follows how many rows are routed to it, so a
-    # token's result can change with the batch.
+    # A token's rows share blocks with other tokens', and the block height follows the batch
+    # (``triton_grouped.block_m_for``): the tile shape of the dot can change with the batch.
     batch_invariant: ClassVar[bool] = False
-    summary: ClassVar[str] = ("NVFP4 routed experts, weight-only Triton GEMMs per expert; "
-                              "CUDA cc >= 8.0 / ROCm")
+    summary: ClassVar[str] = ("NVFP4 routed experts, weight-only grouped Triton GEMMs (two "
+                              "launches); CUDA cc >= 8.0 / ROCm")
 
     @classmethod
     def can_implement(cls, request: LinearRequest, device: DeviceCapability) -> Verdict:
@@ -162,24 +165,31 @@ class Nvfp4MoETriton(MoEMethod):
         return expert_specs(self, False if self.request.scheme.activation is not None else None)
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        """Stack per projection: ``{proj}_w`` and ``{proj}_bs`` (``stored_tensors``: the weight
-        and block scales [E, N, K/16] in the layout of the linear method's M table),
-        ``{proj}_g`` fp32 [E, 1] (buffers); the per-expert parameters go."""
+        """Stack each projection over the experts in the layout of ``nvfp4-triton``'s table
+        for its shape (``stored_tensors``), pair gate and up (``grouped_weights``), and keep
+        them as buffers: ``w13_w`` / ``w13_bs`` / ``w13_g`` / ``w13_ug`` (paired words, scale
+        bytes, gate and up ``weight_scale_2`` [E, 1] fp32) and ``w2_w`` / ``w2_bs`` /
+        ``w2_g``; the per-expert parameters go."""
         import torch
 
+        from kernelbay_quant_nvfp4.grouped_weights import (
+            expert_weight,
+            pair_turn,
+            paired_weight,
+        )
         from kernelbay_quant_nvfp4.linear_triton import (
             Nvfp4TritonLinear,
             check_finite_scales,
             stored_tensors,
         )
-        from kernelbay_quant_nvfp4.triton_configs import KernelConfig, table_for
+        from kernelbay_quant_nvfp4.triton_configs import table_for, table_layout
 
         params = layer._parameters
-        self.tables: dict[str, tuple[tuple[int, KernelConfig], ...]] = {}
 
         def take(e: int, proj: str, tensor: str) -> torch.Tensor:
             return cast("torch.Tensor", params.pop(expert_tensor(e, proj, tensor))).data
 
+        stacked: dict[str, ExpertWeight] = {}
         for proj in EXPERT_PROJECTIONS:
             w, bs, g = [], [], []
             for e in range(self.num_experts):
@@ -188,33 +198,50 @@ class Nvfp4MoETriton(MoEMethod):
                 g.append(take(e, proj, "weight_scale_2").float().reshape(1))
                 check_finite_scales(self.name, bs[-1], g[-1], f"experts.{e}.{proj}.")
                 params.pop(expert_tensor(e, proj, "input_scale"), None)
-            # the table is kept: it says which layout the stacked weight is in
-            self.tables[proj] = table_for(w[0].shape[0], w[0].shape[-1] * 2,
-                                          Nvfp4TritonLinear.configs)
-            weights, scales = stored_tensors(torch.stack(w), torch.stack(bs), self.tables[proj])
-            layer.register_buffer(f"{proj}_w", weights, persistent=False)
-            layer.register_buffer(f"{proj}_bs", scales, persistent=False)
-            layer.register_buffer(f"{proj}_g", torch.stack(g), persistent=False)
+            n, k = w[0].shape[0], w[0].shape[-1] * 2
+            table = table_for(n, k, Nvfp4TritonLinear.configs)
+            words, scales = stored_tensors(torch.stack(w), torch.stack(bs), table)
+            del w, bs
+            stacked[proj] = expert_weight(words, scales, torch.stack(g), table_layout(table),
+                                          n, k)
+        gate_up = paired_weight(stacked.pop("gate_proj"), stacked.pop("up_proj"),
+                                pair_turn(self.intermediate_size))
+        down = stacked.pop("down_proj")
+        self.layouts = (gate_up.layout, down.layout)
+        self.turn, self.gate_up_rows = gate_up.turn, gate_up.rows
+        for name, value in (("w13_w", gate_up.words), ("w13_bs", gate_up.scales),
+                            ("w13_g", gate_up.global_scale), ("w13_ug", gate_up.up_scale),
+                            ("w2_w", down.words), ("w2_bs", down.scales),
+                            ("w2_g", down.global_scale)):
+            layer.register_buffer(name, value, persistent=False)
+
+    def stored_weights(self, layer: torch.nn.Module) -> tuple[ExpertWeight, ExpertWeight]:
+        """The layer's paired gate/up and down weights as the grouped kernels read them."""
+        from kernelbay_quant_nvfp4.grouped_weights import ExpertWeight
+
+        def buffer(name: str) -> torch.Tensor:
+            return cast("torch.Tensor", getattr(layer, name))
+
+        hidden, inter = self.hidden_size, self.intermediate_size
+        gate_up = ExpertWeight(buffer("w13_w"), buffer("w13_bs"), buffer("w13_g"),
+                               self.layouts[0], inter, hidden, self.gate_up_rows, self.turn,
+                               buffer("w13_ug"))
+        down = ExpertWeight(buffer("w2_w"), buffer("w2_bs"), buffer("w2_g"), self.layouts[1],
+                            hidden, inter, hidden)
+        return gate_up, down
 
     def apply_moe(self, layer: torch.nn.Module, x: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor) -> torch.Tensor:
-        import torch.nn.functional as F
+        """Two grouped kernel launches for every routed expert (``triton_grouped``), the
+        routing grouped by expert on the device (``kernelbay.layers.expert_blocks``): nothing
+        is read on the host, so a decode step with this layer is captured as it runs."""
+        from kernelbay.layers.expert_blocks import expert_blocks
 
-        from kernelbay_quant_nvfp4.linear_triton import run_config
-        from kernelbay_quant_nvfp4.triton_configs import config_for
+        from kernelbay_quant_nvfp4.triton_grouped import block_m_for, nvfp4_grouped_experts
 
-        def gemm(proj: str, e: int, t: torch.Tensor) -> torch.Tensor:
-            config = config_for(t.shape[0], self.tables[proj])
-            return run_config(config, t, getattr(layer, f"{proj}_w")[e],
-                              getattr(layer, f"{proj}_bs")[e], getattr(layer, f"{proj}_g")[e],
-                              None)
-
-        def expert_mlp(e: int, tokens: torch.Tensor) -> torch.Tensor:
-            xe = x[tokens].contiguous()
-            # Weight-only: each GEMM applies its own weight_scale_2 in the kernel, so the
-            # gate is in real units before SiLU.
-            h = F.silu(gemm("gate_proj", e, xe)) * gemm("up_proj", e, xe)
-            return gemm("down_proj", e, h.contiguous())
-
-        return combine_experts(x, topk_ids, topk_weights, self.hidden_size, expert_mlp,
-                               num_experts=self.num_experts)
+        if getattr(layer, "w13_w", None) is None:
+            raise RuntimeError(f"{self.name}: call process_weights_after_loading(layer) before "
+                               "apply_moe; the stacked experts are made there")
+        blocks = expert_blocks(topk_ids, self.num_experts,
+                               block_m_for(topk_ids.numel(), self.num_experts))
+        return nvfp4_grouped_experts(x, blocks, topk_weights, *self.stored_weights(layer))

@@ -296,35 +296,9 @@ def _load_tiled(rows, first, WIDTH: tl.constexpr, PER_CHUNK: tl.constexpr,
 
 
 @triton.jit
-def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
-                    stride_xm, stride_wn, stride_sn, stride_om, stride_os,
-                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, TILES_PER_SPLIT, PARTIAL: tl.constexpr,
-                    EVEN_K: tl.constexpr, ASM: tl.constexpr, INTERPRET: tl.constexpr,
-                    PAIRS: tl.constexpr, REPACKED: tl.constexpr = False,
-                    SWAP: tl.constexpr = False, TILED: tl.constexpr = False,
-                    PDL: tl.constexpr = False):
-    # w_ptr: int16 halfwords [N, K/4], or int32 words [N, K/8] with PAIRS or REPACKED (the
-    # repacked layout; with SWAP in the fragment order); s_ptr: E4M3 bytes [N, K/16] (scale
-    # codes with SWAP); out_ptr: [M, N] or, with PARTIAL, fp32 [split, M, N] (stride_os
-    # apart). SWAP accumulates the transposed tile [BLOCK_N, BLOCK_M]. PDL
-    # (kernelbay.triton_pdl): a programmatic launch, which reads and writes nothing before
-    # grid_wait and lets the next launch start once its K loop is done.
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    KH: tl.constexpr = BLOCK_K // 4
-    KQ: tl.constexpr = BLOCK_K // 8
-    G: tl.constexpr = BLOCK_K // 16
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rw = tl.arange(0, KH)
-    rq = tl.arange(0, KQ)
-    rg = tl.arange(0, G)
-    rk = tl.arange(0, BLOCK_K)
-    m_ok = rm < M
-    n_ok = rn < N
-    # Row bases outside the loop (64-bit: N * K / 4 may pass 2^31 for large layers).
+def stored_weight_rows(w_ptr, s_ptr, rn, K, stride_wn, stride_sn, TILED: tl.constexpr):
+    """Pointers to the start of rows ``rn`` of a stored weight's words and scales (64-bit:
+    N * K / 4 may pass 2^31 for large layers)."""
     if TILED:
         # The tiles layout (SWAP only): row n's words of chunk j (128 elements) at
         # ((n // 16 * K / 128 + j) * 2 + n // 8 % 2) * 128 + n % 8 * 16, its codes at half that
@@ -335,15 +309,26 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
     else:
         w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
         s_rows = s_ptr + rn.to(tl.int64)[:, None] * stride_sn
-    x_rows = x_ptr + rm.to(tl.int64)[:, None] * stride_xm
-    if SWAP:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    first = pid_k * TILES_PER_SPLIT
-    last = tl.minimum(first + TILES_PER_SPLIT, tl.cdiv(K, BLOCK_K))
-    if PDL:
-        grid_wait()
+    return w_rows, s_rows
+
+
+@triton.jit
+def weight_k_loop(acc, x_rows, w_rows, s_rows, m_ok, n_ok, K, first, last,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  EVEN_K: tl.constexpr, ASM: tl.constexpr, INTERPRET: tl.constexpr,
+                  PAIRS: tl.constexpr, REPACKED: tl.constexpr, SWAP: tl.constexpr,
+                  TILED: tl.constexpr):
+    """``acc`` plus the product of K tiles ``first .. last`` of the activation rows
+    ``x_rows`` and the weight rows ``w_rows`` / ``s_rows`` (``stored_weight_rows``), each
+    weight tile decoded in registers as its layout says; ``acc`` [BLOCK_N, BLOCK_M] with
+    ``SWAP``, else [BLOCK_M, BLOCK_N]."""
+    KH: tl.constexpr = BLOCK_K // 4
+    KQ: tl.constexpr = BLOCK_K // 8
+    G: tl.constexpr = BLOCK_K // 16
+    rw = tl.arange(0, KH)
+    rq = tl.arange(0, KQ)
+    rg = tl.arange(0, G)
+    rk = tl.arange(0, BLOCK_K)
     # the last split may be shorter: its loop stops at the last K tile (no masks needed)
     for t in range(first, last):
         if TILED:
@@ -366,6 +351,43 @@ def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
         else:
             w = decode_halfwords(packed, sb, BLOCK_N, KH, ASM)
         acc = weight_dot(xa, w, acc, SWAP, INTERPRET)
+    return acc
+
+
+@triton.jit
+def nvfp4_matmul_hw(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, out_ptr, M, N, K,
+                    stride_xm, stride_wn, stride_sn, stride_om, stride_os,
+                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, TILES_PER_SPLIT, PARTIAL: tl.constexpr,
+                    EVEN_K: tl.constexpr, ASM: tl.constexpr, INTERPRET: tl.constexpr,
+                    PAIRS: tl.constexpr, REPACKED: tl.constexpr = False,
+                    SWAP: tl.constexpr = False, TILED: tl.constexpr = False,
+                    PDL: tl.constexpr = False):
+    # w_ptr: int16 halfwords [N, K/4], or int32 words [N, K/8] with PAIRS or REPACKED (the
+    # repacked layout; with SWAP in the fragment order); s_ptr: E4M3 bytes [N, K/16] (scale
+    # codes with SWAP); out_ptr: [M, N] or, with PARTIAL, fp32 [split, M, N] (stride_os
+    # apart). SWAP accumulates the transposed tile [BLOCK_N, BLOCK_M]. PDL
+    # (kernelbay.triton_pdl): a programmatic launch, which reads and writes nothing before
+    # grid_wait and lets the next launch start once its K loop is done.
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < N
+    w_rows, s_rows = stored_weight_rows(w_ptr, s_ptr, rn, K, stride_wn, stride_sn, TILED)
+    x_rows = x_ptr + rm.to(tl.int64)[:, None] * stride_xm
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    first = pid_k * TILES_PER_SPLIT
+    last = tl.minimum(first + TILES_PER_SPLIT, tl.cdiv(K, BLOCK_K))
+    if PDL:
+        grid_wait()
+    acc = weight_k_loop(acc, x_rows, w_rows, s_rows, m_ok, n_ok, K, first, last, BLOCK_M,
+                        BLOCK_N, BLOCK_K, EVEN_K, ASM, INTERPRET, PAIRS, REPACKED, SWAP, TILED)
     if PDL:
         grid_release()
     if SWAP:

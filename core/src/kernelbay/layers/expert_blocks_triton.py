@@ -1,0 +1,90 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# (Triton kernels are written in its untyped DSL; the Python wrapper is typed.)
+"""``expert_blocks`` in one Triton program, for decode-sized routings.
+
+The torch version is about fifteen small kernels (a sort among them); inside a captured
+decode step each still costs a few microseconds, which at one token is a large part of a
+layer's expert time. Here one program does it all, in the same order and with the same
+result, bit for bit:
+
+* count each expert's slots (compare every slot with every expert, chunk by chunk);
+* blocks per expert, and where each expert's blocks end (a cumulative sum);
+* fill ``slots`` with the padding value, then write every slot at ``block start * block_m +
+  rank``, its rank being how many earlier slots route to the same expert (so each expert's
+  slots stay in slot order, as the stable sort leaves them);
+* each block's expert: how many experts' blocks end at or before it, ``-1`` past the last.
+
+The rank is quadratic in the slots, so ``MAX_SLOTS`` bounds where it is used. This module
+imports triton: ``expert_blocks`` imports it only for CUDA tensors.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import triton
+import triton.language as tl
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["MAX_SLOTS", "expert_blocks_kernel", "fill_expert_blocks"]
+
+#: The most routed slots (tokens x top-k) the one-program kernel takes. Its work grows with
+#: the square of the slots; on the H200 (``bench/results/nvfp4-moe-h200.md``, 256 experts,
+#: top-8, in a CUDA graph) it took 7 / 8 / 17 / 88 us for 8 / 32 / 128 / 512 slots against
+#: 48-77 us for the tensor operations.
+MAX_SLOTS = 256
+_CHUNK = 64
+
+
+@triton.jit
+def expert_blocks_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_experts, blocks,
+                         BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
+    e_idx = tl.arange(0, EXPERTS)
+    lanes = tl.arange(0, CHUNK)
+    counts = tl.zeros((EXPERTS,), dtype=tl.int32)
+    for j in range(0, num_slots, CHUNK):
+        ids = tl.load(ids_ptr + j + lanes, mask=j + lanes < num_slots, other=-1)
+        counts += tl.sum((ids[:, None] == e_idx[None, :]).to(tl.int32), axis=0)
+    per_expert = (counts + BLOCK_M - 1) // BLOCK_M
+    block_end = tl.cumsum(per_expert, 0)
+    block_start = block_end - per_expert
+    for p in range(0, blocks * BLOCK_M, CHUNK):
+        tl.store(slots_ptr + p + lanes, tl.zeros((CHUNK,), dtype=tl.int32) + num_slots,
+                 mask=p + lanes < blocks * BLOCK_M)
+    tl.debug_barrier()  # the padding is written before any slot lands on it
+    for i in range(0, num_slots, CHUNK):
+        mine = i + lanes
+        my_ids = tl.load(ids_ptr + mine, mask=mine < num_slots, other=-1)
+        rank = tl.zeros((CHUNK,), dtype=tl.int32)
+        for j in range(0, i + CHUNK, CHUNK):
+            theirs = j + lanes
+            their_ids = tl.load(ids_ptr + theirs, mask=theirs < num_slots, other=-2)
+            same = (their_ids[None, :] == my_ids[:, None]) & (theirs[None, :] < mine[:, None])
+            rank += tl.sum(same.to(tl.int32), axis=1)
+        hit = e_idx[None, :] == my_ids[:, None]
+        start = tl.sum(tl.where(hit, block_start[None, :], 0), axis=1)
+        tl.store(slots_ptr + start * BLOCK_M + rank, mine, mask=mine < num_slots)
+    # expert slots past num_experts hold no blocks: their ends never count
+    ends = tl.where(e_idx < num_experts, block_end, 2147483647)
+    for b in range(0, blocks, CHUNK):
+        block = b + lanes
+        owner = tl.sum((ends[None, :] <= block[:, None]).to(tl.int32), axis=1)
+        owner = tl.where(owner < num_experts, owner, -1)
+        tl.store(experts_ptr + block, owner, mask=block < blocks)
+
+
+def fill_expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int,
+                       slots: torch.Tensor, experts: torch.Tensor) -> None:
+    """Write the blocks of ``topk_ids`` into ``slots`` and ``experts`` (int32, sized by
+    ``expert_blocks.max_blocks``) with one program; ``ValueError`` past ``MAX_SLOTS``."""
+    flat = topk_ids.reshape(-1)  # any integer dtype: the kernel compares loaded values
+    if flat.numel() > MAX_SLOTS:
+        raise ValueError(f"fill_expert_blocks: {flat.numel()} routed slots, the one-program "
+                         f"kernel takes at most MAX_SLOTS={MAX_SLOTS}")
+    width = max(16, triton.next_power_of_2(num_experts))
+    opts = {"num_warps": 4} if topk_ids.is_cuda else {}
+    expert_blocks_kernel[(1,)](flat, slots, experts, flat.numel(), num_experts,
+                               experts.numel(), BLOCK_M=block_m, EXPERTS=width, CHUNK=_CHUNK,
+                               **opts)

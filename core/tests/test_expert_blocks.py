@@ -1,0 +1,145 @@
+"""The routing grouped by expert for grouped-GEMM MoE kernels (``kernelbay.layers.expert_blocks``),
+checked against the routing read on the host, and made without a host read."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernelbay.layers.expert_blocks import expert_blocks, max_blocks
+from kernelbay.testing.capture import simulated_capture
+
+
+def _check(ids: torch.Tensor, experts: int, block_m: int) -> None:
+    blocks = expert_blocks(ids, experts, block_m)
+    flat = ids.reshape(-1).tolist()
+    n = len(flat)
+    slots = blocks.slots.tolist()
+    owner = blocks.experts.tolist()
+    assert blocks.num_slots == n and blocks.top_k == ids.shape[1] and blocks.block_m == block_m
+    assert blocks.max_blocks == max_blocks(n, experts, block_m) == len(owner)
+    assert len(slots) == len(owner) * block_m
+    assert blocks.slots.dtype == blocks.experts.dtype == torch.int32
+    # every slot exactly once, the rest padding
+    assert sorted(s for s in slots if s != n) == list(range(n))
+    assert all(0 <= s <= n for s in slots)
+    counts = {e: flat.count(e) for e in range(experts)}
+    used = sum(-(-c // block_m) for c in counts.values())
+    # the used blocks first, then -1 only
+    assert all(e >= 0 for e in owner[:used]) and all(e == -1 for e in owner[used:])
+    seen: dict[int, list[int]] = {}
+    for b, e in enumerate(owner[:used]):
+        rows = [s for s in slots[b * block_m:(b + 1) * block_m] if s != n]
+        assert rows, f"block {b} of expert {e} is empty"
+        assert all(flat[s] == e for s in rows), (b, e, rows)
+        seen.setdefault(e, []).extend(rows)
+    assert list(seen) == sorted(seen), "blocks are not in expert order"
+    for e, rows in seen.items():
+        assert rows == sorted(rows) and len(rows) == counts[e]
+        # padding only at the end of an expert's last block
+        assert -(-len(rows) // block_m) == owner[:used].count(e)
+
+
+@pytest.mark.parametrize("tokens, top_k, experts, block_m", [
+    (1, 1, 1, 16), (1, 8, 256, 16), (7, 2, 3, 16), (40, 2, 8, 16), (33, 4, 5, 4),
+    (300, 8, 16, 64), (5, 3, 40, 1), (64, 2, 2, 32),
+])
+def test_blocks_cover_each_slot_once_in_expert_blocks(tokens: int, top_k: int, experts: int,
+                                                      block_m: int) -> None:
+    gen = torch.Generator().manual_seed(tokens * 31 + experts)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] if top_k <= experts
+                       else torch.randint(0, experts, (top_k,), generator=gen)
+                       for _ in range(tokens)])
+    _check(ids, experts, block_m)
+
+
+def test_skewed_and_repeated_routing() -> None:
+    """One expert takes almost everything (many full blocks), others none; a token may name an
+    expert twice (the slots stay distinct)."""
+    ids = torch.zeros(50, 2, dtype=torch.long)
+    ids[::7, 1] = 3
+    _check(ids, 4, 8)
+    _check(torch.tensor([[2, 2], [2, 0]]), 3, 2)
+
+
+def test_no_tokens() -> None:
+    blocks = expert_blocks(torch.zeros(0, 4, dtype=torch.long), 8, 16)
+    assert blocks.max_blocks == 0 and blocks.slots.numel() == 0 and blocks.num_slots == 0
+
+
+def test_bad_arguments_name_what_was_expected() -> None:
+    with pytest.raises(ValueError, match=r"\[tokens, top_k\].*\(6,\)"):
+        expert_blocks(torch.zeros(6, dtype=torch.long), 4, 16)
+    with pytest.raises(ValueError, match="block_m=0"):
+        expert_blocks(torch.zeros(2, 2, dtype=torch.long), 4, 0)
+
+
+def test_made_without_reading_the_routing_on_the_host() -> None:
+    ids = torch.tensor([[3, 1], [1, 0], [3, 2]])
+    want = expert_blocks(ids, 4, 2)
+    with simulated_capture():
+        got = expert_blocks(ids, 4, 2)
+    assert torch.equal(got.slots, want.slots) and torch.equal(got.experts, want.experts)
+
+
+_TRITON_CASES = """
+import torch
+from kernelbay.layers.expert_blocks import expert_blocks
+
+cases = [(1, 1, 1, 16), (1, 8, 256, 16), (7, 2, 3, 16), (40, 2, 8, 16), (33, 4, 5, 4),
+         (32, 8, 256, 16), (30, 8, 16, 64), (5, 3, 40, 1), (64, 2, 2, 32), (0, 2, 4, 16),
+         (85, 3, 300, 8)]
+gen = torch.Generator().manual_seed(0)
+for tokens, top_k, experts, block_m in cases:
+    for skew in (False, True):
+        ids = torch.randint(0, experts, (tokens, top_k), generator=gen)
+        if skew:
+            ids[::3] = experts - 1
+        want = expert_blocks(ids, experts, block_m, kernel="torch")
+        got = expert_blocks(ids.int(), experts, block_m, kernel="triton")
+        assert torch.equal(got.slots, want.slots), (tokens, top_k, experts, block_m, skew)
+        assert torch.equal(got.experts, want.experts), (tokens, top_k, experts, block_m, skew)
+try:
+    expert_blocks(torch.zeros(129, 2, dtype=torch.int32), 4, 16, kernel="triton")
+except ValueError as exc:
+    assert "258 routed slots" in str(exc) and "MAX_SLOTS=256" in str(exc), exc
+else:
+    raise AssertionError("past MAX_SLOTS the Triton program must refuse")
+print("ok", len(cases))
+"""
+
+
+def test_the_triton_program_makes_the_same_blocks() -> None:
+    """The one-program Triton kernel == the tensor operations, bit for bit, in Triton's
+    interpreter (a child process: the interpreter is chosen when ``triton.jit`` decorates)."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+
+    from kernelbay.testing.interpreter import triton_interpreter_problem
+
+    problem = triton_interpreter_problem()
+    if problem:
+        pytest.skip(problem)
+    proc = subprocess.run([sys.executable, "-c", _TRITON_CASES],
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+def test_an_unknown_kernel_is_named() -> None:
+    with pytest.raises(ValueError, match=r"kernel='cuda'.*'auto', 'torch', 'triton'"):
+        expert_blocks(torch.zeros(2, 2, dtype=torch.long), 4, 16, kernel="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens, top_k, experts, block_m", [
+    (1, 8, 256, 16), (16, 8, 256, 16), (128, 8, 256, 16), (128, 8, 16, 64), (300, 2, 8, 16)])
+def test_cuda_auto_blocks_equal_the_tensor_operations(tokens: int, top_k: int, experts: int,
+                                                      block_m: int) -> None:
+    gen = torch.Generator().manual_seed(tokens)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k]
+                       for _ in range(tokens)]).cuda()
+    want = expert_blocks(ids, experts, block_m, kernel="torch")
+    got = expert_blocks(ids, experts, block_m)
+    assert torch.equal(got.slots, want.slots) and torch.equal(got.experts, want.experts)

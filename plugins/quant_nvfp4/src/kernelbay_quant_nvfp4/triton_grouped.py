@@ -1,0 +1,203 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# (Triton kernels are written in its untyped DSL; the Python wrappers are typed.)
+"""Grouped NVFP4 expert GEMMs: every routed expert of a MoE layer in two kernel launches.
+
+``kernelbay.layers.expert_blocks`` groups the routed slots (token t's k-th expert is slot
+``t * K + k``) into blocks of ``BLOCK_M`` rows of one expert, on the device. Each program of
+``nvfp4_grouped_gemm`` takes one block and one ``BLOCK_N`` tile of weight rows, reads that
+expert's tile in the layer's stored layout (``grouped_weights``) and decodes it in registers
+with the K loop of ``nvfp4-triton``'s fused kernel (``triton_halfword.weight_k_loop``),
+gathering its activation rows by slot:
+
+* gate/up (``GATED``): rows ``slot // K`` of x against the paired gate/up weight (a turn of
+  ``BLOCK_N / 2`` gate rows, then the same up rows), one K loop; the tile is split into its
+  gate and up halves, each times its own ``weight_scale_2``, and ``SiLU(gate) * up`` (float32)
+  is stored in x's dtype at row ``slot`` of ``h`` [T * K, I];
+* down: rows ``slot`` of ``h``, times the down ``weight_scale_2`` and the slot's routing
+  weight, stored in float32 at row ``slot`` of ``y`` [T * K, H].
+
+The caller adds ``y`` over each token's K slots in slot order (float32, deterministic) and
+casts. Blocks past the used ones (expert -1) do nothing, so the grid depends on the shapes
+alone and nothing is read on the host: the experts run inside a captured CUDA graph exactly
+as eagerly. This module imports triton: the MoE method imports it when it runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import triton
+import triton.language as tl
+from kernelbay.formats import e2m1_words_triton
+
+from kernelbay_quant_nvfp4 import triton_halfword
+from kernelbay_quant_nvfp4.grouped_weights import ExpertWeight
+from kernelbay_quant_nvfp4.triton_halfword import stored_weight_rows, weight_k_loop
+from kernelbay_quant_nvfp4.triton_kernels import interpreting, kernels
+
+if TYPE_CHECKING:
+    import torch
+    from kernelbay.layers.expert_blocks import ExpertBlocks
+
+__all__ = ["GroupedConfig", "block_m_for", "grouped_kernel", "nvfp4_grouped_experts"]
+
+#: K elements per tile of the fragment-order layouts (the ``pt``/``pf`` M <= 16 kernels'
+#: tile); the checkpoint and repacked layouts take 64-element K tiles, the most those
+#: kernels take for ragged K.
+BLOCK_K_FRAGMENT = 256
+BLOCK_K_OTHER = 64
+
+
+@dataclass(frozen=True)
+class GroupedConfig:
+    """Launch shape of the grouped GEMMs: weight rows per program of the down GEMM (the
+    gate/up GEMM takes two turns of its paired weight), warps, pipeline stages. The default
+    was the fastest or within 2% of it from 1 to 1024 tokens on the H200
+    (``bench/results/nvfp4-moe-h200.md``)."""
+
+    block_n: int = 128
+    num_warps: int = 4
+    num_stages: int = 3
+
+    @property
+    def name(self) -> str:
+        return f"n{self.block_n}w{self.num_warps}s{self.num_stages}"
+
+    @classmethod
+    def parse(cls, text: str) -> GroupedConfig:
+        """``"n128w4s3"`` -> ``GroupedConfig(128, 4, 3)``."""
+        found = re.fullmatch(r"n(\d+)w(\d+)s(\d+)", text)
+        if not found:
+            raise ValueError(f"grouped config {text!r}; expected n<block_n>w<warps>s<stages>, "
+                             "e.g. n128w4s3")
+        return cls(*(int(v) for v in found.groups()))
+
+
+@triton.jit
+def nvfp4_grouped_gemm(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, g_ptr, ug_ptr, rw_ptr, out_ptr,
+                       N, ROWS, K, num_slots, stride_xm, stride_we, stride_se, stride_wn,
+                       stride_sn, stride_om, TOP_K: tl.constexpr, GATED: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       EVEN_K: tl.constexpr, ASM: tl.constexpr, INTERPRET: tl.constexpr,
+                       REPACKED: tl.constexpr, SWAP: tl.constexpr, TILED: tl.constexpr):
+    # x_ptr: activation rows, gathered at slot // TOP_K; slot_ptr / expert_ptr: the
+    # ExpertBlocks tensors; w_ptr / s_ptr: the stacked stored weight (ROWS rows per expert,
+    # stride_we / stride_se elements apart); g_ptr fp32 [E] weight_scale_2 (ug_ptr: the up
+    # projection's, GATED); rw_ptr: the routing weights [T * TOP_K] (down); out_ptr: [T *
+    # TOP_K, N] at row slot (N = I for GATED).
+    pid_n = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    expert = tl.load(expert_ptr + pid_b)
+    if expert >= 0:
+        slots = tl.load(slot_ptr + pid_b * BLOCK_M + tl.arange(0, BLOCK_M))
+        m_ok = slots < num_slots
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = rn < ROWS
+        e = expert.to(tl.int64)
+        x_rows = x_ptr + (slots // TOP_K).to(tl.int64)[:, None] * stride_xm
+        if SWAP:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        w_rows, s_rows = stored_weight_rows(w_ptr + e * stride_we, s_ptr + e * stride_se, rn,
+                                            K, stride_wn, stride_sn, TILED)
+        acc = weight_k_loop(acc, x_rows, w_rows, s_rows, m_ok, n_ok, K, 0, tl.cdiv(K, BLOCK_K),
+                            BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ASM, INTERPRET, False, REPACKED,
+                            SWAP, TILED)
+        if SWAP:
+            acc = tl.trans(acc)
+        # The decoded weight is e2m1 * S * 2^-8: weight_scale_2 * 2^8 finishes it.
+        if GATED:
+            TURN: tl.constexpr = BLOCK_N // 2
+            gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, TURN)), (0, 2, 1)))
+            gate = gate * (tl.load(g_ptr + e) * 256.0)
+            up = up * (tl.load(ug_ptr + e) * 256.0)
+            out = gate / (1.0 + tl.exp(-gate)) * up
+            cn = pid_n * TURN + tl.arange(0, TURN)
+        else:
+            route = tl.load(rw_ptr + slots, mask=m_ok, other=0.0).to(tl.float32)
+            out = acc * (tl.load(g_ptr + e) * 256.0) * route[:, None]
+            cn = rn
+        o_ptrs = out_ptr + slots.to(tl.int64)[:, None] * stride_om + cn[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & (cn < N)[None, :])
+
+
+#: The mode the decorator above ran in.
+_BUILT_INTERPRETED = interpreting()
+
+
+def grouped_kernel() -> Any:
+    """The jitted ``nvfp4_grouped_gemm`` for the current ``TRITON_INTERPRET`` setting (re-executes
+    the modules whose helpers it calls when the setting changed, as ``hw_kernel`` does)."""
+    if interpreting() != _BUILT_INTERPRETED:
+        kernels()
+        importlib.reload(e2m1_words_triton)
+        importlib.reload(triton_halfword)
+        return importlib.reload(sys.modules[__name__]).grouped_kernel()
+    return nvfp4_grouped_gemm
+
+
+def block_m_for(num_slots: int, num_experts: int) -> int:
+    """Rows per block: 16 while experts average at most 16 routed rows (decode: a block is
+    mostly one expert's few tokens), then 32 and 64 (prefill: fewer weight re-reads)."""
+    mean = num_slots / max(num_experts, 1)
+    return 16 if mean <= 16 else 32 if mean <= 32 else 64
+
+
+def _launch(x: torch.Tensor, blocks: ExpertBlocks, weight: ExpertWeight,
+            route: torch.Tensor | None, out: torch.Tensor, top_k: int,
+            config: GroupedConfig) -> None:
+    """One grouped GEMM into ``out`` (rows by slot): gate/up with SiLU for a paired weight,
+    else the down projection times the routing weights ``route``."""
+    import torch
+
+    swap = weight.layout in ("fragment", "tiles")
+    block_k = BLOCK_K_FRAGMENT if swap else BLOCK_K_OTHER
+    block_n = 2 * weight.turn if weight.turn else config.block_n
+    stride_wn, stride_sn = weight.row_strides()
+    interp = interpreting()
+    opts: dict[str, Any] = ({"num_warps": config.num_warps, "num_stages": config.num_stages}
+                            if x.is_cuda else {})
+    grid = (-(-weight.rows // block_n), blocks.max_blocks)
+    if grid[1] == 0:
+        return
+    grouped_kernel()[grid](
+        x, blocks.slots, blocks.experts, weight.words, weight.scales, weight.global_scale,
+        weight.up_scale if weight.up_scale is not None else weight.global_scale,
+        route if route is not None else out, out, weight.n, weight.rows, weight.k,
+        blocks.num_slots, x.stride(0), weight.words.stride(0), weight.scales.stride(0),
+        stride_wn, stride_sn, out.stride(0), TOP_K=top_k, GATED=weight.turn > 0,
+        BLOCK_M=blocks.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        EVEN_K=weight.k % block_k == 0,
+        ASM=x.is_cuda and not interp and torch.version.hip is None, INTERPRET=interp,
+        REPACKED=weight.layout in ("repacked", "fragment", "tiles"), SWAP=swap,
+        TILED=weight.layout == "tiles", **opts)
+
+
+def nvfp4_grouped_experts(x: torch.Tensor, blocks: ExpertBlocks, topk_weights: torch.Tensor,
+                          gate_up: ExpertWeight, down: ExpertWeight,
+                          config: GroupedConfig | None = None) -> torch.Tensor:
+    """``sum_k topk_weights[t, k] * down_e(SiLU(gate_e(x_t)) * up_e(x_t))`` for
+    ``e = topk_ids[t, k]`` (the routing ``blocks`` was made from), [T, H] in x's dtype.
+    ``gate_up``: ``grouped_weights.paired_weight``; ``config``: ``GroupedConfig()`` unless
+    given."""
+    import torch
+
+    tokens, top_k = topk_weights.shape
+    if x.shape[0] != tokens or blocks.num_slots != tokens * top_k or not gate_up.turn:
+        raise ValueError(f"nvfp4 grouped experts: x has {x.shape[0]} rows, topk_weights "
+                         f"{tuple(topk_weights.shape)}, the blocks {blocks.num_slots} slots and "
+                         f"gate_up turn {gate_up.turn}; expected T rows, [T, K], T * K slots "
+                         "and a paired gate/up weight")
+    x = x.contiguous()
+    config = config or GroupedConfig()
+    h = torch.empty(blocks.num_slots, gate_up.n, dtype=x.dtype, device=x.device)
+    _launch(x, blocks, gate_up, None, h, top_k, config)
+    y = torch.empty(blocks.num_slots, down.n, dtype=torch.float32, device=x.device)
+    route = topk_weights.reshape(-1).float().contiguous()
+    _launch(h, blocks, down, route, y, 1, config)
+    return y.view(tokens, top_k, down.n).sum(1).to(x.dtype)
