@@ -128,6 +128,7 @@ def test_fp8_block_pads_inside_the_method(n: int, k: int, bias: bool) -> None:
     (3, 48, 32, 30, 2),  # 32-row blocks (20 rows per expert on average)
     (4, 256, 128, 5, 3),  # the tiles layout both ways
     (3, 64, 48, 6, 2),  # I = 48: gate/up paired in turns of 64 rows, padded; ragged down K
+    (4, 1024, 64, 3, 2),  # few programs: the gate/up GEMM splits K in two (see below)
     (4, 48, 32, 0, 2),  # no tokens
 ])
 def test_moe_triton_matches_emulation(experts: int, hidden: int, inter: int, tokens: int,
@@ -222,3 +223,14 @@ def test_stream_k_segments_sum_to_the_product(row_tiles: int, rows: int, chunks:
         want = want + b.float()
     torch.testing.assert_close(out.float(), want.bfloat16().float(), rtol=2**-7, atol=1e-5)
 
+
+
+def test_the_split_case_above_splits() -> None:
+    """The (4, 1024, 64, 3, 2) case: one 128-row tile, about six blocks and four K tiles, so
+    the gate/up GEMM runs two splits and the finishing launch."""
+    from kernelbay_quant_nvfp4.triton_grouped import gate_up_splits
+
+    assert gate_up_splits(1 * 6, 4, 132, 2) == 2
+    assert gate_up_splits(1 * 6, 4, 132, 0) == 1
+    assert gate_up_splits(300, 28, 132, 2) == 1
+    assert gate_up_splits(32, 28, 132, 2) == 8

@@ -35,15 +35,17 @@ import triton.language as tl
 from kernelbay.formats import e2m1_words_triton
 
 from kernelbay_quant_nvfp4 import triton_halfword
+from kernelbay_quant_nvfp4.cuda_gemv import device_index, sm_count
 from kernelbay_quant_nvfp4.grouped_weights import ExpertWeight
 from kernelbay_quant_nvfp4.triton_halfword import stored_weight_rows, weight_k_loop
-from kernelbay_quant_nvfp4.triton_kernels import interpreting, kernels
+from kernelbay_quant_nvfp4.triton_kernels import interpreting, kernels, split_plan
 
 if TYPE_CHECKING:
     import torch
     from kernelbay.layers.expert_blocks import ExpertBlocks
 
-__all__ = ["GroupedConfig", "block_m_for", "grouped_kernel", "nvfp4_grouped_experts"]
+__all__ = ["GroupedConfig", "block_m_for", "gate_up_splits", "grouped_kernel",
+           "nvfp4_grouped_experts"]
 
 #: K elements per tile of the fragment-order layouts (the ``pt``/``pf`` M <= 16 kernels'
 #: tile); the checkpoint and repacked layouts take 64-element K tiles, the most those
@@ -62,33 +64,41 @@ class GroupedConfig:
     block_n: int = 128
     num_warps: int = 4
     num_stages: int = 3
+    #: The gate/up GEMM splits K (``gate_up_splits``) while its programs number fewer than
+    #: this many per SM; 0 never splits.
+    split_per_sm: int = 2
 
     @property
     def name(self) -> str:
-        return f"n{self.block_n}w{self.num_warps}s{self.num_stages}"
+        return f"n{self.block_n}w{self.num_warps}s{self.num_stages}p{self.split_per_sm}"
 
     @classmethod
     def parse(cls, text: str) -> GroupedConfig:
-        """``"n128w4s3"`` -> ``GroupedConfig(128, 4, 3)``."""
-        found = re.fullmatch(r"n(\d+)w(\d+)s(\d+)", text)
+        """``"n128w4s3p2"`` -> ``GroupedConfig(128, 4, 3, 2)`` (``p`` optional)."""
+        found = re.fullmatch(r"n(\d+)w(\d+)s(\d+)(?:p(\d+))?", text)
         if not found:
-            raise ValueError(f"grouped config {text!r}; expected n<block_n>w<warps>s<stages>, "
-                             "e.g. n128w4s3")
-        return cls(*(int(v) for v in found.groups()))
+            raise ValueError(f"grouped config {text!r}; expected n<block_n>w<warps>s<stages>"
+                             "[p<split_per_sm>], e.g. n128w4s3p2")
+        return cls(*(int(v) for v in found.groups() if v is not None))
 
 
 @triton.jit
 def nvfp4_grouped_gemm(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, g_ptr, ug_ptr, rw_ptr, out_ptr,
-                       N, ROWS, K, num_slots, stride_xm, stride_we, stride_se, stride_wn,
-                       stride_sn, stride_om, TOP_K: tl.constexpr, GATED: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       EVEN_K: tl.constexpr, ASM: tl.constexpr, INTERPRET: tl.constexpr,
-                       REPACKED: tl.constexpr, SWAP: tl.constexpr, TILED: tl.constexpr):
+                       part_ptr, N, ROWS, K, num_slots, tiles_per_split, stride_xm, stride_we,
+                       stride_se, stride_wn, stride_sn, stride_om, TOP_K: tl.constexpr,
+                       GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr,
+                       INTERPRET: tl.constexpr, REPACKED: tl.constexpr, SWAP: tl.constexpr,
+                       TILED: tl.constexpr, SPLIT: tl.constexpr = 1,
+                       FINISH: tl.constexpr = False):
     # x_ptr: activation rows, gathered at slot // TOP_K; slot_ptr / expert_ptr: the
     # ExpertBlocks tensors; w_ptr / s_ptr: the stacked stored weight (ROWS rows per expert,
     # stride_we / stride_se elements apart); g_ptr fp32 [E] weight_scale_2 (ug_ptr: the up
     # projection's, GATED); rw_ptr: the routing weights [T * TOP_K] (down); out_ptr: [T *
-    # TOP_K, N] at row slot (N = I for GATED).
+    # TOP_K, N] at row slot (N = I for GATED). Split K (GATED only): with SPLIT > 1 and not
+    # FINISH, program_id(2) multiplies K tiles [pid * tiles_per_split, ...) and stores its raw
+    # tile, float32, in part_ptr [SPLIT, T * TOP_K, ROWS]; FINISH adds the SPLIT parts in
+    # order instead of reading the weight, then finishes as unsplit.
     pid_n = tl.program_id(0)
     pid_b = tl.program_id(1)
     expert = tl.load(expert_ptr + pid_b)
@@ -99,19 +109,35 @@ def nvfp4_grouped_gemm(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, g_ptr, ug_ptr,
         n_ok = rn < ROWS
         e = expert.to(tl.int64)
         x_rows = x_ptr + (slots // TOP_K).to(tl.int64)[:, None] * stride_xm
-        if SWAP:
-            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        else:
+        part_rows = part_ptr + slots.to(tl.int64)[:, None] * ROWS + rn[None, :]
+        part_ok = m_ok[:, None] & n_ok[None, :]
+        if FINISH:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        w_rows, s_rows = stored_weight_rows(w_ptr + e * stride_we, s_ptr + e * stride_se, rn,
-                                            K, stride_wn, stride_sn, TILED)
-        acc = weight_k_loop(acc, x_rows, w_rows, s_rows, m_ok, n_ok, K, 0, tl.cdiv(K, BLOCK_K),
-                            BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ASM, INTERPRET, False, REPACKED,
-                            SWAP, TILED)
-        if SWAP:
-            acc = tl.trans(acc)
+            for s in range(SPLIT):
+                acc += tl.load(part_rows + s * num_slots.to(tl.int64) * ROWS, mask=part_ok,
+                               other=0.0)
+        else:
+            if SWAP:
+                acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            else:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            w_rows, s_rows = stored_weight_rows(w_ptr + e * stride_we, s_ptr + e * stride_se,
+                                                rn, K, stride_wn, stride_sn, TILED)
+            first = 0
+            last = tl.cdiv(K, BLOCK_K)
+            if SPLIT > 1:
+                first = tl.program_id(2) * tiles_per_split
+                last = tl.minimum(first + tiles_per_split, last)
+            acc = weight_k_loop(acc, x_rows, w_rows, s_rows, m_ok, n_ok, K, first, last,
+                                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ASM, INTERPRET, False,
+                                REPACKED, SWAP, TILED)
+            if SWAP:
+                acc = tl.trans(acc)
         # The decoded weight is e2m1 * S * 2^-8: weight_scale_2 * 2^8 finishes it.
-        if GATED:
+        if SPLIT > 1 and not FINISH:
+            tl.store(part_rows + tl.program_id(2) * num_slots.to(tl.int64) * ROWS, acc,
+                     mask=part_ok)
+        elif GATED:
             TURN: tl.constexpr = BLOCK_N // 2
             gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, TURN)), (0, 2, 1)))
             gate = gate * (tl.load(g_ptr + e) * 256.0)
@@ -122,8 +148,10 @@ def nvfp4_grouped_gemm(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, g_ptr, ug_ptr,
             route = tl.load(rw_ptr + slots, mask=m_ok, other=0.0).to(tl.float32)
             out = acc * (tl.load(g_ptr + e) * 256.0) * route[:, None]
             cn = rn
-        o_ptrs = out_ptr + slots.to(tl.int64)[:, None] * stride_om + cn[None, :]
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & (cn < N)[None, :])
+        if SPLIT == 1 or FINISH:
+            o_ptrs = out_ptr + slots.to(tl.int64)[:, None] * stride_om + cn[None, :]
+            tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty),
+                     mask=m_ok[:, None] & (cn < N)[None, :])
 
 
 #: The mode the decorator above ran in.
@@ -165,17 +193,45 @@ def _launch(x: torch.Tensor, blocks: ExpertBlocks, weight: ExpertWeight,
     grid = (-(-weight.rows // block_n), blocks.max_blocks)
     if grid[1] == 0:
         return
-    grouped_kernel()[grid](
-        x, blocks.slots, blocks.experts, weight.words, weight.scales, weight.global_scale,
-        weight.up_scale if weight.up_scale is not None else weight.global_scale,
-        route if route is not None else out, out, weight.n, weight.rows, weight.k,
-        blocks.num_slots, x.stride(0), weight.words.stride(0), weight.scales.stride(0),
-        stride_wn, stride_sn, out.stride(0), TOP_K=top_k, GATED=weight.turn > 0,
-        BLOCK_M=blocks.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN_K=weight.k % block_k == 0,
-        ASM=x.is_cuda and not interp and torch.version.hip is None, INTERPRET=interp,
-        REPACKED=weight.layout in ("repacked", "fragment", "tiles"), SWAP=swap,
-        TILED=weight.layout == "tiles", **opts)
+    k_tiles = -(-weight.k // block_k)
+    splits, per_split = 1, k_tiles
+    if weight.turn:
+        sms = sm_count(device_index(x)) if x.is_cuda else 132
+        splits, per_split = split_plan(k_tiles, gate_up_splits(
+            grid[0] * min(blocks.num_slots, blocks.max_blocks), k_tiles, sms,
+            config.split_per_sm))
+    part = (torch.empty(splits, blocks.num_slots, weight.rows, dtype=torch.float32,
+                        device=x.device) if splits > 1 else out)
+
+    def run(grid: tuple[int, ...], finish: bool) -> None:
+        grouped_kernel()[grid](
+            x, blocks.slots, blocks.experts, weight.words, weight.scales, weight.global_scale,
+            weight.up_scale if weight.up_scale is not None else weight.global_scale,
+            route if route is not None else out, out, part, weight.n, weight.rows, weight.k,
+            blocks.num_slots, per_split, x.stride(0), weight.words.stride(0),
+            weight.scales.stride(0), stride_wn, stride_sn, out.stride(0), TOP_K=top_k,
+            GATED=weight.turn > 0, BLOCK_M=blocks.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+            EVEN_K=weight.k % block_k == 0,
+            ASM=x.is_cuda and not interp and torch.version.hip is None, INTERPRET=interp,
+            REPACKED=weight.layout in ("repacked", "fragment", "tiles"), SWAP=swap,
+            TILED=weight.layout == "tiles", SPLIT=splits, FINISH=finish, **opts)
+
+    if splits > 1:
+        run((*grid, splits), False)
+        run(grid, True)
+    else:
+        run(grid, False)
+
+
+def gate_up_splits(programs: int, k_tiles: int, sms: int, per_sm: int) -> int:
+    """K splits of the gate/up GEMM: doubled while ``programs`` (row tiles times the blocks
+    there can be) times the splits stay within ``per_sm`` per SM and each split keeps at
+    least two K tiles (``per_sm`` 0: 1). A split stores raw float32 tiles that a second
+    launch adds in split order before SiLU (deterministic)."""
+    splits = 1
+    while per_sm and programs * splits * 2 <= per_sm * sms and k_tiles >= 4 * splits:
+        splits *= 2
+    return splits
 
 
 def nvfp4_grouped_experts(x: torch.Tensor, blocks: ExpertBlocks, topk_weights: torch.Tensor,
