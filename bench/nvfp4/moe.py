@@ -22,7 +22,7 @@ the nvfp4 graph time. ``--configs`` adds the two grouped GEMMs alone (routing ma
 under other launch shapes, and the parts table times the routing alone both ways.
 
 Correctness: both grouped results are checked against ``bf16 per-expert`` to 2^-5 of the
-output's scale (the NVFP4 kernels keep float32 between SiLU and the store, torch rounds each
+output's scale (its largest magnitude) (the NVFP4 kernels keep float32 between SiLU and the store, torch rounds each
 GEMM to bf16), far below what a wrong expert, scale or routing weight gives; a mismatch makes
 the script exit 1 after writing what it measured.
 
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def check(what: str, got: torch.Tensor) -> float:
             error = float((got.float() - want.float()).abs().amax())
-            if got.shape != want.shape or not error <= 2**-5 * scale + 2**-5:
+            if got.shape != want.shape or not error <= 2**-5 * max(scale, 1e-6):
                 failures.append(f"{what} vs bf16 per-expert at T={t}: max error {error:.3g}, "
                                 f"output scale {scale:.3g}")
             return error

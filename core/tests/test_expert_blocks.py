@@ -98,6 +98,23 @@ for tokens, top_k, experts, block_m in cases:
         got = expert_blocks(ids.int(), experts, block_m, kernel="triton")
         assert torch.equal(got.slots, want.slots), (tokens, top_k, experts, block_m, skew)
         assert torch.equal(got.experts, want.experts), (tokens, top_k, experts, block_m, skew)
+# unsigned ids: the same blocks
+ids = torch.randint(0, 200, (20, 8), generator=gen)
+want = expert_blocks(ids, 256, 16, kernel="torch")
+got = expert_blocks(ids.to(torch.uint8), 256, 16, kernel="triton")
+assert torch.equal(got.slots, want.slots) and torch.equal(got.experts, want.experts)
+# ids outside [0, E): those slots join no block, the others are grouped as usual
+ids = torch.randint(0, 5, (30, 3), generator=gen)
+ids[::4, 0] = 9
+ids[1, 1] = -2
+got = expert_blocks(ids, 5, 4, kernel="triton")
+flat = ids.reshape(-1).tolist()
+valid = [s for s, e in enumerate(flat) if 0 <= e < 5]
+slots = got.slots.tolist()
+assert sorted(s for s in slots if s != len(flat)) == valid, slots
+for b, e in enumerate(got.experts.tolist()):
+    rows = [s for s in slots[b * 4:(b + 1) * 4] if s != len(flat)]
+    assert (e == -1) == (not rows) and all(flat[s] == e for s in rows), (b, e, rows)
 try:
     expert_blocks(torch.zeros(129, 2, dtype=torch.int32), 4, 16, kernel="triton")
 except ValueError as exc:
@@ -134,12 +151,16 @@ def test_an_unknown_kernel_is_named() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens, top_k, experts, block_m", [
-    (1, 8, 256, 16), (16, 8, 256, 16), (128, 8, 256, 16), (128, 8, 16, 64), (300, 2, 8, 16)])
-def test_cuda_auto_blocks_equal_the_tensor_operations(tokens: int, top_k: int, experts: int,
-                                                      block_m: int) -> None:
+    (1, 8, 256, 16), (16, 8, 256, 16), (32, 8, 256, 16), (20, 8, 300, 64), (100, 2, 8, 32),
+    (7, 3, 5, 16)])
+def test_cuda_triton_blocks_equal_the_tensor_operations(tokens: int, top_k: int, experts: int,
+                                                        block_m: int) -> None:
+    """The one-program kernel on the GPU (up to its 256 slots; 300 experts, 64-row blocks)
+    against the tensor operations; ``auto`` takes it there."""
     gen = torch.Generator().manual_seed(tokens)
     ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k]
                        for _ in range(tokens)]).cuda()
     want = expert_blocks(ids, experts, block_m, kernel="torch")
-    got = expert_blocks(ids, experts, block_m)
-    assert torch.equal(got.slots, want.slots) and torch.equal(got.experts, want.experts)
+    for kernel in ("triton", "auto"):
+        got = expert_blocks(ids, experts, block_m, kernel=kernel)
+        assert torch.equal(got.slots, want.slots) and torch.equal(got.experts, want.experts)

@@ -57,8 +57,10 @@ def routing(tokens: int, experts: int, k: int, seed: int) -> tuple[torch.Tensor,
 
 
 def check_moe_triton(device: str, *, experts: int, hidden: int, inter: int,
-                     tokens: int, top_k: int = 2) -> None:
-    """``nvfp4-moe-triton`` against ``nvfp4-moe-emulation`` (both weight-only, bf16).
+                     tokens: int, top_k: int = 2,
+                     layouts: tuple[str, str] | None = None) -> None:
+    """``nvfp4-moe-triton`` against ``nvfp4-moe-emulation`` (both weight-only, bf16);
+    ``layouts``: the stored layouts of gate/up and down the caller expects.
 
     Both use the same bf16-rounded weights; the emulation rounds each F.linear output to
     bf16, the kernel its fp32 sum, so values differ by a few bf16 units of the intermediate
@@ -79,6 +81,8 @@ def check_moe_triton(device: str, *, experts: int, hidden: int, inter: int,
         load_moe(Nvfp4MoEEmulation(req), tensors), x, ids, weights)
     method = Nvfp4MoETriton(req)
     layer = load_moe(method, {k: v.to(device) for k, v in tensors.items()}, device)
+    if layouts is not None:  # the stored layouts (gate/up, down) the case is meant to reach
+        assert method.layouts == layouts, method.layouts
     got = method.apply_moe(layer, x.to(device), ids.to(device), weights.to(device)).cpu()
     assert got.dtype == torch.bfloat16 and got.shape == want.shape
     scale = float(want.float().abs().amax()) if want.numel() else 1.0

@@ -102,45 +102,70 @@ def test_triton_moe_verdicts() -> None:
 
 @pytest.mark.parametrize("layout, n, k, turn", [
     ("tiles", 128, 256, 64), ("tiles", 48, 128, 32), ("fragment", 40, 64, 64),
-    ("checkpoint", 24, 48, 8), ("repacked", 8, 32, 8)])
+    ("checkpoint", 24, 48, 16), ("repacked", 12, 32, 8)])
 def test_paired_weight_takes_gate_and_up_in_turns(layout: str, n: int, k: int,
                                                   turn: int) -> None:
     """The paired gate/up weight holds ``turn`` gate rows then ``turn`` up rows, in turns,
-    each projection zero-padded to whole turns; nothing else moves."""
+    each projection zero-padded to whole turns (built here slice by slice); the scales move
+    with their rows and each projection keeps its own global scale."""
     from kernelbay_quant_nvfp4.grouped_weights import (
+        ROW_UNIT,
         expert_weight,
         pair_turn,
         paired_weight,
-        unpaired,
     )
     from kernelbay_quant_nvfp4.linear_triton import layout_tensors
 
     experts = 2
     gen = torch.Generator().manual_seed(n)
-    packed = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=gen)
-    codes = torch.randint(1, 120, (experts, n, k // 16), dtype=torch.uint8, generator=gen)
-    scales = codes.view(torch.float8_e4m3fn)
-    one = torch.ones(experts, 1)
-    w = {p: expert_weight(*layout_tensors(packed + i, scales, layout), one * (i + 1), layout,
-                          n, k) for i, p in enumerate(("gate", "up"))}
-    paired = paired_weight(w["gate"], w["up"], turn)
-    assert paired.rows == 2 * -(-n // turn) * turn and paired.turn == turn and paired.n == n
-    assert paired.global_scale is w["gate"].global_scale and paired.up_scale is w["up"].global_scale
-    gw, uw, gs, us = unpaired(paired)
-    for got, want in ((gw, w["gate"].words), (uw, w["up"].words), (gs, w["gate"].scales),
-                      (us, w["up"].scales)):
-        assert torch.equal(got.reshape(want.shape), want)
-    # the last turn's padding rows (gate, then up) are zero words: they decode to zero
-    if n % turn and layout != "tiles":
-        rows = paired.words.reshape(experts, paired.rows, -1)
-        last = 2 * (n // turn) * turn
-        assert not rows[:, last + n % turn:last + turn].any()
-        assert not rows[:, last + turn + n % turn:].any()
-        assert rows[:, last:last + n % turn].any()
+
+    def projection(scale: float):  # type: ignore[no-untyped-def]
+        packed = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=gen)
+        codes = torch.randint(1, 120, (experts, n, k // 16), dtype=torch.uint8, generator=gen)
+        words, scales = layout_tensors(packed, codes.view(torch.float8_e4m3fn), layout)
+        return expert_weight(words, scales, torch.full((experts, 1), scale), layout, n, k)
+
+    gate, up = projection(1.0), projection(2.0)
+    paired = paired_weight(gate, up, turn)
+    turns = -(-n // turn)
+    assert (paired.rows, paired.turn, paired.n, paired.k) == (2 * turns * turn, turn, n, k)
+    assert paired.global_scale is gate.global_scale and paired.up_scale is up.global_scale
+    per = turn // ROW_UNIT[layout]  # stored rows per turn
+
+    def expected(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        g, u = (t.reshape(experts, -(-n // ROW_UNIT[layout]), -1) for t in (g, u))
+        pieces = []
+        for j in range(turns):
+            for src in (g, u):
+                piece = src[:, j * per:(j + 1) * per]
+                pad = per - piece.shape[1]
+                pieces += [piece, src.new_zeros(experts, pad, src.shape[2])] if pad else [piece]
+        return torch.cat(pieces, 1)
+
+    for got, g, u in ((paired.words, gate.words, up.words), (paired.scales, gate.scales,
+                                                            up.scales)):
+        assert torch.equal(got.reshape(experts, 2 * turns * per, -1), expected(g, u))
     assert pair_turn(2048) == 64 and pair_turn(40) == 64 and pair_turn(20) == 32
     assert pair_turn(3) == 8
-    with pytest.raises(ValueError, match="multiple of"):
-        paired_weight(w["gate"], w["up"], 8 if layout == "tiles" else 0)
+
+
+def test_paired_weight_names_a_bad_turn_or_mismatch() -> None:
+    from kernelbay_quant_nvfp4.grouped_weights import expert_weight, paired_weight
+
+    w = torch.zeros(1, 32, 8, dtype=torch.int32)
+    s = torch.zeros(1, 32, 4, dtype=torch.uint8)
+    g = torch.ones(1, 1)
+    gate = expert_weight(w, s, g, "repacked", 32, 64)
+    for turn in (0, 4, 24):
+        with pytest.raises(ValueError, match=rf"turn={turn}; valid: a power of two >= 8"):
+            paired_weight(gate, gate, turn)
+    other = expert_weight(w[:, :16], s[:, :16], g, "repacked", 16, 64)
+    with pytest.raises(ValueError, match=r"gate 32x64 .* up 16x64 .* matching"):
+        paired_weight(gate, other, 16)
+    tiles = expert_weight(torch.zeros(1, 2, 1, 256, dtype=torch.int32),
+                          torch.zeros(1, 2, 1, 128, dtype=torch.uint8), g, "tiles", 32, 128)
+    with pytest.raises(ValueError, match="turn=8; valid: a power of two >= 16"):
+        paired_weight(tiles, tiles, 8)
 
 
 @pytest.mark.gpu

@@ -123,22 +123,25 @@ def test_fp8_block_pads_inside_the_method(n: int, k: int, bias: bool) -> None:
     assert torch.equal(method.dequantized_weight(layer), w.bfloat16())
 
 
-@pytest.mark.parametrize("experts, hidden, inter, tokens, top_k", [
-    (3, 48, 32, 7, 2),  # gate/up in the checkpoint layout, down in fragment; 16-row blocks
-    (3, 48, 32, 30, 2),  # 32-row blocks (20 rows per expert on average)
-    (4, 256, 128, 5, 3),  # the tiles layout both ways
-    (3, 64, 48, 6, 2),  # I = 48: gate/up paired in turns of 64 rows, padded; ragged down K
-    (4, 1024, 64, 3, 2),  # few programs: the gate/up GEMM splits K in two (see below)
-    (4, 48, 32, 0, 2),  # no tokens
+@pytest.mark.parametrize("experts, hidden, inter, tokens, top_k, layouts", [
+    # 16-row blocks; K = 48 is not whole 32-element groups, so gate/up keep the K order
+    (3, 48, 32, 7, 2, ("repacked", "fragment")),
+    (3, 48, 32, 30, 2, ("repacked", "fragment")),  # 32-row blocks (20 rows per expert)
+    (4, 256, 128, 5, 3, ("tiles", "tiles")),
+    (4, 48, 32, 0, 2, ("repacked", "fragment")),  # no tokens
+    # I = 48: gate/up paired in turns of 64 rows, padded; ragged down K
+    (3, 64, 48, 6, 2, ("fragment", "repacked")),
+    # few programs: the gate/up GEMM splits K in two (see below)
+    (4, 1024, 64, 3, 2, ("tiles", "fragment")),
 ])
 def test_moe_triton_matches_emulation(experts: int, hidden: int, inter: int, tokens: int,
-                                      top_k: int) -> None:
+                                      top_k: int, layouts: tuple[str, str]) -> None:
     """nvfp4-moe-triton (grouped Triton GEMMs over the blocks of the routing) == the
-    emulation."""
+    emulation, across the stored layouts."""
     from moe_helpers import check_moe_triton
 
     check_moe_triton("cpu", experts=experts, hidden=hidden, inter=inter, tokens=tokens,
-                     top_k=top_k)
+                     top_k=top_k, layouts=layouts)
 
 
 HALFWORD = [KernelConfig("hw-split", "fused", 16, 16, 64, 3),
@@ -234,3 +237,15 @@ def test_the_split_case_above_splits() -> None:
     assert gate_up_splits(1 * 6, 4, 132, 0) == 1
     assert gate_up_splits(300, 28, 132, 2) == 1
     assert gate_up_splits(32, 28, 132, 2) == 8
+
+
+def test_moe_triton_reads_the_checkpoint_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a halfword table every projection keeps the checkpoint's bytes (read as int16
+    halfwords, 64-element K tiles, no operand swap); the grouped kernels read them too."""
+    from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear as Linear
+    from moe_helpers import check_moe_triton
+
+    table = ((1 << 62, KernelConfig("hw", "fused", 32, 32, 128, 1)),)
+    monkeypatch.setattr(Linear, "configs", table)
+    check_moe_triton("cpu", experts=3, hidden=80, inter=48, tokens=5, top_k=2,
+                     layouts=("checkpoint", "checkpoint"))

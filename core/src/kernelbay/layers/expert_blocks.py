@@ -11,8 +11,8 @@ Rows are *slots*: slot ``s = t * K + k`` is token t's k-th routed expert, so a k
 the token's activations at row ``s // K`` and its routing weight at ``topk_weights.flatten()
 [s]``. Each expert's slots are in ascending order (so in token order) and padded to whole
 blocks with ``num_slots`` (= T * K), which a kernel masks. The number of blocks used is not
-known on the host; the grid covers the most there can be (``max_blocks``: every expert's
-last block may be partial, and there are at most ``min(E, T * K)`` routed experts), and the
+known on the host; the grid covers the most there can be (``max_blocks``: the slots' whole
+blocks plus one partial block per routed expert, at most ``min(E, T * K)`` of them), and the
 blocks past the used ones have expert ``-1``: their programs return at once.
 
 Two implementations with the same result: tensor operations (any device, and routings of any
@@ -53,9 +53,11 @@ class ExpertBlocks:
 
 
 def max_blocks(num_slots: int, num_experts: int, block_m: int) -> int:
-    """The most blocks ``num_slots`` routed slots can need over ``num_experts`` experts:
-    whole blocks of all slots plus one partial block per routed expert."""
-    return -(-num_slots // block_m) + min(num_experts, num_slots)
+    """The most blocks ``num_slots`` routed slots can need over ``num_experts`` experts: an
+    expert with c slots takes ``ceil(c / block_m) <= floor(c / block_m) + 1`` blocks, the
+    floors add up to at most ``floor(num_slots / block_m)``, and at most
+    ``min(num_experts, num_slots)`` experts are routed."""
+    return num_slots // block_m + min(num_experts, num_slots)
 
 
 KERNELS = ("auto", "torch", "triton")
@@ -66,8 +68,10 @@ def expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int, *,
     """The blocks of ``topk_ids`` [T, K] (expert ids in ``[0, num_experts)``, each token's
     distinct or not) for kernels with ``block_m``-row blocks. ``kernel``: one of ``KERNELS``
     (``"auto"``: the Triton program for CUDA routings it takes, else tensor operations).
-    ``ValueError`` on a bad shape, ``block_m`` or ``kernel``; ids outside the range are not
-    checked (that would read them on the host) and give undefined blocks."""
+    ``ValueError`` on a bad shape, ``block_m`` or ``kernel``. Ids outside the range are not
+    checked (that would read them on the host): the tensor operations fail on them (an index
+    error, on CUDA a device-side assert), the Triton program leaves their slots out of every
+    block."""
     import torch
 
     if kernel not in KERNELS:

@@ -31,11 +31,20 @@ if TYPE_CHECKING:
 __all__ = ["MAX_SLOTS", "expert_blocks_kernel", "fill_expert_blocks"]
 
 #: The most routed slots (tokens x top-k) the one-program kernel takes. Its work grows with
-#: the square of the slots; on the H200 (``bench/results/nvfp4-moe-h200.md``, 256 experts,
-#: top-8, in a CUDA graph) it took 7 / 8 / 17 / 88 us for 8 / 32 / 128 / 512 slots against
-#: 48-77 us for the tensor operations.
+#: the square of the slots; on the H200 (``bench/results/nvfp4-moe-routing-h200.md``, 256
+#: experts, top-8, in a CUDA graph) it took 7 / 8 / 17 / 88 us for 8 / 32 / 128 / 512 slots
+#: against 48-77 us for the tensor operations (48-127 us up to 8192 slots).
 MAX_SLOTS = 256
 _CHUNK = 64
+
+
+@triton.jit
+def _ids(ids_ptr, offsets, num_slots, num_experts):
+    """The expert ids at ``offsets`` as int32, -1 past the slots and for ids outside
+    ``[0, num_experts)`` (so such slots join no block: no write can leave the buffers)."""
+    ok = offsets < num_slots
+    ids = tl.load(ids_ptr + offsets, mask=ok, other=0).to(tl.int32)
+    return tl.where(ok & (ids >= 0) & (ids < num_experts), ids, -1)
 
 
 @triton.jit
@@ -45,7 +54,7 @@ def expert_blocks_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_experts
     lanes = tl.arange(0, CHUNK)
     counts = tl.zeros((EXPERTS,), dtype=tl.int32)
     for j in range(0, num_slots, CHUNK):
-        ids = tl.load(ids_ptr + j + lanes, mask=j + lanes < num_slots, other=-1)
+        ids = _ids(ids_ptr, j + lanes, num_slots, num_experts)
         counts += tl.sum((ids[:, None] == e_idx[None, :]).to(tl.int32), axis=0)
     per_expert = (counts + BLOCK_M - 1) // BLOCK_M
     block_end = tl.cumsum(per_expert, 0)
@@ -56,16 +65,17 @@ def expert_blocks_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_experts
     tl.debug_barrier()  # the padding is written before any slot lands on it
     for i in range(0, num_slots, CHUNK):
         mine = i + lanes
-        my_ids = tl.load(ids_ptr + mine, mask=mine < num_slots, other=-1)
+        my_ids = _ids(ids_ptr, mine, num_slots, num_experts)
         rank = tl.zeros((CHUNK,), dtype=tl.int32)
         for j in range(0, i + CHUNK, CHUNK):
             theirs = j + lanes
-            their_ids = tl.load(ids_ptr + theirs, mask=theirs < num_slots, other=-2)
+            their_ids = _ids(ids_ptr, theirs, num_slots, num_experts)
             same = (their_ids[None, :] == my_ids[:, None]) & (theirs[None, :] < mine[:, None])
+            same = same & (my_ids >= 0)[:, None]
             rank += tl.sum(same.to(tl.int32), axis=1)
         hit = e_idx[None, :] == my_ids[:, None]
         start = tl.sum(tl.where(hit, block_start[None, :], 0), axis=1)
-        tl.store(slots_ptr + start * BLOCK_M + rank, mine, mask=mine < num_slots)
+        tl.store(slots_ptr + start * BLOCK_M + rank, mine, mask=my_ids >= 0)
     # expert slots past num_experts hold no blocks: their ends never count
     ends = tl.where(e_idx < num_experts, block_end, 2147483647)
     for b in range(0, blocks, CHUNK):
@@ -78,11 +88,23 @@ def expert_blocks_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_experts
 def fill_expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int,
                        slots: torch.Tensor, experts: torch.Tensor) -> None:
     """Write the blocks of ``topk_ids`` into ``slots`` and ``experts`` (int32, sized by
-    ``expert_blocks.max_blocks``) with one program; ``ValueError`` past ``MAX_SLOTS``."""
-    flat = topk_ids.reshape(-1)  # any integer dtype: the kernel compares loaded values
+    ``expert_blocks.max_blocks``) with one program. Ids outside ``[0, num_experts)`` put their
+    slot in no block. ``ValueError`` past ``MAX_SLOTS`` slots or on buffers of another size
+    or dtype."""
+    import torch
+
+    from kernelbay.layers.expert_blocks import max_blocks
+
+    flat = topk_ids.reshape(-1)  # any integer dtype: the kernel widens each id to int32
     if flat.numel() > MAX_SLOTS:
         raise ValueError(f"fill_expert_blocks: {flat.numel()} routed slots, the one-program "
                          f"kernel takes at most MAX_SLOTS={MAX_SLOTS}")
+    blocks = max_blocks(flat.numel(), num_experts, block_m)
+    for name, t, size in (("slots", slots, blocks * block_m), ("experts", experts, blocks)):
+        if t.dtype != torch.int32 or t.numel() != size or not t.is_contiguous():
+            raise ValueError(f"fill_expert_blocks: {name} must be a contiguous int32 tensor of "
+                             f"{size} elements for {flat.numel()} slots, {num_experts} experts "
+                             f"and block_m={block_m}; got {t.dtype} {tuple(t.shape)}")
     width = max(16, triton.next_power_of_2(num_experts))
     opts = {"num_warps": 4} if topk_ids.is_cuda else {}
     expert_blocks_kernel[(1,)](flat, slots, experts, flat.numel(), num_experts,

@@ -81,12 +81,17 @@ def paired_weight(gate: ExpertWeight, up: ExpertWeight, turn: int) -> ExpertWeig
     match and ``turn`` is a whole number of the layout's row units."""
     import torch
 
+    if gate.layout not in ROW_UNIT:
+        raise ValueError(f"paired_weight: layout {gate.layout!r}; valid: {tuple(ROW_UNIT)}")
     unit = ROW_UNIT[gate.layout]
-    if (gate.n, gate.k, gate.layout, gate.turn, up.turn) != (up.n, up.k, up.layout, 0, 0) \
-            or turn % unit or turn < 1:
-        raise ValueError(f"paired_weight: gate {gate.n}x{gate.k} ({gate.layout}) and up "
-                         f"{up.n}x{up.k} ({up.layout}) must be matching single projections, "
-                         f"and turn={turn} a multiple of {unit} rows")
+    if (gate.n, gate.k, gate.layout, gate.turn, up.turn) != (up.n, up.k, up.layout, 0, 0):
+        raise ValueError(f"paired_weight: gate {gate.n}x{gate.k} ({gate.layout}, turn "
+                         f"{gate.turn}) and up {up.n}x{up.k} ({up.layout}, turn {up.turn}) must "
+                         "be matching single projections")
+    if turn < max(8, unit) or turn & (turn - 1):
+        raise ValueError(f"paired_weight: turn={turn}; valid: a power of two >= "
+                         f"{max(8, unit)} (a program's rows, twice the turn, feed a dot of at "
+                         f"least 16; the {gate.layout} layout stores rows in units of {unit})")
     turns = -(-gate.n // turn)
 
     def pair(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -107,20 +112,3 @@ def paired_weight(gate: ExpertWeight, up: ExpertWeight, turn: int) -> ExpertWeig
     return ExpertWeight(words.contiguous(), scales.contiguous(), gate.global_scale,
                         gate.layout, gate.n, gate.k, 2 * turns * turn, turn, up.global_scale)
 
-
-def unpaired(weight: ExpertWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                            torch.Tensor]:
-    """The gate and up words and scales of a paired weight, padding dropped (tests)."""
-    unit = ROW_UNIT[weight.layout]
-    turns = weight.rows // (2 * weight.turn)
-    per = weight.turn // unit
-
-    def split(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        s = t.reshape(t.shape[0], turns, 2, per, *t.shape[2:])
-        keep = -(-weight.n // unit)
-        return (s[:, :, 0].reshape(t.shape[0], turns * per, *t.shape[2:])[:, :keep],
-                s[:, :, 1].reshape(t.shape[0], turns * per, *t.shape[2:])[:, :keep])
-
-    gw, uw = split(weight.words)
-    gs, us = split(weight.scales)
-    return gw, uw, gs, us

@@ -79,7 +79,12 @@ class GroupedConfig:
         if not found:
             raise ValueError(f"grouped config {text!r}; expected n<block_n>w<warps>s<stages>"
                              "[p<split_per_sm>], e.g. n128w4s3p2")
-        return cls(*(int(v) for v in found.groups() if v is not None))
+        config = cls(*(int(v) for v in found.groups() if v is not None))
+        for what, value in (("block_n", config.block_n), ("warps", config.num_warps)):
+            if value < (16 if what == "block_n" else 1) or value & (value - 1):
+                raise ValueError(f"grouped config {text!r}: {what}={value}; valid: a power of "
+                                 f"two >= {16 if what == 'block_n' else 1}")
+        return config
 
 
 @triton.jit
@@ -244,11 +249,18 @@ def nvfp4_grouped_experts(x: torch.Tensor, blocks: ExpertBlocks, topk_weights: t
     import torch
 
     tokens, top_k = topk_weights.shape
-    if x.shape[0] != tokens or blocks.num_slots != tokens * top_k or not gate_up.turn:
+    bm = blocks.block_m
+    if (x.shape[0], blocks.num_slots, blocks.top_k) != (tokens, tokens * top_k, top_k) \
+            or not gate_up.turn or bm < 16 or bm & (bm - 1):
         raise ValueError(f"nvfp4 grouped experts: x has {x.shape[0]} rows, topk_weights "
-                         f"{tuple(topk_weights.shape)}, the blocks {blocks.num_slots} slots and "
-                         f"gate_up turn {gate_up.turn}; expected T rows, [T, K], T * K slots "
-                         "and a paired gate/up weight")
+                         f"{tuple(topk_weights.shape)}, the blocks {blocks.num_slots} slots of "
+                         f"top-{blocks.top_k} in {bm}-row blocks, gate_up turn {gate_up.turn}; "
+                         "expected T rows, [T, K], T * K slots of top-K in blocks of a power "
+                         "of two >= 16 rows, and a paired gate/up weight")
+    if (x.shape[1], down.k) != (gate_up.k, gate_up.n):
+        raise ValueError(f"nvfp4 grouped experts: x [{x.shape[0]}, {x.shape[1]}], gate/up "
+                         f"{gate_up.n}x{gate_up.k}, down {down.n}x{down.k}; expected x's "
+                         "width = gate/up's K and down's K = gate/up's N (the intermediate)")
     x = x.contiguous()
     config = config or GroupedConfig()
     h = torch.empty(blocks.num_slots, gate_up.n, dtype=x.dtype, device=x.device)
