@@ -8,6 +8,7 @@ every timing, the baseline's included."""
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,3 +46,14 @@ def timed_us(fn: Callable[[], Any], device: str, *, settle_s: float = SETTLE_S,
         with torch.cuda.stream(torch.cuda.Stream()):
             return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms)) * 1e3
     return float(triton.testing.do_bench(fn, warmup=5, rep=rep_ms)) * 1e3
+
+
+def add_timing_args(parser: argparse.ArgumentParser, rep_ms: float) -> None:
+    """The options ``timed_us`` takes from a script's command line: ``--rep-ms`` (default
+    ``rep_ms``), ``--settle-s``, and the hidden ``--device`` (``cpu``: checking the script's
+    logic without a GPU, tiny shapes in Triton's interpreter; the times mean nothing)."""
+    parser.add_argument("--rep-ms", type=float, default=rep_ms,
+                        help="timing budget per measurement")
+    parser.add_argument("--settle-s", type=float, default=SETTLE_S,
+                        help="idle seconds before each timing (bench/settle.py)")
+    parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)

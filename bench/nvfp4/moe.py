@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from report import write_results  # from bench/, put on the path above
-from settle import timed_us
+from settle import add_timing_args, timed_us
 
 HERE = Path(__file__).resolve().parent
 TOKENS = (1, 4, 16, 64, 256, 1024)
@@ -58,16 +58,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--distinct", type=int, default=8,
                    help="distinct random experts, copied to fill all (the contents do not "
                         "change the speed; every expert still has its own memory)")
-    p.add_argument("--rep-ms", type=float, default=60.0, help="timing budget per measurement")
-    p.add_argument("--settle-s", type=float, default=0.25,
-                   help="idle seconds before each timing (bench/settle.py)")
+    add_timing_args(p, rep_ms=60.0)
     p.add_argument("--configs", default="",
                    help="also time the two grouped GEMMs alone (routing made beforehand) with "
                         "each of these launch shapes, e.g. n64w4s3,n128w8s3 "
                         "(triton_grouped.GroupedConfig)")
-    # Checking this script's logic without a GPU: tiny shapes in Triton's interpreter
-    # (TRITON_INTERPRET=1); the times mean nothing.
-    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 

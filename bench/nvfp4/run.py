@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from l2_rotation import copies_for, rotating  # from bench/, put on the path above
 from report import write_results
-from settle import timed_us
+from settle import add_timing_args, timed_us
 
 HERE = Path(__file__).resolve().parent
 SHAPES = ((8192, 8192), (28672, 8192), (8192, 28672))
@@ -56,15 +56,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES),
                    help="N x K list, e.g. 8192x8192,28672x8192")
     p.add_argument("--ms", default=",".join(map(str, MS)), help="M list, e.g. 1,4,16")
-    p.add_argument("--rep-ms", type=float, default=40.0, help="timing budget per measurement")
-    p.add_argument("--settle-s", type=float, default=0.25,
-                   help="idle seconds before each timing (bench/settle.py)")
+    add_timing_args(p, rep_ms=40.0)
     p.add_argument("--rounds", type=int, default=2,
                    help="bf16 and the default method are timed alternately this many times, "
                         "each reporting its fastest")
-    # Checking this script's logic without a GPU: tiny shapes in Triton's interpreter
-    # (TRITON_INTERPRET=1); the times mean nothing.
-    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
