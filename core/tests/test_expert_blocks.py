@@ -107,6 +107,8 @@ assert torch.equal(got.slots, want.slots) and torch.equal(got.experts, want.expe
 ids = torch.randint(0, 5, (30, 3), generator=gen)
 ids[::4, 0] = 9
 ids[1, 1] = -2
+ids[2, 2] = 2**32 + 1  # would wrap to expert 1 if narrowed before the range check
+ids[3, 0] = -2**32 + 3
 got = expert_blocks(ids, 5, 4, kernel="triton")
 flat = ids.reshape(-1).tolist()
 valid = [s for s, e in enumerate(flat) if 0 <= e < 5]
@@ -164,3 +166,27 @@ def test_cuda_triton_blocks_equal_the_tensor_operations(tokens: int, top_k: int,
     for kernel in ("triton", "auto"):
         got = expert_blocks(ids, experts, block_m, kernel=kernel)
         assert torch.equal(got.slots, want.slots) and torch.equal(got.experts, want.experts)
+
+
+def test_the_triton_program_compiles_for_sm90_with_one_slot() -> None:
+    """Compiled for a CUDA target on the CPU (ptxas, no GPU), with the slot count a
+    compile-time 1 as Triton specializes it at one routed slot (the interpreter never does)."""
+    triton = pytest.importorskip("triton")
+    from kernelbay.layers.expert_blocks_triton import expert_blocks_kernel
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = expert_blocks_kernel.arg_names
+    values = {"num_slots": 1, "BLOCK_M": 16, "EXPERTS": 256, "CHUNK": 64}
+    types = {"ids_ptr": "*i64", "slots_ptr": "*i32", "experts_ptr": "*i32",
+             "num_experts": "i32", "blocks": "i32"}
+    signature = {n: "constexpr" if n in values else types[n] for n in names}
+    constexprs = {(names.index(n),): v for n, v in values.items()}
+    try:
+        compiled = triton.compile(ASTSource(expert_blocks_kernel, signature, constexprs),
+                                  target=GPUTarget("cuda", 90, 32))
+    except RuntimeError as exc:  # no ptxas for this platform
+        if "ptxas" in str(exc).lower():
+            pytest.skip(f"no ptxas here: {exc}")
+        raise
+    assert "ptx" in compiled.asm

@@ -169,11 +169,13 @@ def test_paired_weight_names_a_bad_turn_or_mismatch() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens", [1, 40, 300])  # 16-, 16- and 64-row blocks
-def test_cuda_triton_moe_matches_emulation(tokens: int) -> None:
+@pytest.mark.parametrize("tokens, top_k, hidden", [
+    (1, 2, 512), (40, 2, 512), (300, 2, 512),  # 16-, 16- and 64-row blocks
+    (1, 1, 1024), (3, 2, 2048)])  # few programs: the gate/up GEMM splits K (one slot first)
+def test_cuda_triton_moe_matches_emulation(tokens: int, top_k: int, hidden: int) -> None:
     from moe_helpers import check_moe_triton
 
-    check_moe_triton("cuda", experts=8, hidden=512, inter=256, tokens=tokens)
+    check_moe_triton("cuda", experts=8, hidden=hidden, inter=256, tokens=tokens, top_k=top_k)
 
 
 @pytest.mark.gpu
@@ -181,7 +183,7 @@ def test_cuda_triton_moe_replays_from_a_cuda_graph_with_new_routing() -> None:
     """The grouped experts are captured as they run: a graph captured with one routing,
     replayed with another written into the same tensors, gives the eager result of the new
     routing (nothing about the routing was fixed on the host at capture)."""
-    experts, hidden, inter, tokens = 8, 256, 128, 6
+    experts, hidden, inter, tokens = 8, 1024, 128, 6  # the gate/up GEMM splits K in two
     req = LinearRequest(hidden, inter, W4A16, "bfloat16", False, MOE_EXPERTS_ROLE,
                         num_experts=experts)
     method = Nvfp4MoETriton(req)
@@ -205,3 +207,35 @@ def test_cuda_triton_moe_replays_from_a_cuda_graph_with_new_routing() -> None:
     torch.cuda.synchronize()
     want = method.apply_moe(layer, x, ids, weights)
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("mode", ["gate_up", "gate_up_split", "gate_up_finish", "down"])
+def test_grouped_kernel_compiles_for_sm90_with_one_slot(mode: str) -> None:
+    """The grouped kernel compiled for sm_90 on the CPU (ptxas, no GPU) in each of its modes,
+    with the slot count a compile-time 1 as Triton specializes it at one routed slot (top-1 at
+    one token): the interpreter never specializes, so only a compile shows such a failure."""
+    triton = pytest.importorskip("triton")
+    from kernelbay_quant_nvfp4.triton_grouped import nvfp4_grouped_gemm
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = nvfp4_grouped_gemm.arg_names
+    values = {"num_slots": 1, "TOP_K": 1, "GATED": mode != "down", "BLOCK_M": 16,
+              "BLOCK_N": 128, "BLOCK_K": 256, "EVEN_K": True, "ASM": True,
+              "INTERPRET": False, "REPACKED": True, "SWAP": True, "TILED": True,
+              "SPLIT": 2 if "split" in mode or "finish" in mode else 1,
+              "FINISH": mode == "gate_up_finish"}
+    pointers = {"x_ptr": "*bf16", "slot_ptr": "*i32", "expert_ptr": "*i32", "w_ptr": "*i32",
+                "s_ptr": "*u8", "g_ptr": "*fp32", "ug_ptr": "*fp32", "rw_ptr": "*fp32",
+                "out_ptr": "*bf16" if mode != "down" else "*fp32", "part_ptr": "*fp32"}
+    signature = {n: "constexpr" if n in values else pointers.get(n, "i32") for n in names}
+    constexprs = {(names.index(n),): v for n, v in values.items()}
+    try:
+        compiled = triton.compile(ASTSource(nvfp4_grouped_gemm, signature, constexprs),
+                                  target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": 4, "num_stages": 3})
+    except RuntimeError as exc:  # no ptxas for this platform
+        if "ptxas" in str(exc).lower():
+            pytest.skip(f"no ptxas here: {exc}")
+        raise
+    assert "ptx" in compiled.asm

@@ -123,27 +123,6 @@ def test_fp8_block_pads_inside_the_method(n: int, k: int, bias: bool) -> None:
     assert torch.equal(method.dequantized_weight(layer), w.bfloat16())
 
 
-@pytest.mark.parametrize("experts, hidden, inter, tokens, top_k, layouts", [
-    # 16-row blocks; K = 48 is not whole 32-element groups, so gate/up keep the K order
-    (3, 48, 32, 7, 2, ("repacked", "fragment")),
-    (3, 48, 32, 30, 2, ("repacked", "fragment")),  # 32-row blocks (20 rows per expert)
-    (4, 256, 128, 5, 3, ("tiles", "tiles")),
-    (4, 48, 32, 0, 2, ("repacked", "fragment")),  # no tokens
-    # I = 48: gate/up paired in turns of 64 rows, padded; ragged down K
-    (3, 64, 48, 6, 2, ("fragment", "repacked")),
-    # few programs: the gate/up GEMM splits K in two (see below)
-    (4, 1024, 64, 3, 2, ("tiles", "fragment")),
-])
-def test_moe_triton_matches_emulation(experts: int, hidden: int, inter: int, tokens: int,
-                                      top_k: int, layouts: tuple[str, str]) -> None:
-    """nvfp4-moe-triton (grouped Triton GEMMs over the blocks of the routing) == the
-    emulation, across the stored layouts."""
-    from moe_helpers import check_moe_triton
-
-    check_moe_triton("cpu", experts=experts, hidden=hidden, inter=inter, tokens=tokens,
-                     top_k=top_k, layouts=layouts)
-
-
 HALFWORD = [KernelConfig("hw-split", "fused", 16, 16, 64, 3),
             KernelConfig("pr", "repacked", 32, 32, 128, 1),
             KernelConfig("pr-split", "repacked", 16, 16, 64, 3),
@@ -227,25 +206,76 @@ def test_stream_k_segments_sum_to_the_product(row_tiles: int, rows: int, chunks:
     torch.testing.assert_close(out.float(), want.bfloat16().float(), rtol=2**-7, atol=1e-5)
 
 
+def _recorded_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
+    """(SPLIT, FINISH) of every grouped-kernel launch from now on."""
+    from kernelbay_quant_nvfp4 import triton_grouped
 
-def test_the_split_case_above_splits() -> None:
-    """The (4, 1024, 64, 3, 2) case: one 128-row tile, about six blocks and four K tiles, so
-    the gate/up GEMM runs two splits and the finishing launch."""
+    real = triton_grouped.grouped_kernel
+    seen: list[tuple[int, bool]] = []
+
+    class Recording:
+        def __getitem__(self, grid):  # type: ignore[no-untyped-def]
+            def launch(*args, **kwargs):  # type: ignore[no-untyped-def]
+                seen.append((kwargs.get("SPLIT", 1), kwargs.get("FINISH", False)))
+                return real()[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(triton_grouped, "grouped_kernel", Recording)
+    return seen
+
+
+UNSPLIT = [(1, False), (1, False)]  # gate/up, down
+SPLIT_IN_TWO = [(2, False), (2, True), (1, False)]  # gate/up splits, finish, down
+
+
+@pytest.mark.parametrize("experts, hidden, inter, tokens, top_k, layouts, launches", [
+    # 16-row blocks; K = 48 is not whole 32-element groups, so gate/up keep the K order
+    (3, 48, 32, 7, 2, ("repacked", "fragment"), UNSPLIT),
+    (3, 48, 32, 30, 2, ("repacked", "fragment"), UNSPLIT),  # 32-row blocks (20 per expert)
+    (4, 256, 128, 5, 3, ("tiles", "tiles"), UNSPLIT),
+    (4, 48, 32, 0, 2, ("repacked", "fragment"), []),  # no tokens: nothing launched
+    # I = 48: gate/up paired in turns of 64 rows, padded; ragged down K
+    (3, 64, 48, 6, 2, ("fragment", "repacked"), UNSPLIT),
+    # one 128-row tile, four blocks, four K tiles: the gate/up GEMM splits K in two
+    (4, 1024, 64, 3, 2, ("tiles", "fragment"), SPLIT_IN_TWO),
+    # one routed slot (top-1 at one token)
+    (4, 1024, 64, 1, 1, ("tiles", "fragment"), SPLIT_IN_TWO),
+])
+def test_moe_triton_matches_emulation(monkeypatch: pytest.MonkeyPatch, experts: int,
+                                      hidden: int, inter: int, tokens: int, top_k: int,
+                                      layouts: tuple[str, str],
+                                      launches: list[tuple[int, bool]]) -> None:
+    """nvfp4-moe-triton (grouped Triton GEMMs over the blocks of the routing) == the
+    emulation, across the stored layouts, split and unsplit (the launches are recorded)."""
+    from moe_helpers import check_moe_triton
+
+    seen = _recorded_launches(monkeypatch)
+    check_moe_triton("cpu", experts=experts, hidden=hidden, inter=inter, tokens=tokens,
+                     top_k=top_k, layouts=layouts)
+    assert seen == launches
+
+
+def test_gate_up_splits_rule() -> None:
     from kernelbay_quant_nvfp4.triton_grouped import gate_up_splits
 
-    assert gate_up_splits(1 * 6, 4, 132, 2) == 2
-    assert gate_up_splits(1 * 6, 4, 132, 0) == 1
+    assert gate_up_splits(4, 4, 132, 2) == 2
+    assert gate_up_splits(4, 4, 132, 0) == 1
     assert gate_up_splits(300, 28, 132, 2) == 1
     assert gate_up_splits(32, 28, 132, 2) == 8
 
 
-def test_moe_triton_reads_the_checkpoint_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("hidden, launches", [(80, UNSPLIT), (304, SPLIT_IN_TWO)])
+def test_moe_triton_reads_the_checkpoint_layout(monkeypatch: pytest.MonkeyPatch, hidden: int,
+                                                launches: list[tuple[int, bool]]) -> None:
     """With a halfword table every projection keeps the checkpoint's bytes (read as int16
-    halfwords, 64-element K tiles, no operand swap); the grouped kernels read them too."""
+    halfwords, 64-element K tiles, no operand swap); the grouped kernels read them too, also
+    split over a ragged K (304: five tiles, the last split shorter)."""
     from kernelbay_quant_nvfp4.linear_triton import Nvfp4TritonLinear as Linear
     from moe_helpers import check_moe_triton
 
     table = ((1 << 62, KernelConfig("hw", "fused", 32, 32, 128, 1)),)
     monkeypatch.setattr(Linear, "configs", table)
-    check_moe_triton("cpu", experts=3, hidden=80, inter=48, tokens=5, top_k=2,
+    seen = _recorded_launches(monkeypatch)
+    check_moe_triton("cpu", experts=3, hidden=hidden, inter=48, tokens=2, top_k=2,
                      layouts=("checkpoint", "checkpoint"))
+    assert seen == launches

@@ -43,8 +43,10 @@ def _ids(ids_ptr, offsets, num_slots, num_experts):
     """The expert ids at ``offsets`` as int32, -1 past the slots and for ids outside
     ``[0, num_experts)`` (so such slots join no block: no write can leave the buffers)."""
     ok = offsets < num_slots
-    ids = tl.load(ids_ptr + offsets, mask=ok, other=0).to(tl.int32)
-    return tl.where(ok & (ids >= 0) & (ids < num_experts), ids, -1)
+    raw = tl.load(ids_ptr + offsets, mask=ok, other=0)
+    # range-checked in the ids' own dtype, narrowed only once known to fit
+    good = ok & (raw >= 0) & (raw < num_experts)
+    return tl.where(good, raw.to(tl.int32), -1)
 
 
 @triton.jit

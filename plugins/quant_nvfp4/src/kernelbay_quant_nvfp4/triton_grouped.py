@@ -84,12 +84,15 @@ class GroupedConfig:
             if value < (16 if what == "block_n" else 1) or value & (value - 1):
                 raise ValueError(f"grouped config {text!r}: {what}={value}; valid: a power of "
                                  f"two >= {16 if what == 'block_n' else 1}")
+        if config.num_stages < 1:
+            raise ValueError(f"grouped config {text!r}: stages={config.num_stages}; valid: >= 1")
         return config
 
 
 @triton.jit
 def nvfp4_grouped_gemm(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, g_ptr, ug_ptr, rw_ptr, out_ptr,
-                       part_ptr, N, ROWS, K, num_slots, tiles_per_split, stride_xm, stride_we,
+                       part_ptr, N, ROWS, K, num_slots, tiles_per_split, part_stride, stride_xm,
+                       stride_we,
                        stride_se, stride_wn, stride_sn, stride_om, TOP_K: tl.constexpr,
                        GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr,
@@ -102,8 +105,9 @@ def nvfp4_grouped_gemm(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, g_ptr, ug_ptr,
     # projection's, GATED); rw_ptr: the routing weights [T * TOP_K] (down); out_ptr: [T *
     # TOP_K, N] at row slot (N = I for GATED). Split K (GATED only): with SPLIT > 1 and not
     # FINISH, program_id(2) multiplies K tiles [pid * tiles_per_split, ...) and stores its raw
-    # tile, float32, in part_ptr [SPLIT, T * TOP_K, ROWS]; FINISH adds the SPLIT parts in
-    # order instead of reading the weight, then finishes as unsplit.
+    # tile, float32, in part_ptr [SPLIT, T * TOP_K, ROWS] (part_stride = T * TOP_K * ROWS
+    # apart: from the host, as num_slots may be 1 and then a compile-time constant); FINISH
+    # adds the SPLIT parts in order instead of reading the weight, then finishes as unsplit.
     pid_n = tl.program_id(0)
     pid_b = tl.program_id(1)
     expert = tl.load(expert_ptr + pid_b)
@@ -118,9 +122,8 @@ def nvfp4_grouped_gemm(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, g_ptr, ug_ptr,
         part_ok = m_ok[:, None] & n_ok[None, :]
         if FINISH:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in range(SPLIT):
-                acc += tl.load(part_rows + s * num_slots.to(tl.int64) * ROWS, mask=part_ok,
-                               other=0.0)
+            for s in tl.static_range(SPLIT):
+                acc += tl.load(part_rows + s * part_stride, mask=part_ok, other=0.0)
         else:
             if SWAP:
                 acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -140,8 +143,7 @@ def nvfp4_grouped_gemm(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, g_ptr, ug_ptr,
                 acc = tl.trans(acc)
         # The decoded weight is e2m1 * S * 2^-8: weight_scale_2 * 2^8 finishes it.
         if SPLIT > 1 and not FINISH:
-            tl.store(part_rows + tl.program_id(2) * num_slots.to(tl.int64) * ROWS, acc,
-                     mask=part_ok)
+            tl.store(part_rows + tl.program_id(2) * part_stride, acc, mask=part_ok)
         elif GATED:
             TURN: tl.constexpr = BLOCK_N // 2
             gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, TURN)), (0, 2, 1)))
@@ -213,7 +215,8 @@ def _launch(x: torch.Tensor, blocks: ExpertBlocks, weight: ExpertWeight,
             x, blocks.slots, blocks.experts, weight.words, weight.scales, weight.global_scale,
             weight.up_scale if weight.up_scale is not None else weight.global_scale,
             route if route is not None else out, out, part, weight.n, weight.rows, weight.k,
-            blocks.num_slots, per_split, x.stride(0), weight.words.stride(0),
+            blocks.num_slots, per_split, blocks.num_slots * weight.rows, x.stride(0),
+            weight.words.stride(0),
             weight.scales.stride(0), stride_wn, stride_sn, out.stride(0), TOP_K=top_k,
             GATED=weight.turn > 0, BLOCK_M=blocks.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
             EVEN_K=weight.k % block_k == 0,
@@ -230,9 +233,10 @@ def _launch(x: torch.Tensor, blocks: ExpertBlocks, weight: ExpertWeight,
 
 def gate_up_splits(programs: int, k_tiles: int, sms: int, per_sm: int) -> int:
     """K splits of the gate/up GEMM: doubled while ``programs`` (row tiles times the blocks
-    there can be) times the splits stay within ``per_sm`` per SM and each split keeps at
-    least two K tiles (``per_sm`` 0: 1). A split stores raw float32 tiles that a second
-    launch adds in split order before SiLU (deterministic)."""
+    there can be) times the splits stay within ``per_sm`` per SM and K has at least four
+    tiles per split after the doubling (``per_sm`` 0: 1; ``split_plan`` then spreads the tiles,
+    the last split possibly shorter). A split stores raw float32 tiles that a second launch
+    adds in split order before SiLU (deterministic)."""
     splits = 1
     while per_sm and programs * splits * 2 <= per_sm * sms and k_tiles >= 4 * splits:
         splits *= 2
@@ -245,7 +249,8 @@ def nvfp4_grouped_experts(x: torch.Tensor, blocks: ExpertBlocks, topk_weights: t
     """``sum_k topk_weights[t, k] * down_e(SiLU(gate_e(x_t)) * up_e(x_t))`` for
     ``e = topk_ids[t, k]`` (the routing ``blocks`` was made from), [T, H] in x's dtype.
     ``gate_up``: ``grouped_weights.paired_weight``; ``config``: ``GroupedConfig()`` unless
-    given."""
+    given. Every routed id must lie in ``[0, E)``: a slot the routing leaves out (an id
+    outside, which is not checked on the host) leaves its row of the result undefined."""
     import torch
 
     tokens, top_k = topk_weights.shape
