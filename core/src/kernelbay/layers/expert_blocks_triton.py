@@ -73,16 +73,15 @@ def expert_blocks_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_experts
             theirs = j + lanes
             their_ids = _ids(ids_ptr, theirs, num_slots, num_experts)
             same = (their_ids[None, :] == my_ids[:, None]) & (theirs[None, :] < mine[:, None])
-            same = same & (my_ids >= 0)[:, None]
             rank += tl.sum(same.to(tl.int32), axis=1)
         hit = e_idx[None, :] == my_ids[:, None]
         start = tl.sum(tl.where(hit, block_start[None, :], 0), axis=1)
         tl.store(slots_ptr + start * BLOCK_M + rank, mine, mask=my_ids >= 0)
-    # expert slots past num_experts hold no blocks: their ends never count
-    ends = tl.where(e_idx < num_experts, block_end, 2147483647)
+    # Lanes past num_experts count no slots, so their ends equal the last expert's: they add
+    # to a block's count only past the used blocks, whose count is already >= num_experts.
     for b in range(0, blocks, CHUNK):
         block = b + lanes
-        owner = tl.sum((ends[None, :] <= block[:, None]).to(tl.int32), axis=1)
+        owner = tl.sum((block_end[None, :] <= block[:, None]).to(tl.int32), axis=1)
         owner = tl.where(owner < num_experts, owner, -1)
         tl.store(experts_ptr + block, owner, mask=block < blocks)
 

@@ -1,6 +1,6 @@
 """Fused NVFP4 MoE: the scale folding of FP4 fused-MoE kernels (reference, torch) and a
-Triton method for GPUs (grouped weight-only GEMMs over every routed expert, two launches per
-layer: ``triton_grouped``).
+Triton method for GPUs (grouped weight-only GEMMs over every routed expert, a fixed handful of
+launches per layer: ``triton_grouped``).
 
 Scalars per expert ``e`` (FORMATS.md), with ``a13`` the gate/up input scale, ``a2`` the down
 input scale and ``w*_scale_2`` the weights' global scales (one per gate, up, down)::

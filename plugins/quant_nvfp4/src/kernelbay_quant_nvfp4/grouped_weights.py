@@ -99,8 +99,8 @@ def paired_weight(gate: ExpertWeight, up: ExpertWeight, turn: int) -> ExpertWeig
         if a.shape[1] < units:  # zero rows up to whole turns (they decode to zero)
             pad = a.new_zeros(a.shape[0], units - a.shape[1], *a.shape[2:])
             a, b = torch.cat([a, pad], 1), torch.cat([b, pad], 1)
-        shape = (a.shape[0], turns, 1, turn // unit, *a.shape[2:])
-        return torch.cat([a.reshape(shape), b.reshape(shape)], 2).reshape(
+        shape = (a.shape[0], turns, turn // unit, *a.shape[2:])
+        return torch.stack([a.reshape(shape), b.reshape(shape)], 2).reshape(
             a.shape[0], 2 * units, *a.shape[2:])
 
     def rowwise(t: torch.Tensor, rows: int) -> torch.Tensor:

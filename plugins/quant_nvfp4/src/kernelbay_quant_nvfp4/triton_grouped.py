@@ -1,6 +1,7 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
 # (Triton kernels are written in its untyped DSL; the Python wrappers are typed.)
-"""Grouped NVFP4 expert GEMMs: every routed expert of a MoE layer in two kernel launches.
+"""Grouped NVFP4 expert GEMMs: every routed expert of a MoE layer in two kernel launches
+(three when the gate/up GEMM splits K).
 
 ``kernelbay.layers.expert_blocks`` groups the routed slots (token t's k-th expert is slot
 ``t * K + k``) into blocks of ``BLOCK_M`` rows of one expert, on the device. Each program of
@@ -38,7 +39,7 @@ from kernelbay_quant_nvfp4 import triton_halfword
 from kernelbay_quant_nvfp4.cuda_gemv import device_index, sm_count
 from kernelbay_quant_nvfp4.grouped_weights import ExpertWeight
 from kernelbay_quant_nvfp4.triton_halfword import stored_weight_rows, weight_k_loop
-from kernelbay_quant_nvfp4.triton_kernels import interpreting, kernels, split_plan
+from kernelbay_quant_nvfp4.triton_kernels import interpreting, kernels, ptx_decodes, split_plan
 
 if TYPE_CHECKING:
     import torch
@@ -92,8 +93,7 @@ class GroupedConfig:
 @triton.jit
 def nvfp4_grouped_gemm(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, g_ptr, ug_ptr, rw_ptr, out_ptr,
                        part_ptr, N, ROWS, K, num_slots, tiles_per_split, part_stride, stride_xm,
-                       stride_we,
-                       stride_se, stride_wn, stride_sn, stride_om, TOP_K: tl.constexpr,
+                       stride_we, stride_se, stride_wn, stride_sn, stride_om, TOP_K: tl.constexpr,
                        GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr,
                        INTERPRET: tl.constexpr, REPACKED: tl.constexpr, SWAP: tl.constexpr,
@@ -141,7 +141,8 @@ def nvfp4_grouped_gemm(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, g_ptr, ug_ptr,
                                 REPACKED, SWAP, TILED)
             if SWAP:
                 acc = tl.trans(acc)
-        # The decoded weight is e2m1 * S * 2^-8: weight_scale_2 * 2^8 finishes it.
+        # The decoded weight is e2m1 * S * 2^-8: weight_scale_2 * 2^8 finishes it (after the
+        # splits are added, for a split GEMM).
         if SPLIT > 1 and not FINISH:
             tl.store(part_rows + tl.program_id(2) * part_stride, acc, mask=part_ok)
         elif GATED:
@@ -216,11 +217,11 @@ def _launch(x: torch.Tensor, blocks: ExpertBlocks, weight: ExpertWeight,
             weight.up_scale if weight.up_scale is not None else weight.global_scale,
             route if route is not None else out, out, part, weight.n, weight.rows, weight.k,
             blocks.num_slots, per_split, blocks.num_slots * weight.rows, x.stride(0),
-            weight.words.stride(0),
-            weight.scales.stride(0), stride_wn, stride_sn, out.stride(0), TOP_K=top_k,
+            weight.words.stride(0), weight.scales.stride(0), stride_wn, stride_sn,
+            out.stride(0), TOP_K=top_k,
             GATED=weight.turn > 0, BLOCK_M=blocks.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
             EVEN_K=weight.k % block_k == 0,
-            ASM=x.is_cuda and not interp and torch.version.hip is None, INTERPRET=interp,
+            ASM=ptx_decodes(x), INTERPRET=interp,
             REPACKED=weight.layout in ("repacked", "fragment", "tiles"), SWAP=swap,
             TILED=weight.layout == "tiles", SPLIT=splits, FINISH=finish, **opts)
 

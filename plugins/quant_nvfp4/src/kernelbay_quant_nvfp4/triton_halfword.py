@@ -82,6 +82,7 @@ from kernelbay_quant_nvfp4.triton_kernels import (
     e4m3_2m8,
     interpreting,
     kernels,
+    ptx_decodes,
     scale_bits,
     split_plan,
     store_tile,
@@ -447,7 +448,7 @@ def nvfp4_linear_hw(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     k_tiles = -(-k // block_k)
     split_k, per_split = split_plan(k_tiles, split_k)
     interp = interpreting()
-    asm = x.is_cuda and not interp and torch.version.hip is None
+    asm = ptx_decodes(x)
     even = k % block_k == 0  # whole K tiles; a shorter last split stops early
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     partial = split_k > 1

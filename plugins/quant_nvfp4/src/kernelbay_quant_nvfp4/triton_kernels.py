@@ -48,7 +48,7 @@ from kernelbay import triton_pdl
 from kernelbay.triton_pdl import grid_release, grid_wait
 
 __all__ = ["Nvfp4Kernels", "dequantize_nvfp4_triton", "e2m1_2m14", "e4m3_2m8", "interpreting",
-           "kernels", "scale_bits", "split_plan", "store_tile", "sum_partials",
+           "kernels", "ptx_decodes", "scale_bits", "split_plan", "store_tile", "sum_partials",
            "sum_stream_segments"]
 
 
@@ -182,6 +182,12 @@ def kernels() -> Nvfp4Kernels:
         module = importlib.reload(sys.modules[__name__])
         return module.kernels()  # type: ignore[no-any-return]
     return Nvfp4Kernels(splitk_reduce, nvfp4_dequant, stream_fixup)
+
+
+def ptx_decodes(x: torch.Tensor) -> bool:
+    """Whether kernels on ``x``'s device take the PTX decode (``ASM``): a CUDA build of torch
+    running compiled kernels on a CUDA tensor (not ROCm, not the interpreter)."""
+    return x.is_cuda and not interpreting() and torch.version.hip is None
 
 
 def scale_bits(scales: torch.Tensor) -> torch.Tensor:
