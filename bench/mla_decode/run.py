@@ -28,6 +28,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -62,7 +63,7 @@ TUNE_CONFIGS: tuple[dict, ...] = (
     {"block_n": 32, "num_warps": 8, "chunked": True},
     {"block_n": 16, "num_warps": 4, "chunked": True},
 )
-#: CUDA builds (MXFP8 records) the sweep times: tiles in flight x CTAs per SM compiled for,
+#: CUDA builds (the record kinds of ``cuda_mla.KINDS``) the sweep times: tiles in flight x CTAs per SM compiled for,
 #: query slices in shared memory, keys per tile, bulk copies, lazy max.
 CUDA_TUNE: tuple[dict, ...] = tuple(
     {"kernel": "cuda", "cuda_build": {"stages": s, "min_blocks": b, "query_in_shared": q,
@@ -203,8 +204,8 @@ def main() -> int:
                         help="tiles ahead whose records are prefetched into L2 (default: the "
                              "kernel's)")
     parser.add_argument("--kernel", choices=["auto", "triton", "cuda"], default="auto",
-                        help="decode kernel (auto: the CUDA kernel for MXFP8 records where it "
-                             "applies, Triton elsewhere)")
+                        help="decode kernel (auto: the CUDA kernel for the E4M3 record kinds "
+                             "where it applies, Triton elsewhere)")
     parser.add_argument("--sweep", choices=["all", "cuda"], default="all",
                         help="sweep entries: every kernel's, or the CUDA builds and split "
                              "counts only")
@@ -221,7 +222,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("mla_decode: needs a CUDA device", file=sys.stderr)
         return 2
-    from kernelbay_attn_flashmla import triton_mla
+    from kernelbay_attn_flashmla import cuda_mla, triton_mla
     from kernelbay_attn_flashmla.records import RECORDS
 
     mla_decode = triton_mla.mla_decode
@@ -296,8 +297,11 @@ def main() -> int:
                              for tune in TUNE_CONFIGS
                              if not (kind == "bf16" and tune.get("f16_dot"))
                              and args.sweep == "all"]
-                    if kind == "mxfp8":
-                        sweep += [_tune_launch(tune, 0) for tune in CUDA_TUNE]
+                    if kind in cuda_mla.KINDS:
+                        # per-thread copies take records of a multiple of 16 bytes only
+                        sweep += [_tune_launch(tune, 0) for tune in CUDA_TUNE
+                                  if tune["cuda_build"]["bulk_copy"]
+                                  or record.bytes_per_token % 16 == 0]
                     sweep += [_tune_launch(dict(default, num_splits=n),
                                            triton_mla.default_l2_ahead(record))
                               for n in TUNE_SPLITS if n != splits]
@@ -334,7 +338,7 @@ def main() -> int:
                                        "l2_ahead": cfg["l2_ahead"],
                                        "f16_dot": cfg["f16_dot"], "chunked": cfg["chunked"],
                                        "splits": used,
-                                       "kernel": _kernel_text(cfg),
+                                       "kernel": _kernel_text(cfg, record),
                                        "ms": t_ms,
                                        "kv_tb_s": kv_bytes / (t_ms * 1e-3) / 1e12,
                                        "max_rel_err": err})
@@ -349,7 +353,7 @@ def main() -> int:
     return 0
 
 
-def _kernel_text(cfg: dict) -> str:
+def _kernel_text(cfg: dict, record: Any) -> str:
     """The kernel that ran the last call, with the CUDA build's stages and CTAs per SM."""
     from kernelbay_attn_flashmla.triton_mla import last_kernel
 
@@ -358,10 +362,9 @@ def _kernel_text(cfg: dict) -> str:
         from dataclasses import asdict
 
         from kernelbay_attn_flashmla.cuda_mla import build_for, call_build
-        from kernelbay_attn_flashmla.records import RECORDS
 
-        # what mla_decode builds for this call (the CUDA kernel reads MXFP8 records only)
-        build = asdict(build_for(RECORDS["mxfp8"], **call_build(PAGE, cfg.get("cuda_build"))))
+        # what mla_decode builds for this call
+        build = asdict(build_for(record, **call_build(PAGE, cfg.get("cuda_build"), record.kind)))
         used += (f" s{build['stages']} b{build['min_blocks']}"
                  f"{' qs' if build['query_in_shared'] else ''} t{build['tile']}"
                  f"{' ss' if build['split_sum'] else ''}{' tma' if build['bulk_copy'] else ''}"

@@ -1,10 +1,11 @@
-"""The CUDA MXFP8 decode kernel (``cuda_mla``) against the torch reference.
+"""The CUDA MLA decode kernel (``cuda_mla``) for E4M3 records against the torch reference.
 
-CPU: NVRTC compiles the source for sm_80 and sm_90 (on sm_90 the 16-key build with no local
-memory, the 32-key one with at most 24 bytes), calls get the build they name or the page
-size's preferred one, and the cases the kernel does not take are refused with their reason. GPU: decoding through single-key
-attention is exact for every E4M3 code under every kind of scale byte; decode, prefill,
-sliding windows, split counts, head counts and never-written (NaN) slots match the reference.
+CPU: NVRTC compiles the source of every record kind for sm_80 and sm_90 (on sm_90 the 16-key
+build with no local memory), calls get the build they name or the page size's preferred one,
+and the cases the kernel does not take are refused with their reason. GPU, every record kind
+(mxfp8, fp8-e8m0, fp8): decoding through single-key attention and through whole tiles of one
+record is exact for every E4M3 code under every kind of scale; decode, prefill, sliding
+windows, split counts, head counts and never-written (NaN) slots match the reference.
 """
 
 from __future__ import annotations
@@ -26,6 +27,15 @@ pytest.importorskip("triton")
 from test_triton import Case, _case
 
 MXFP8 = RECORDS["mxfp8"]
+#: The record kinds the kernel reads, at their FORMATS.md dims.
+KINDS = sorted(cuda_mla.KINDS)
+
+
+def _builds(record: Any, **options: Any) -> bool:
+    """Whether ``record`` takes a build with ``options`` (per-thread copies need records of a
+    multiple of 16 bytes)."""
+    return record.bytes_per_token % 16 == 0 or cuda_mla.build_for(
+        MXFP8, **options).bulk_copy
 
 
 @pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC (nvidia-cuda-nvrtc)")
@@ -35,30 +45,40 @@ def test_source_compiles_without_local_memory(arch: str, tmp_path: Any,
     from kernelbay.testing.cubins import cubin_resources
 
     monkeypatch.setenv("KERNELBAY_CACHE_DIR", str(tmp_path))
-    for record in (MXFP8, record_for_dims("mxfp8", 480, 32)):
-        for build in (cuda_mla.build_for(record), cuda_mla.build_for(record, stages=4, min_blocks=2),
-                      cuda_mla.build_for(record, split_sum=False),
-                      cuda_mla.build_for(record, lazy_max=False),
-                      cuda_mla.build_for(record, **cuda_mla.preferred_build(64))):
+    records = [MXFP8, record_for_dims("mxfp8", 480, 32), RECORDS["fp8"],
+               record_for_dims("fp8", 256, 64), RECORDS["fp8-e8m0"],
+               record_for_dims("fp8-e8m0", 320, 64)]
+    for record in records:
+        if record.bytes_per_token % 16 and arch == "sm_80":
+            continue  # whole-tile bulk copies only (cuda_mla.unsupported refuses them there)
+        options: list[dict[str, Any]] = [{}, {"stages": 4, "min_blocks": 2},
+                                         {"split_sum": False}, {"lazy_max": False},
+                                         cuda_mla.preferred_build(64, record.kind)]
+        for build in (cuda_mla.build_for(record, **o) for o in options if _builds(record, **o)):
             cubin = compile_cubin(cuda_mla._source(), "mla_decode_mx", arch,
                                   cuda_mla.build_options(build))
             assert cubin[:4] == b"\x7fELF"
             # on sm_90, the architecture they are tuned for, the 16-key build keeps everything
-            # in registers and the 32-key one spills at most six loop-invariant registers
-            # (other builds and sm_80 may spill more)
-            if arch != "sm_90":
+            # in registers (fp8 spills two), and the preferred 32-key ones spill at most six
+            # loop-invariant registers of MXFP8 (none of fp8, 12 of fp8-e8m0); other builds
+            # and sm_80 may spill more
+            if arch != "sm_90" or record.kv_lora_rank not in (448, 512):
                 continue
             usage = cubin_resources(cubin)
+            stack = re.search(r"STACK:(\d+) ", usage)
+            assert stack and "LOCAL:0 " in usage, usage
             if build == cuda_mla.build_for(record):
-                assert "STACK:0 " in usage and "LOCAL:0 " in usage, usage
-            elif build.tile == 32:
-                stack = re.search(r"STACK:(\d+) ", usage)
-                assert stack and int(stack.group(1)) <= 24 and "LOCAL:0 " in usage, usage
+                assert int(stack.group(1)) <= (8 if record.kind == "fp8" else 0), usage
+            elif build == cuda_mla.build_for(record, **cuda_mla.PREFERRED_32[record.kind]):
+                limit = {"mxfp8": 24, "fp8": 0, "fp8-e8m0": 48}[record.kind]
+                assert int(stack.group(1)) <= limit, usage
 
 
 def test_calls_get_the_build_they_name_or_the_preferred_one() -> None:
     assert cuda_mla.call_build(64, None) == cuda_mla.preferred_build(64)
     assert cuda_mla.preferred_build(64)["tile"] == 32 and cuda_mla.call_build(16, {}) == {}
+    assert cuda_mla.call_build(64, None, "fp8") == {"tile": 32, "stages": 3, "min_blocks": 2}
+    assert cuda_mla.call_build(16, None, "fp8") == {}
     # a partial choice is taken over build_for's (16-key) defaults, never mixed with the
     # preference; bulk copies and the lazy max follow the two-phase sum unless named
     assert cuda_mla.call_build(64, {"stages": 4}) == {"stages": 4}
@@ -74,10 +94,26 @@ def test_calls_get_the_build_they_name_or_the_preferred_one() -> None:
 
 
 def test_refusals_name_the_reason() -> None:
+    from kernelbay_attn_flashmla.records import fp8_e8m0_record
+
     query = torch.zeros(1, 16, 512, dtype=torch.bfloat16)
-    assert "mxfp8" in (cuda_mla.unsupported(query, RECORDS["fp8"], 64, 36864, False) or "")
+    bf16 = RECORDS["bf16"]
+    assert "record kind 'bf16'; the CUDA kernel reads ['fp8', 'fp8-e8m0', 'mxfp8']" in (
+        cuda_mla.unsupported(query, bf16, 64, bf16.page_bytes(64), False) or "")
     assert "512 values" in (cuda_mla.unsupported(torch.zeros(1, 16, 80), record_for_dims(
         "mxfp8", 64, 16), 64, 8192, False) or "")
+    groups32 = fp8_e8m0_record(448, 64, 32)
+    assert "in groups of 32; the CUDA kernel reads a latent of at most 512 values in groups " \
+        "of 64 and a rope of 64" in (cuda_mla.unsupported(query, groups32, 64,
+                                                          groups32.page_bytes(64), False) or "")
+    short_rope = record_for_dims("fp8", 512, 32)
+    assert "a rope of 64" in (cuda_mla.unsupported(torch.zeros(1, 16, 544), short_rope, 64,
+                                                   short_rope.page_bytes(64), False) or "")
+    three_groups = record_for_dims("fp8", 384, 64)  # its rope at byte 396
+    assert "rope not 8-byte aligned" in (cuda_mla.unsupported(
+        torch.zeros(1, 16, 448), three_groups, 64, three_groups.page_bytes(64), False) or "")
+    with pytest.raises(ValueError, match=r"fp8-e8m0 records of 584 B need bulk_copy=True"):
+        cuda_mla.build_for(RECORDS["fp8-e8m0"], split_sum=False)
     assert "sparse" in (cuda_mla.unsupported(query, MXFP8, 64, MXFP8.page_bytes(64), True)
                         or "")
     assert "CUDA device" in (cuda_mla.unsupported(query, MXFP8, 64, MXFP8.page_bytes(64),
@@ -103,17 +139,20 @@ def test_explain_names_the_decode_kernel(monkeypatch: pytest.MonkeyPatch) -> Non
 
     def note(kind: str, nvrtc: str | None = "/lib/libnvrtc.so", **extra: Any) -> str:
         monkeypatch.setattr(cuda_jit, "find_nvrtc", lambda: nvrtc)
-        request = AttentionRequest("mla", 16, 1, 192, 128, 448, 64, kv_cache=kind,
+        rank = RECORDS[kind].kv_lora_rank
+        request = AttentionRequest("mla", 16, 1, 192, 128, rank, 64, kv_cache=kind,
                                    page_size=64, **extra)
         verdict = MLATritonAttention.can_implement(request, parse_device("sm_90"))
         assert verdict.accepted
         return " ".join(verdict.notes)
 
-    assert "decode: CUDA MXFP8 kernel (NVRTC)" in note("mxfp8")
+    for kind in KINDS:
+        assert "decode: CUDA kernel (NVRTC)" in note(kind)
     assert "no NVRTC on this machine" in note("mxfp8", nvrtc=None)
-    assert "float16 queries" in note("mxfp8", dtype="float16")
+    assert "float16 queries" in note("fp8", dtype="float16")
     assert "sparse top-k" in note("mxfp8", sparse_topk=64)
-    assert "decode: Triton kernel" in note("fp8")
+    assert note("bf16") == "decode: Triton kernel"
+
 
 
 def test_a_build_failure_warns_once_and_leaves_the_call_to_triton(
@@ -138,7 +177,7 @@ def test_a_build_failure_warns_once_and_leaves_the_call_to_triton(
             None)
     with pytest.raises(CudaJitError, match="unknown arch"):
         triton_mla._decode_cuda(*call, forced=True, build={})
-    with pytest.warns(RuntimeWarning, match="CUDA MXFP8 decode kernel is off on cuda:0.*sm_99"):
+    with pytest.warns(RuntimeWarning, match="CUDA MLA decode kernel is off on cuda:0.*sm_99"):
         assert triton_mla._decode_cuda(*call, forced=False, build={}) is None
     assert "unknown arch" in str(cuda_mla.broken_reason(0, cuda_mla.build_for(MXFP8)))
     assert cuda_mla.broken_reason(0, cuda_mla.build_for(MXFP8, tile=32)) is None
@@ -195,115 +234,165 @@ def _compare(case: Any, *, splits: int | None, window: int | None = None,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("build", sorted(BUILDS))
 @pytest.mark.parametrize("heads", [16, 20, 128])
-def test_decode_matches_reference_on_gpu(heads: int, build: str) -> None:
+def test_decode_matches_reference_on_gpu(heads: int, build: str, kind: str) -> None:
+    if not _builds(RECORDS[kind], **BUILDS[build]):
+        pytest.skip(f"{kind} records take whole-tile bulk copies only")
     lengths = [1, 700, 4099, 64, 2500, 129, 16, 17, 33]
-    case = _case(MXFP8, lengths, [1] * len(lengths), heads, 64, seed=21, device="cuda",
+    case = _case(RECORDS[kind], lengths, [1] * len(lengths), heads, 64, seed=21, device="cuda",
                  writer="triton")
     for splits in (None, 1, 7):
         _compare(case, splits=splits, build=build)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("build", sorted(BUILDS))
-def test_prefill_window_pages_and_unwritten_slots_on_gpu(build: str) -> None:
+def test_prefill_window_pages_and_unwritten_slots_on_gpu(build: str, kind: str) -> None:
+    record = RECORDS[kind]
+    if not _builds(record, **BUILDS[build]):
+        pytest.skip(f"{kind} records take whole-tile bulk copies only")
     # the default build: 16-key tiles on the first page size, its 32-key ones on the other
     for page in ((32, 64) if BUILDS[build].get("tile") == 32 else (16, 64)):
-        case = _case(MXFP8, [300, 2000, 33], [17, 40, 33], 16, page, seed=22, device="cuda",
+        case = _case(record, [300, 2000, 33], [17, 40, 33], 16, page, seed=22, device="cuda",
                      writer="triton")
         # slots never written hold NaN codes and scales: masked keys must not read them
         written = case.cache.clone()
         case.cache.fill_(0xFF)
         from kernelbay_attn_flashmla.mla import token_view
 
-        keep = token_view(written, MXFP8, page).ne(0).any(-1)
-        view = token_view(case.cache, MXFP8, page)
-        view[keep] = token_view(written, MXFP8, page)[keep]
+        keep = token_view(written, record, page).ne(0).any(-1)
+        view = token_view(case.cache, record, page)
+        view[keep] = token_view(written, record, page)[keep]
         _compare(case, splits=4, build=build)
         _compare(case, splits=None, window=128, build=build)
         _compare(case, splits=1, window=5, build=build)
 
 
+#: Scale bytes of the E8M0 kinds: the subnormal 2^-127, small, typical, the last one a single
+#: factor covers (134), the first that needs a second (135), large but finite in bfloat16.
+E8M0_BYTES = (0, 1, 20, 118, 127, 134, 135, 150, 200, 246)
+#: float32 multipliers of fp8 records: subnormal, the smallest normal, small, the writer's
+#: 1 / 448 for an amax of 1, ordinary, large but finite in bfloat16 after x 448.
+FP32_SCALES = (1e-39, 2.0 ** -126, 1e-20, 1 / 448, 0.37, 1.0, 3.3e3, 1e30, 5e35)
+
+
+def _exact_records(kind: str, seqs: int, gen: torch.Generator,
+                   scale_pick: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One record per sequence holding every E4M3 code but the NaNs (the first 256 values of
+    each record in order, the rest random) under scales drawn from ``E8M0_BYTES`` /
+    ``FP32_SCALES`` (``scale_pick``: their indices, else random), a random bfloat16 rope
+    where the kind keeps one, and the latent the kernel must return for it: code x scale
+    rounded to bfloat16 (fp8: the float32 multiplier enters the value product as a bfloat16,
+    so code x bfloat16(scale), exact in float32, rounded once)."""
+    from kernelbay_attn_flashmla.codec import write_field
+
+    record = RECORDS[kind]
+    values = record.field("values" if kind == "mxfp8" else "nope")
+    scales = record.field("scales" if kind == "mxfp8" else "nope_scale")
+    codes = torch.randint(0, 256, (seqs, values.count), generator=gen,
+                          dtype=torch.int32).to(torch.uint8)
+    codes[:, :256] = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0  # the NaN codes
+    table = torch.tensor(FP32_SCALES if kind == "fp8" else E8M0_BYTES,
+                         dtype=torch.float32 if kind == "fp8" else torch.uint8)
+    if scale_pick is None:
+        scale_pick = torch.randint(0, len(table), (seqs, scales.count), generator=gen)
+    chosen = table[scale_pick]
+    out = torch.zeros(seqs, record.bytes_per_token, dtype=torch.uint8)
+    write_field(out, values, codes.view(torch.float8_e4m3fn))
+    write_field(out, scales, chosen)
+    if kind != "mxfp8":
+        rope = torch.randn(seqs, record.rope_dim, generator=gen).to(torch.bfloat16)
+        write_field(out, record.field("rope"), rope)
+    group = values.count // scales.count
+    if kind == "fp8":
+        factor = chosen.to(torch.bfloat16).float()
+    else:
+        factor = torch.exp2(chosen.float() - 127)
+    want = codes.view(torch.float8_e4m3fn).float() * factor.repeat_interleave(group, dim=1)
+    return out, want.to(torch.bfloat16)[:, :record.kv_lora_rank]
+
+
 @pytest.mark.gpu
-def test_single_key_attention_decodes_every_code_exactly_on_gpu() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_single_key_attention_decodes_every_code_exactly_on_gpu(kind: str) -> None:
     # One key per sequence: the output is that key's decoded latent (probability exactly 1),
-    # so every E4M3 code under every kind of scale byte (the subnormal 2^-127, small,
-    # typical, the last one a single factor covers, the first that needs a second, large but
-    # finite in bfloat16) must come out as code * 2^(byte - 127) rounded to bfloat16.
+    # so every E4M3 code under every kind of scale must come out as _exact_records says.
     from kernelbay_attn_flashmla.mla import token_view
     from kernelbay_attn_flashmla.triton_mla import mla_decode
 
+    record = RECORDS[kind]
     page, seqs = 16, 64
-    gen = torch.Generator().manual_seed(23)
-    codes = torch.randint(0, 256, (seqs, 512), generator=gen, dtype=torch.int32).to(torch.uint8)
-    codes[:, :256] = torch.arange(256, dtype=torch.int32).to(torch.uint8)
-    codes[(codes & 0x7F) == 0x7F] = 0  # the NaN codes
-    scale_bytes = torch.tensor([0, 1, 20, 118, 127, 134, 135, 150, 200, 246], dtype=torch.uint8)
-    scales = scale_bytes[torch.randint(0, len(scale_bytes), (seqs, 16), generator=gen)]
-    cache = torch.zeros(seqs, MXFP8.page_bytes(page), dtype=torch.uint8)
-    token_view(cache, MXFP8, page)[:, 0] = torch.cat([codes, scales], dim=1)
+    records, want = _exact_records(kind, seqs, torch.Generator().manual_seed(23))
+    cache = torch.zeros(seqs, record.page_bytes(page), dtype=torch.uint8)
+    token_view(cache, record, page)[:, 0] = records
     meta = AttentionMetadata(torch.arange(seqs + 1, dtype=torch.int32).cuda(),
                              torch.ones(seqs, dtype=torch.int32).cuda(),
                              torch.arange(seqs, dtype=torch.int32).view(seqs, 1).cuda(),
                              torch.zeros(seqs).cuda())
-    query = torch.zeros(seqs, 16, 512, dtype=torch.bfloat16, device="cuda")
-    out, lse = mla_decode(query, cache.cuda(), MXFP8, page, meta, 0.1, kernel="cuda",
+    query = torch.zeros(seqs, 16, record.latent_dim, dtype=torch.bfloat16, device="cuda")
+    out, lse = mla_decode(query, cache.cuda(), record, page, meta, 0.1, kernel="cuda",
                           num_splits=1)
-    factor = torch.exp2(scales.float() - 127).repeat_interleave(32, dim=1)
-    want = (codes.view(torch.float8_e4m3fn).float() * factor).to(torch.bfloat16)[:, :448]
     got = out.cpu()
     assert torch.equal(got, want[:, None, :].expand_as(got))
     assert torch.equal(lse.cpu(), torch.zeros(seqs, 16))
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(("build", "page"), [("default", 16), ("default", 32),
                                              ("tile16", 32), ("thread-copies-32", 32),
                                              ("default", 64), ("eager-max", 64),
                                              ("eager-max-16", 32)])
-def test_full_tiles_decode_every_code_exactly_on_gpu(build: str, page: int) -> None:
+def test_full_tiles_decode_every_code_exactly_on_gpu(kind: str, build: str, page: int) -> None:
     # A page of copies of one record per sequence (whole tiles, no masked key: the copies'
-    # and the decode's main path) with typical scale bytes and, in half of the sequences,
-    # one block with a tiny or a large byte (135 is the first needing a second factor): with
-    # a zero query each key has probability 1/page, and the sum of the equal products is the
-    # decoded value exactly.
+    # and the decode's main path) with typical scales and, in half of the sequences, one
+    # block with a tiny or a large one (E8M0 byte 135 is the first needing a second factor):
+    # with a zero query each key has probability 1/page, and the sum of the equal products
+    # is the decoded value exactly.
     from kernelbay_attn_flashmla.mla import token_view
     from kernelbay_attn_flashmla.triton_mla import mla_decode
 
+    record = RECORDS[kind]
+    if not _builds(record, **BUILDS[build]):
+        pytest.skip(f"{kind} records take whole-tile bulk copies only")
     seqs = 48
     gen = torch.Generator().manual_seed(24)
-    codes = torch.randint(0, 256, (seqs, 512), generator=gen, dtype=torch.int32).to(torch.uint8)
-    codes[:, :256] = torch.arange(256, dtype=torch.int32).to(torch.uint8)
-    codes[(codes & 0x7F) == 0x7F] = 0  # the NaN codes
-    inside = torch.tensor([113, 114, 120, 127, 133, 134], dtype=torch.uint8)
-    edges = torch.tensor([0, 112, 135, 200], dtype=torch.uint8)
-    scales = inside[torch.randint(0, len(inside), (seqs, 16), generator=gen)]
-    scales[seqs // 2:, 5] = edges[torch.arange(seqs - seqs // 2) % len(edges)]
-    cache = torch.zeros(seqs, MXFP8.page_bytes(page), dtype=torch.uint8)
-    token_view(cache, MXFP8, page)[:] = torch.cat([codes, scales], dim=1)[:, None, :]
+    groups = record.field("scales" if kind == "mxfp8" else "nope_scale").count
+    # typical scales: E8M0 bytes 118..134 (indices 3..5), multipliers 1/448..3.3e3 (3..6)
+    pick = torch.randint(3, 6 if kind != "fp8" else 7, (seqs, groups), generator=gen)
+    # (the largest multiplier, 5e35, would overflow float32 summed over a page: 1e30)
+    edges = torch.tensor([0, 1, 6, 7] if kind == "fp8" else [0, 2, 6, 8])
+    pick[seqs // 2:, groups // 3] = edges[torch.arange(seqs - seqs // 2) % len(edges)]
+    records, want = _exact_records(kind, seqs, gen, pick)
+    cache = torch.zeros(seqs, record.page_bytes(page), dtype=torch.uint8)
+    token_view(cache, record, page)[:] = records[:, None, :]
     meta = AttentionMetadata(torch.arange(seqs + 1, dtype=torch.int32).cuda(),
                              torch.full((seqs,), page, dtype=torch.int32).cuda(),
                              torch.arange(seqs, dtype=torch.int32).view(seqs, 1).cuda(),
                              torch.zeros(seqs).cuda())
-    query = torch.zeros(seqs, 16, 512, dtype=torch.bfloat16, device="cuda")
-    out, lse = mla_decode(query, cache.cuda(), MXFP8, page, meta, 0.1, kernel="cuda",
+    query = torch.zeros(seqs, 16, record.latent_dim, dtype=torch.bfloat16, device="cuda")
+    out, lse = mla_decode(query, cache.cuda(), record, page, meta, 0.1, kernel="cuda",
                           num_splits=1, cuda_build=BUILDS[build])
-    factor = torch.exp2(scales.float() - 127).repeat_interleave(32, dim=1)
-    want = (codes.view(torch.float8_e4m3fn).float() * factor).to(torch.bfloat16)[:, :448]
     got = out.cpu()
     assert torch.equal(got, want[:, None, :].expand_as(got))
     torch.testing.assert_close(lse.cpu(), torch.full((seqs, 16), math.log(float(page))))
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("build", ["default", "tile16", "thread-copies-32", "eager-max",
                                    "eager-max-16", "triton"])
-def test_queries_of_extreme_magnitude_on_gpu(build: str) -> None:
+def test_queries_of_extreme_magnitude_on_gpu(build: str, kind: str) -> None:
     # Heads of 2^30 and 2^-30 beside ordinary ones and a zero head: scores near 2^36 check
     # that the largest probability is exactly 1 (exp2 of a fused s * c - max exceeded it
     # by half an ulp of the maximum, infinite there), tiny ones that nothing underflows.
-    case = _case(MXFP8, [700, 40, 2100], [1, 1, 1], 16, 64, seed=25, device="cuda",
+    if build != "triton" and not _builds(RECORDS[kind], **BUILDS[build]):
+        pytest.skip(f"{kind} records take whole-tile bulk copies only")
+    case = _case(RECORDS[kind], [700, 40, 2100], [1, 1, 1], 16, 64, seed=25, device="cuda",
                  writer="triton")
     for factor in (2.0 ** 30, 2.0 ** -30):
         query = case.query.clone()
@@ -316,8 +405,9 @@ def test_queries_of_extreme_magnitude_on_gpu(build: str) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("build", ["default", "tile16", "eager-max"])
-def test_scores_rising_in_steps_on_gpu(build: str) -> None:
+def test_scores_rising_in_steps_on_gpu(build: str, kind: str) -> None:
     # Keys along one direction, their length stepping up every 256 positions: the scores of
     # heads with a positive query rise by about 15 (log2 units) at each step and stay flat in
     # between, those of negative heads fall. The lazy max then runs both of its paths in one
@@ -325,29 +415,32 @@ def test_scores_rising_in_steps_on_gpu(build: str) -> None:
     # its slack, the shared probabilities on the others; splits cut the sequence anywhere.
     from kernelbay_attn_flashmla.triton_mla import mla_write
 
+    record = RECORDS[kind]
+    dim = record.latent_dim
     gen = torch.Generator().manual_seed(26)
     page, length, heads = 64, 2048, 16
-    direction = torch.randn(512, generator=gen)
+    direction = torch.randn(dim, generator=gen)
     steps = 1.0 + 4.0 * (torch.arange(length) // 256).float()
-    latent = (direction * steps[:, None] + 0.1 * torch.randn(length, 512, generator=gen))
+    latent = (direction * steps[:, None] + 0.1 * torch.randn(length, dim, generator=gen))
     pages = length // page + 2
     order = torch.randperm(pages, generator=gen)[:length // page]
-    cache = torch.zeros(pages, MXFP8.page_bytes(page), dtype=torch.uint8, device="cuda")
+    cache = torch.zeros(pages, record.page_bytes(page), dtype=torch.uint8, device="cuda")
     pos = torch.arange(length)
     slots = order[pos // page].long() * page + pos % page
-    mla_write(cache, MXFP8, page, latent.to("cuda", torch.bfloat16), slots.cuda())
-    alpha = torch.linspace(-0.07, 0.07, heads)
-    query = (alpha[:, None] * direction[None, :]).view(1, heads, 512)
+    mla_write(cache, record, page, latent.to("cuda", torch.bfloat16), slots.cuda())
+    alpha = torch.linspace(-0.07, 0.07, heads) * (512 / dim) ** 0.5
+    query = (alpha[:, None] * direction[None, :]).view(1, heads, dim)
     meta = AttentionMetadata(torch.tensor([0, 1], dtype=torch.int32).cuda(),
                              torch.tensor([length], dtype=torch.int32).cuda(),
                              order.view(1, -1).int().cuda(), torch.zeros(1).cuda())
-    case = Case(MXFP8, page, cache, meta, query.to("cuda", torch.bfloat16), [length])
+    case = Case(record, page, cache, meta, query.to("cuda", torch.bfloat16), [length])
     for splits in (None, 1, 3):
         _compare(case, splits=splits, build=build)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("kind", "kernel"), [("mxfp8", "cuda"), ("bf16", "triton"),
+@pytest.mark.parametrize(("kind", "kernel"), [("mxfp8", "cuda"), ("fp8", "cuda"),
+                                              ("fp8-e8m0", "cuda"), ("bf16", "triton"),
                                               ("mxfp8", "triton")])
 def test_split_decode_and_combine_as_programmatic_pair_on_gpu(
         kind: str, kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,11 +1,14 @@
-"""Host side of the CUDA MLA decode kernel for MXFP8 records (``cuda/mla_decode_mx.cu``).
+"""Host side of the CUDA MLA decode kernel for E4M3 records (``cuda/mla_decode_mx.cu``).
 
 The kernel is built at run time by NVRTC through ``kernelbay.cuda_jit`` (no toolkit, no
 compiled extension) and serves ``triton_mla.mla_decode`` where ``unsupported`` finds nothing
-against it: MXFP8 records of 512 values (latent + rope, as DeepSeek-V4's 448 + 64), bfloat16
-queries, dense attention, a CUDA device of compute capability 8.0 or newer. Everything else
-(and every case after a failed build, which warns once) stays with the Triton kernel. The
-split count and the combine are ``triton_mla``'s; this module launches the partials.
+against it: records of one of ``KINDS`` (MXFP8 with 512 values, latent + rope as
+DeepSeek-V4's 448 + 64; fp8-e8m0 and fp8 with an E4M3 latent of at most 512 and a bfloat16
+rope of 64), bfloat16 queries, dense attention, a CUDA device of compute capability 8.0 or
+newer (9.0 for records whose size is not a multiple of 16 bytes, which only whole-tile bulk
+copies take). Everything else (and every case after a failed build, which warns once) stays
+with the Triton kernel. The split count and the combine are ``triton_mla``'s; this module
+launches the partials.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ if TYPE_CHECKING:
     import torch
     from kernelbay.cuda_jit import Kernel
 
-__all__ = ["DIM", "HEADS", "MIN_SPLIT_TILES", "TILE", "WARPS", "DecodeBuild", "broken_reason",
-           "build_for", "build_options", "call_build", "choose_cuda_splits", "decode_kernel",
-           "launch_decode", "mark_broken", "preferred_build", "resident_programs",
-           "shared_bytes", "static_reason", "unsupported"]
+__all__ = ["DIM", "HEADS", "KINDS", "MIN_SPLIT_TILES", "PREFERRED_32", "ROPE", "TILE", "WARPS",
+           "DecodeBuild", "broken_reason", "build_for", "build_options", "call_build",
+           "choose_cuda_splits", "decode_kernel", "launch_decode", "mark_broken",
+           "preferred_build", "resident_programs", "shared_bytes", "static_reason",
+           "unsupported"]
 
 #: Keys per tile of the default build (a tile lies in one page, so the page size must be a
 #: multiple); builds take 16 or 32.
@@ -36,6 +40,13 @@ WARPS = 4
 DIM = 512
 #: Query heads per CTA (the rows of one MMA).
 HEADS = 16
+#: The record kinds the kernel reads, with their ``KIND`` code in the source and the scale
+#: group it is written for: MXFP8 (E4M3 latent and rope, an E8M0 byte per 32), fp8-e8m0 (E4M3
+#: latent, an E8M0 byte per 64, bfloat16 rope) and fp8 (E4M3 latent, a float32 multiplier per
+#: 128, bfloat16 rope).
+KINDS: dict[str, tuple[int, int]] = {"mxfp8": (0, 32), "fp8-e8m0": (1, 64), "fp8": (2, 128)}
+#: bfloat16 rope values of the fp8 and fp8-e8m0 records the kernel reads (16 per warp).
+ROPE = 64
 #: Fewest tiles a KV split of this kernel gets where the grid stays within one CTA per SM
 #: (``choose_cuda_splits``).
 MIN_SPLIT_TILES = 4
@@ -43,13 +54,15 @@ MIN_SPLIT_TILES = 4
 
 @dataclass(frozen=True)
 class DecodeBuild:
-    """One compiled variant: the record's geometry (latent width, record size, scale bytes'
-    offset) and the launch shape (``build_for`` documents each option; the defaults are the
+    """One compiled variant: the record's geometry (latent width, record size, scales'
+    offset, kind, bfloat16 rope's offset) and the launch shape (``build_for`` documents each option; the defaults are the
     fastest 16-key build on the H200, ``preferred_build`` the build calls get by default)."""
 
     rank: int
     bytes_per_token: int
     scale_offset: int
+    kind: str = "mxfp8"
+    rope_offset: int = 0
     stages: int = 3
     min_blocks: int = 3
     query_in_shared: bool = False
@@ -57,6 +70,10 @@ class DecodeBuild:
     split_sum: bool = True
     bulk_copy: bool = True
     lazy_max: bool = True
+
+
+#: ``DecodeBuild``'s fields that come from the record (the rest are launch options).
+_GEOMETRY = ("rank", "bytes_per_token", "scale_offset", "kind", "rope_offset")
 
 
 def build_for(record: MLARecord, **options: Any) -> DecodeBuild:
@@ -77,12 +94,18 @@ def build_for(record: MLARecord, **options: Any) -> DecodeBuild:
     for follower in ("bulk_copy", "lazy_max"):
         if options.get(follower) is None:
             options[follower] = options.get("split_sum", DecodeBuild.split_sum)
-    launch = [f.name for f in fields(DecodeBuild)][3:]  # after the record's geometry
+    launch = [f.name for f in fields(DecodeBuild)][len(_GEOMETRY):]
     if set(options) - set(launch):
         raise ValueError(f"CUDA MLA decode build: options {sorted(set(options) - set(launch))}; "
                          f"valid: {launch}")
+    bf16_rope = record.kind != "mxfp8"
     build = DecodeBuild(record.kv_lora_rank, record.bytes_per_token,
-                        record.field("scales").offset, **options)
+                        record.field("nope_scale" if bf16_rope else "scales").offset,
+                        record.kind, record.field("rope").offset if bf16_rope else 0, **options)
+    if build.bytes_per_token % 16 and not build.bulk_copy:
+        raise ValueError(f"CUDA MLA decode build: {record.kind} records of "
+                         f"{build.bytes_per_token} B need bulk_copy=True (per-thread copies "
+                         f"move 16-byte pieces of each record)")
     if build.stages < 2 or not 1 <= build.min_blocks <= 4 or build.tile not in (16, 32) or (
             (build.bulk_copy or build.lazy_max) and not build.split_sum):
         raise ValueError(f"CUDA MLA decode build: stages={build.stages}, "
@@ -93,20 +116,36 @@ def build_for(record: MLARecord, **options: Any) -> DecodeBuild:
     return build
 
 
-def preferred_build(page_size: int) -> dict[str, Any]:
-    """The ``build_for`` options of calls that name none: 32-key tiles (two stages, the query
-    slices in shared memory, three CTAs per SM) where a page holds whole ones, else
-    ``build_for``'s 16-key defaults. Both from the H200 sweep (``bench/mla_decode --sweep
-    cuda``): 32-key tiles halve the per-key barriers and softmax steps and give the score
+#: The 32-key build each record kind's calls get where a page holds whole 32-key tiles (from
+#: the H200 sweep, ``bench/mla_decode/run.py --sweep cuda``): two stages with the query slices
+#: in shared memory and three CTAs per SM, except fp8, whose float32 multipliers and rope
+#: need more registers: three stages, two CTAs per SM, no spills (the three-CTA build spills
+#: 96 bytes per thread and ran 30% slower).
+PREFERRED_32: dict[str, dict[str, Any]] = {
+    "mxfp8": {"tile": 32, "stages": 2, "query_in_shared": True},
+    "fp8-e8m0": {"tile": 32, "stages": 2, "query_in_shared": True},
+    "fp8": {"tile": 32, "stages": 3, "min_blocks": 2},
+}
+
+
+def preferred_build(page_size: int, kind: str = "mxfp8") -> dict[str, Any]:
+    """The ``build_for`` options of calls that name none: the kind's 32-key build
+    (``PREFERRED_32``; MXFP8's for a kind the kernel does not read, which ``unsupported``
+    then refuses) where a page holds whole 32-key tiles, else ``build_for``'s 16-key
+    defaults. 32-key tiles halve the per-key barriers and softmax steps and give the score
     product four independent MMA chains."""
-    return {"tile": 32, "stages": 2, "query_in_shared": True} if page_size % 32 == 0 else {}
+    if page_size % 32:
+        return {}
+    return dict(PREFERRED_32.get(kind, PREFERRED_32["mxfp8"]))
 
 
-def call_build(page_size: int, options: dict[str, Any] | None) -> dict[str, Any]:
+def call_build(page_size: int, options: dict[str, Any] | None,
+               kind: str = "mxfp8") -> dict[str, Any]:
     """The ``build_for`` options of one call: the caller's ``options`` as given (over
     ``build_for``'s defaults, the 16-key build) when it names any, else
-    ``preferred_build(page_size)``; a preference is never mixed into a partial choice."""
-    return dict(options) if options else preferred_build(page_size)
+    ``preferred_build(page_size, kind)``; a preference is never mixed into a partial
+    choice."""
+    return dict(options) if options else preferred_build(page_size, kind)
 
 
 def choose_cuda_splits(programs: int, max_keys: int, num_sms: int, resident: int, tile: int,
@@ -133,8 +172,9 @@ def choose_cuda_splits(programs: int, max_keys: int, num_sms: int, resident: int
 
 def build_options(build: DecodeBuild) -> list[str]:
     """NVRTC defines for ``build``."""
-    return [f"-DDIM={DIM}", f"-DRANK={build.rank}", f"-DBPT={build.bytes_per_token}",
-            f"-DSCALE_OFF={build.scale_offset}", f"-DSTAGES={build.stages}",
+    return [f"-DKIND={KINDS[build.kind][0]}", f"-DDIM={DIM}", f"-DRANK={build.rank}",
+            f"-DBPT={build.bytes_per_token}", f"-DSCALE_OFF={build.scale_offset}",
+            f"-DROPE_OFF={build.rope_offset}", f"-DSTAGES={build.stages}",
             f"-DMIN_BLOCKS={build.min_blocks}", f"-DQSMEM={int(build.query_in_shared)}",
             f"-DTILE={build.tile}", f"-DSPLIT_SUM={int(build.split_sum)}",
             f"-DBULK={int(build.bulk_copy)}", f"-DLAZY_MAX={int(build.lazy_max)}"]
@@ -194,7 +234,7 @@ def mark_broken(device: int, build: DecodeBuild, reason: str) -> None:
     compile or load there: an architecture NVRTC does not know, more shared memory than the
     device has, a driver older than the cubin), warning once."""
     if (device, build) not in _BROKEN:
-        warnings.warn(f"kernelbay-attn-flashmla: the CUDA MXFP8 decode kernel is off on "
+        warnings.warn(f"kernelbay-attn-flashmla: the CUDA MLA decode kernel is off on "
                       f"cuda:{device} for {build} ({reason}); the Triton kernel serves it",
                       RuntimeWarning, stacklevel=3)
     _BROKEN[(device, build)] = reason
@@ -205,19 +245,46 @@ def broken_reason(device: int, build: DecodeBuild) -> str | None:
     return _BROKEN.get((device, build))
 
 
+def _record_reason(record: MLARecord) -> str | None:
+    """Why the kernel cannot read ``record`` (``None`` when it can): its kind, dims, scale
+    group and field placement."""
+    if record.kind not in KINDS:
+        return f"record kind {record.kind!r}; the CUDA kernel reads {sorted(KINDS)}"
+    group = KINDS[record.kind][1]
+    if record.kind == "mxfp8":
+        if record.latent_dim != DIM or record.kv_lora_rank % 32 or record.group_size != group:
+            return (f"records of {record.dims_text} values in groups of {record.group_size}; "
+                    f"the CUDA kernel reads {DIM} values (latent a multiple of 32) in groups "
+                    f"of {group}")
+        if record.field("values").offset != 0 or record.field("scales").offset % 4:
+            return ("an MXFP8 record whose values do not start at byte 0 or whose scales are "
+                    "not 4-byte aligned")
+        return None
+    rank = record.kv_lora_rank
+    if rank > DIM or rank % group or record.group_size != group or record.rope_dim != ROPE:
+        return (f"{record.kind} records of {record.dims_text} values in groups of "
+                f"{record.group_size}; the CUDA kernel reads a latent of at most {DIM} values "
+                f"in groups of {group} and a rope of {ROPE}")
+    scales, rope = record.field("nope_scale"), record.field("rope")
+    # KIND_E8M0 reads each warp's two scale bytes from an aligned 4-byte word
+    words_end = scales.offset + 4 * ((rank - 1) // 256 + 1) if record.kind == "fp8-e8m0" else 0
+    if (record.field("nope").offset != 0 or scales.offset % 4 or rope.offset % 8
+            or record.bytes_per_token % 8 or words_end > record.bytes_per_token):
+        return (f"a {record.kind} record whose latent does not start at byte 0, whose scales "
+                f"are not 4-byte or rope not 8-byte aligned, whose size "
+                f"({record.bytes_per_token} B) is not a multiple of 8 or whose scale words end "
+                f"past it")
+    return None
+
+
 def static_reason(record: MLARecord, dtype: str, sparse: bool, page_size: int,
                   tile: int = TILE) -> str | None:
     """Why layers of this shape cannot run the CUDA kernel anywhere (``None`` when they can):
     the record, the query dtype (``"bfloat16"``), sparse attention, the page size. Shared by
     ``unsupported`` (per call) and the ``explain`` note (per layer)."""
-    if record.kind != "mxfp8":
-        return f"record kind {record.kind!r}; the CUDA kernel reads 'mxfp8' records"
-    if record.latent_dim != DIM or record.kv_lora_rank % 32 or record.group_size != 32:
-        return (f"records of {record.dims_text} values in groups of {record.group_size}; "
-                f"the CUDA kernel reads {DIM} values (latent a multiple of 32) in groups of 32")
-    if record.field("values").offset != 0 or record.field("scales").offset % 4:
-        return ("an MXFP8 record whose values do not start at byte 0 or whose scales are not "
-                "4-byte aligned")
+    reason = _record_reason(record)
+    if reason is not None:
+        return reason
     if sparse:
         return "sparse top-k attention (the CUDA kernel is dense)"
     if dtype != "bfloat16":
@@ -244,8 +311,13 @@ def unsupported(query: torch.Tensor, record: MLARecord, page_size: int, page_byt
 
     if not query.is_cuda or torch.version.hip is not None:
         return f"query on {query.device} (needs a CUDA device)"
-    if torch.cuda.get_device_capability(query.device) < (8, 0):
+    capability = torch.cuda.get_device_capability(query.device)
+    if capability < (8, 0):
         return "compute capability below 8.0"
+    if record.bytes_per_token % 16 and capability < (9, 0):
+        return (f"{record.kind} records of {record.bytes_per_token} B (not a multiple of 16) "
+                f"need the bulk copies of compute capability 9.0, not "
+                f"{capability[0]}.{capability[1]}")
     if page_bytes % 16:
         return f"page stride {page_bytes} B (needs a multiple of 16 bytes)"
     if not scale > 0:

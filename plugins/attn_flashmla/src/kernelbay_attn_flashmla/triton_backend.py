@@ -36,15 +36,16 @@ MAX_ROPE_DIM = 256
 def decode_kernel_note(request: AttentionRequest, record: MLARecord,
                        device: DeviceCapability) -> str:
     """Which kernel decodes this layer's records on ``device`` (a note for ``explain
-    --verbose``): the CUDA MXFP8 kernel where its conditions hold here (records, dtype,
-    pages, dense, NVRTC found on this machine), else the Triton kernel and why. Per-call
+    --verbose``): the CUDA kernel where its conditions hold here (records, dtype, pages,
+    dense, device, NVRTC found on this machine), else the Triton kernel and why. Per-call
     conditions (the cache's alignment, a build that fails on the device) can still send a
     call to the Triton kernel."""
-    if record.kind != "mxfp8":
-        return "decode: Triton kernel"
     from kernelbay.cuda_jit import find_nvrtc
 
-    from kernelbay_attn_flashmla.cuda_mla import static_reason
+    from kernelbay_attn_flashmla.cuda_mla import KINDS, static_reason
+
+    if record.kind not in KINDS:
+        return "decode: Triton kernel"
 
     why = static_reason(record, request.dtype, request.sparse_topk is not None,
                         request.page_size)
@@ -52,8 +53,8 @@ def decode_kernel_note(request: AttentionRequest, record: MLARecord,
         why = f"not on {device.platform} {device.arch}"
     if why is None and find_nvrtc() is None:
         why = "no NVRTC on this machine"
-    return ("decode: CUDA MXFP8 kernel (NVRTC)" if not why
-            else f"decode: Triton kernel (the CUDA MXFP8 kernel: {why})")
+    return ("decode: CUDA kernel (NVRTC)" if not why
+            else f"decode: Triton kernel (the CUDA kernel: {why})")
 
 
 class MLATritonAttention(MLAReferenceAttention):
@@ -63,9 +64,9 @@ class MLATritonAttention(MLAReferenceAttention):
     reads records from the pages, dequantizes in registers, attends with all heads of a
     block (up to 32) in one program per KV tile, and splits long contexts over the SMs with
     a combine step; the write kernel quantizes latents into records bit for bit as the
-    reference codec. MXFP8 records of 512 values with bfloat16 queries (dense) decode through
-    a CUDA kernel compiled at run time by NVRTC (``cuda_mla``); without NVRTC, or where its
-    build fails, the Triton kernel serves them. ``forward`` takes ``num_splits`` (None:
+    reference codec. The E4M3 records (mxfp8, fp8-e8m0, fp8 at the dims ``cuda_mla`` names)
+    with bfloat16 queries (dense) decode through a CUDA kernel compiled at run time by NVRTC
+    (``cuda_mla``); without NVRTC, or where its build fails, the Triton kernel serves them. ``forward`` takes ``num_splits`` (None:
     chosen from batch x heads vs SM count) and ``topk_indices`` like the reference.
     """
 
@@ -75,7 +76,7 @@ class MLATritonAttention(MLAReferenceAttention):
     # the splits' partials: a token's result depends on what else is in the batch.
     batch_invariant: ClassVar[bool] = False
     summary: ClassVar[str] = ("MLA decode over bf16/fp8/fp8-e8m0/mxfp8 KV records, Triton "
-                              "split-KV kernel (MXFP8: a CUDA kernel built by NVRTC), "
+                              "split-KV kernel (E4M3 records: a CUDA kernel built by NVRTC), "
                               "CUDA cc >= 9.0")
 
     @classmethod

@@ -343,13 +343,13 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     (tiles ahead whose records are prefetched into L2; 0: none; None:
     ``default_l2_ahead``) and ``f16_dot`` (see ``launch_constants``) override the
     launch configuration (for tuning; defaults depend on the latent width). ``kernel``
-    (one of ``KERNELS``): ``"auto"`` runs the CUDA MXFP8 kernel (``cuda_mla``) where it
+    (one of ``KERNELS``): ``"auto"`` runs the CUDA kernel (``cuda_mla``) where it
     applies and the Triton kernel elsewhere, ``"triton"`` always the Triton kernel,
     ``"cuda"`` the CUDA kernel or a ``ValueError`` saying why it cannot (``"auto"`` with a
     Triton launch option given runs the Triton kernel); ``cuda_build``
     (keywords of ``cuda_mla.build_for``: stages, min_blocks, query_in_shared, tile,
-    split_sum, bulk_copy; none: ``cuda_mla.preferred_build`` for the page size) tunes the
-    CUDA build. The per-token tables
+    split_sum, bulk_copy; none: ``cuda_mla.preferred_build`` for the page size and record
+    kind) tunes the CUDA build. The per-token tables
     are reused while the same ``metadata`` object comes back (every layer of a step), so a
     metadata object must not be changed in place after a call.
     """
@@ -516,14 +516,14 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
                  num_splits: int | None, sparse: bool, sliding_window: int | None,
                  num_sms: int | None, *, forced: bool,
                  build: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
-    """``mla_decode`` through the CUDA MXFP8 kernel, or None where it does not apply (or the
+    """``mla_decode`` through the CUDA kernel (E4M3 records), or None where it does not apply (or the
     build does not compile or load on this device: it warns once per build and the Triton
     kernel serves the call); ``forced`` raises instead of returning None."""
     from kernelbay.cuda_jit import CudaJitError
 
     from kernelbay_attn_flashmla import cuda_mla
 
-    options = cuda_mla.call_build(page_size, build)
+    options = cuda_mla.call_build(page_size, build, record.kind)
     reason = cuda_mla.unsupported(query, record, page_size, page_bytes, sparse, float(scale),
                                   options.get("tile", cuda_mla.DecodeBuild.tile), flat)
     device = query.device.index or 0  # CUDA tensors always carry their index

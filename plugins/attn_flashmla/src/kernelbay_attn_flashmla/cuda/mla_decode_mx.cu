@@ -1,15 +1,28 @@
-// MLA decode attention over MXFP8 records (E4M3 values, one E8M0 scale per 32), sm_80+.
+// MLA decode attention over E4M3 records, sm_80+ (sm_90 for records that are not a multiple
+// of 16 bytes). KIND picks the record:
+//   KIND_MX    MXFP8: DIM E4M3 values (latent, then rope), one E8M0 byte per 32 at SCALE_OFF;
+//   KIND_E8M0  E4M3 latent (RANK values) with one E8M0 byte per 64 at SCALE_OFF, and 64
+//              bfloat16 rope values at ROPE_OFF (the 584-byte record);
+//   KIND_FP32  E4M3 latent (RANK values) with one float32 multiplier per 128 at SCALE_OFF, and
+//              64 bfloat16 rope values at ROPE_OFF (the 656-byte record).
+// The E4M3 values of every kind go through the same decode and MMAs; the rope of the last two
+// adds one MMA step per warp to the scores (16 rope values each, read as bfloat16 pairs), and a
+// float32 multiplier, not a power of two, is applied to the scores and the probabilities
+// (steps 2 and 4 below) instead of the decoded values, which then stay exact.
 //
-// Compiled at run time by NVRTC (kernelbay.cuda_jit; cuda_mla.build_options) with DIM (values
-// per record: latent then rope), RANK (latent width), BPT (bytes per record), SCALE_OFF (the
-// scale bytes' offset), TILE, STAGES, MIN_BLOCKS, QSMEM, SPLIT_SUM and BULK defined by the
-// host.
+// Compiled at run time by NVRTC (kernelbay.cuda_jit; cuda_mla.build_options) with KIND, DIM
+// (value slots per record: four warps of 128), RANK (latent width), BPT (bytes per record),
+// SCALE_OFF (the scales' offset), ROPE_OFF (the bfloat16 rope's offset), TILE, STAGES,
+// MIN_BLOCKS, QSMEM, SPLIT_SUM and BULK defined by the host.
 //
 // One CTA serves one query token, one KV split and a block of 16 query heads, with four
-// warps; warp w owns the record values [128w, 128w + 128) (latent, and rope for the last
-// columns). Keys come in tiles of TILE (16 or 32) (a tile lies in one page), copied from the
-// pages into shared memory STAGES tiles ahead by one bulk (TMA) copy each, which completes on
-// the stage's mbarrier (BULK, sm_90: one instruction per tile instead of a 16-byte cp.async
+// warps; warp w owns the E4M3 values [128w, 128w + 128) (latent, and for KIND_MX rope in the
+// last columns; slots past the record's E4M3 values are zero) and, with a bfloat16 rope, rope
+// values [16w, 16w + 16). Keys come in tiles of TILE (16 or 32) (a tile lies in one page),
+// copied from the pages into shared memory STAGES tiles ahead by one bulk (TMA) copy each of
+// the whole tile (keys outside the attended range are zeroed in registers as they are
+// decoded: a slot never written must not bring NaN into the products, where 0 * NaN is NaN),
+// which completes on the stage's mbarrier (BULK, sm_90: one instruction per tile instead of a 16-byte cp.async
 // per thread and chunk, whose requests loaded the L1 pipeline this kernel is bound by), or
 // STAGES - 1 tiles ahead by cp.async. Per tile, warp w:
 //   1. decodes its 128 values of each key into bfloat16 registers, already in the layout of
@@ -46,6 +59,18 @@
 // 2^(e - 7) is past bfloat16's range, get a second multiply under one vote per tile).
 
 #include "kernelbay/ptx.cuh"  // u32, copies, mbarriers, shared loads and stores
+
+#define KIND_MX 0
+#define KIND_E8M0 1
+#define KIND_FP32 2
+#ifndef KIND
+#define KIND KIND_MX
+#endif
+// The last two kinds keep the rope in bfloat16, apart from the E4M3 values.
+#define ROPE_BF16 (KIND != KIND_MX)
+#ifndef ROPE_OFF
+#define ROPE_OFF 0
+#endif
 
 #ifndef DIM
 #define DIM 512
@@ -109,9 +134,28 @@
 #if RANK % 32 || RANK > DIM
 #error "RANK must be a multiple of 32 and at most DIM"
 #endif
-#if BPT % 16
-#error "BPT must be a multiple of 16 (16-byte copies)"
+#if BPT % 16 && !BULK
+#error "BPT must be a multiple of 16 for the 16-byte copies (whole tiles by BULK need not)"
 #endif
+#if BPT % 8
+#error "BPT must be a multiple of 8 (64-bit shared loads of each record)"
+#endif
+// E4M3 values per record; the warps' slots past them are zero
+#define CODES (ROPE_BF16 ? RANK : DIM)
+#if KIND == KIND_E8M0 && RANK % 64
+#error "KIND_E8M0 scales groups of 64: RANK must be a multiple of 64"
+#endif
+#if KIND == KIND_FP32 && RANK % 128
+#error "KIND_FP32 scales groups of 128 (one per warp): RANK must be a multiple of 128"
+#endif
+#if KIND != KIND_MX && KIND != KIND_E8M0 && KIND != KIND_FP32
+#error "KIND must be KIND_MX, KIND_E8M0 or KIND_FP32"
+#endif
+#if ROPE_BF16 && (ROPE_OFF % 8 || SCALE_OFF % 4)
+#error "the rope must be 8-byte and the scales 4-byte aligned in the record"
+#endif
+// bfloat16 rope values per record (ROPE_BF16): one 16-value MMA step per warp
+#define ROPE 64
 #define TILE_BYTES (TILE * BPT)
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
@@ -204,6 +248,29 @@ __device__ __forceinline__ void decode_pair_any(uint2 a, uint2 b, u32 sa, u32 sb
   }
 }
 
+// KIND_FP32 decodes with this constant factor pair (2^120 in both lanes): the E4M3 value
+// exactly; its float32 multiplier comes after the products.
+#define EXACT_FACTORS 0x7B807B80u
+
+// The scale bytes of a key (record at ``rec``) for warp ``warp``'s chunks, as ``pair_factor``
+// reads them: chunk 2p's in byte 2p, chunk 2p + 1's in byte 2p + 1 (KIND_E8M0: pair p's one
+// byte in both). Zero where the warp has no E4M3 values and for KIND_FP32 (no factor bytes).
+__device__ __forceinline__ u32 scale_bytes(u32 rec, int warp) {
+#if KIND == KIND_MX
+  return lds32(rec + SCALE_OFF + warp * 4);
+#elif KIND == KIND_E8M0
+  if (warp * 128 >= CODES) return 0u;
+  return __byte_perm(lds32(rec + SCALE_OFF + 4 * (warp >> 1)), 0u, (warp & 1) ? 0x3322u : 0x1100u);
+#else
+  return 0u;
+#endif
+}
+
+// Whether warp ``warp``'s chunk pair ``p`` holds E4M3 values (a uniform branch per warp).
+__device__ __forceinline__ bool pair_has_codes(int warp, int p) {
+  return CODES == DIM || warp * 128 + 64 * p < CODES;
+}
+
 __device__ __forceinline__ void mma(float* d, const u32* a, u32 b0, u32 b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
@@ -282,44 +349,63 @@ __device__ __forceinline__ void value_step(float (&acc)[CHUNKS][4][4], const u32
 // Whether every chunk of the warp is latent (the warps past them skip their rope chunks).
 __device__ __forceinline__ bool all_latent(int warp) { return (warp + 1) * 128 <= RANK; }
 
+// ks[n][i]: the multiplier of the key in column 2c + i of 8-key group n for this warp's values
+// (KIND_FP32; 1 for the other kinds, whose multiplies the compiler drops).
+typedef float KeyScales[G8][2];
+
 template <bool ALL_LATENT>
 __device__ __forceinline__ void value_products_as(float (&acc)[CHUNKS][4][4],
                                                   const float (&p)[G8][4],
-                                                  const u32 (&kb)[G8][CHUNKS][4], int warp) {
+                                                  const u32 (&kb)[G8][CHUNKS][4], int warp,
+                                                  const KeyScales& ks) {
 #pragma unroll
   for (int k = 0; k < G8 / 2; ++k) {
-    const u32 pa[4] = {pack_bf16(p[2 * k][0], p[2 * k][1]), pack_bf16(p[2 * k][2], p[2 * k][3]),
-                       pack_bf16(p[2 * k + 1][0], p[2 * k + 1][1]),
-                       pack_bf16(p[2 * k + 1][2], p[2 * k + 1][3])};
+    const float(&s0)[2] = ks[2 * k];
+    const float(&s1)[2] = ks[2 * k + 1];
+    const u32 pa[4] = {pack_bf16(p[2 * k][0] * s0[0], p[2 * k][1] * s0[1]),
+                       pack_bf16(p[2 * k][2] * s0[0], p[2 * k][3] * s0[1]),
+                       pack_bf16(p[2 * k + 1][0] * s1[0], p[2 * k + 1][1] * s1[1]),
+                       pack_bf16(p[2 * k + 1][2] * s1[0], p[2 * k + 1][3] * s1[1])};
     value_step<ALL_LATENT>(acc, pa, kb, k, warp);
   }
 }
 
 __device__ __forceinline__ void value_products(float (&acc)[CHUNKS][4][4], const float (&p)[G8][4],
-                                               const u32 (&kb)[G8][CHUNKS][4], int warp) {
-  if (all_latent(warp)) value_products_as<true>(acc, p, kb, warp);
-  else value_products_as<false>(acc, p, kb, warp);
+                                               const u32 (&kb)[G8][CHUNKS][4], int warp,
+                                               const KeyScales& ks) {
+  if (all_latent(warp)) value_products_as<true>(acc, p, kb, warp, ks);
+  else value_products_as<false>(acc, p, kb, warp, ks);
 }
 
 // The same with the A fragments the warps shared (LAZY_MAX): step k's four registers side by
 // side per lane at p_slots + (k * 32 + lane) * 16.
+// (KIND_FP32: each shared probability, a bfloat16, times its key's multiplier for this warp
+// and rounded again.)
 template <bool ALL_LATENT>
 __device__ __forceinline__ void value_products_shared_as(float (&acc)[CHUNKS][4][4], u32 p_slots,
                                                          const u32 (&kb)[G8][CHUNKS][4], int warp,
-                                                         int lane) {
+                                                         int lane, const KeyScales& ks) {
 #pragma unroll
   for (int k = 0; k < G8 / 2; ++k) {
     const uint4 v = lds128(p_slots + (k * 32 + lane) * 16);
-    const u32 pa[4] = {v.x, v.y, v.z, v.w};
+    u32 pa[4] = {v.x, v.y, v.z, v.w};
+#if KIND == KIND_FP32
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float(&s)[2] = ks[2 * k + r / 2];  // registers 0, 1: group 2k; 2, 3: group 2k + 1
+      pa[r] = pack_bf16(__uint_as_float(pa[r] << 16) * s[0],
+                        __uint_as_float(pa[r] & 0xFFFF0000u) * s[1]);
+    }
+#endif
     value_step<ALL_LATENT>(acc, pa, kb, k, warp);
   }
 }
 
 __device__ __forceinline__ void value_products_shared(float (&acc)[CHUNKS][4][4], u32 p_slots,
                                                       const u32 (&kb)[G8][CHUNKS][4], int warp,
-                                                      int lane) {
-  if (all_latent(warp)) value_products_shared_as<true>(acc, p_slots, kb, warp, lane);
-  else value_products_shared_as<false>(acc, p_slots, kb, warp, lane);
+                                                      int lane, const KeyScales& ks) {
+  if (all_latent(warp)) value_products_shared_as<true>(acc, p_slots, kb, warp, lane, ks);
+  else value_products_shared_as<false>(acc, p_slots, kb, warp, lane, ks);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
@@ -375,6 +461,10 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   const u32 q_slots = extra_base + (warp * 2 * CHUNKS * 32 + lane) * 16;
 #endif
   u32 qa[QSMEM ? 1 : 2 * CHUNKS][4];
+  // (ROPE_BF16) the A fragment of this warp's rope step, in the order of the keys' (rb): query
+  // columns RANK + 16 warp + 4c, + 1 (k = 2c, 2c + 1) and + 2, + 3 (k = 2c + 8, 2c + 9) of heads
+  // h0 and h1
+  u32 qr[4] = {0u, 0u, 0u, 0u};
   const float qk = scale * LOG2E;  // scores -> log2 units
 #if BULK
   // one mbarrier per stage, after the query slices
@@ -393,9 +483,22 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
       const int col = warp * 128 + j * 32 + c * 8;
-      r0[j] = h0 < num_heads ? *(const uint4*)(q0 + col) : make_uint4(0, 0, 0, 0);
-      r1[j] = h1 < num_heads ? *(const uint4*)(q1 + col) : make_uint4(0, 0, 0, 0);
+      // the slots past the record's E4M3 values multiply zeros (and for KIND_E8M0 the
+      // query's columns there are its rope, taken by the rope step)
+      r0[j] = h0 < num_heads && col < CODES ? *(const uint4*)(q0 + col) : make_uint4(0, 0, 0, 0);
+      r1[j] = h1 < num_heads && col < CODES ? *(const uint4*)(q1 + col) : make_uint4(0, 0, 0, 0);
     }
+#if ROPE_BF16
+    const int rope_col = RANK + 16 * warp + 4 * c;
+    if (h0 < num_heads) {
+      const uint2 r = *(const uint2*)(q0 + rope_col);
+      qr[0] = r.x; qr[2] = r.y;
+    }
+    if (h1 < num_heads) {
+      const uint2 r = *(const uint2*)(q1 + rope_col);
+      qr[1] = r.x; qr[3] = r.y;
+    }
+#endif
     // Step 4p + t pairs value 2t (k = 2c, 2c + 1) and value 2t + 1 (k = 2c + 8, 2c + 9) of
     // the lane's eight in chunk 2p with the same values of chunk 2p + 1, as the decoded
     // registers do.
@@ -441,40 +544,23 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   const u32 last_slot = tiles_base + (STAGES - 1) * TILE_BYTES;
   u32 read_slot = tiles_base;
 #if BULK
-  // One thread copies the tile's keys in [start, hi) with one bulk copy completing on the
-  // stage's mbarrier; on an edge tile every thread first zeroes the other keys' bytes
-  // (masked keys must not bring NaN bytes -- a slot never written -- into the products,
-  // where 0 * NaN is NaN). The zeros are read at least one tile later, past its barriers.
+  // One thread copies the whole tile (it lies in one page) with one bulk copy completing on
+  // the stage's mbarrier: TILE * BPT bytes, a multiple of 16 at a 16-byte aligned offset for
+  // any record size that is a multiple of 8 (keys outside [start, hi) are zeroed as they are
+  // decoded).
   auto issue = [&](int tile, int page, u32 slot, u32 bar) {
-    if (tile >= num_tiles) return;
+    if (tile >= num_tiles || tid != 0) return;
+    // the slot's last reads were generic-proxy loads; the copy writes through the async one
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     const int pos = lo + tile * TILE;
-    const int k0 = max(start - pos, 0), k1 = min(hi - pos, TILE);
-    if (k0 > 0 || k1 < TILE) {
-      for (int off = tid * 16; off < TILE_BYTES; off += WARPS * 32 * 16) {
-        const int k = off / BPT;
-        if (k < k0 || k >= k1) sts128(slot + off, 0u, 0u, 0u, 0u);
-      }
-      // a later bulk copy into these bytes goes through the async proxy
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    }
-    if (tid == 0) {
-      // the slot's last reads were generic-proxy loads; the copy writes through the async one
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      if (k1 > k0) {
-        const u32 bytes = (u32)(k1 - k0) * BPT;
-        mbar_expect(bar, bytes);
-        bulk_copy(slot + k0 * BPT, cache + (long long)page * page_bytes
-                                   + (long long)((pos & page_mask) + k0) * BPT, bytes, bar);
-      } else {
-        mbar_arrive(bar);
-      }
-    }
+    mbar_expect(bar, TILE_BYTES);
+    bulk_copy(slot, cache + (long long)page * page_bytes + (long long)(pos & page_mask) * BPT,
+              TILE_BYTES, bar);
   };
 #pragma unroll
   for (int s = 0; s < STAGES; ++s)
     issue(s, page_of(s), tiles_base + s * TILE_BYTES, bars + 8 * s);
   int next_page = page_of(STAGES);
-  __syncthreads();  // the first tiles' zeros
   u32 read_bar = bars, read_phase = 0;
 #else
   // copies: 128 / TILE threads per key of a tile, each taking every (128 / TILE)-th chunk
@@ -488,8 +574,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       const int pos = lo + tile * TILE;
       const unsigned char* from = cache + (long long)page * page_bytes
                                   + (long long)(pos & page_mask) * BPT + thread_off;
-      // keys outside [start, hi) are zero-filled: masked keys must not bring NaN bytes
-      // (a slot never written) into the products, where 0 * NaN is NaN
+      // keys outside [start, hi) are not read (zero-filled; their decode is zeroed anyway)
       const u32 bytes = key >= start - pos && key < hi - pos ? 16u : 0u;
       const u32 dst = slot + thread_off;
 #pragma unroll
@@ -522,9 +607,18 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
 
     const u32 tb = read_slot;
     read_slot = read_slot == last_slot ? tiles_base : read_slot + TILE_BYTES;
+    // An edge tile (uniform over the CTA) holds keys outside [start, hi): their decoded values
+    // are zeroed (whatever their bytes) and their scores set to -inf before anything reads
+    // them (LAZY_MAX: as they are summed).
+    const int tile_pos = lo + tile * TILE;
+    const bool edge_tile = tile_pos < start || tile_pos + TILE > hi;
+    auto outside = [&](int pos) { return pos < start || pos >= hi; };
     // 1. decode: kb[n][2p + i / 4][i % 4], key key_of(g) of group n (key 8n + key_of(g)),
-    // value i of chunks 2p (low lane) and 2p + 1 (high lane)
+    // value i of chunks 2p (low lane) and 2p + 1 (high lane); rb[n]: its rope step's B
+    // fragment (ROPE_BF16: rope values 16 warp + 4c .. + 3, one 8-byte load, their order
+    // inside the step permuted as the query's)
     u32 kb[G8][CHUNKS][4];
+    u32 rb[G8][2];
     u32 scales[G8];
     // 2. partial scores of this warp's values: sc[n] = S[heads g / g + 8][columns 2c, 2c + 1
     // of group n, i.e. keys 8n + key_of(2c), 8n + key_of(2c + 1)]
@@ -534,13 +628,29 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
 #pragma unroll
     for (int n = 0; n < G8; ++n) {
       const u32 rec = tb + (n * 8 + key_of(g)) * BPT;
-      scales[n] = lds32(rec + SCALE_OFF + warp * CHUNKS);
+      scales[n] = scale_bytes(rec, warp);
       const u32 fb = factor_bytes(scales[n]);
-      decode_pair(lds64(rec + warp * 128 + c * 8), lds64(rec + warp * 128 + 32 + c * 8),
-                  pair_factor<0>(fb), kb[n][0], kb[n][1]);
-      decode_pair(lds64(rec + warp * 128 + 64 + c * 8), lds64(rec + warp * 128 + 96 + c * 8),
-                  pair_factor<1>(fb), kb[n][2], kb[n][3]);
+#pragma unroll
+      for (int p = 0; p < CHUNKS / 2; ++p) {
+        if (pair_has_codes(warp, p)) {
+          decode_pair(lds64(rec + warp * 128 + 64 * p + c * 8),
+                      lds64(rec + warp * 128 + 64 * p + 32 + c * 8),
+                      KIND == KIND_FP32 ? EXACT_FACTORS : p ? pair_factor<1>(fb)
+                                                            : pair_factor<0>(fb),
+                      kb[n][2 * p], kb[n][2 * p + 1]);
+        } else {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) kb[n][2 * p][r] = kb[n][2 * p + 1][r] = 0u;
+        }
+      }
+#if ROPE_BF16
+      const uint2 rope = lds64(rec + ROPE_OFF + warp * 32 + c * 8);
+      rb[n][0] = rope.x;
+      rb[n][1] = rope.y;
+#endif
+      if (edge_tile && outside(tile_pos + n * 8 + key_of(g))) scales[n] = 0u;
     }
+#if KIND != KIND_FP32
     // Scale bytes above 134 (values past 2^7 * 448) are rare: one vote per tile, and the
     // tile decoded again with two factors where a lane has one.
     u32 large = 0;
@@ -552,19 +662,53 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
         const u32 rec = tb + (n * 8 + key_of(g)) * BPT;
 #pragma unroll
         for (int p = 0; p < CHUNKS / 2; ++p)
-          decode_pair_any(lds64(rec + warp * 128 + 64 * p + c * 8),
-                          lds64(rec + warp * 128 + 64 * p + 32 + c * 8),
-                          (scales[n] >> (16 * p)) & 0xFFu, (scales[n] >> (16 * p + 8)) & 0xFFu,
-                          kb[n][2 * p], kb[n][2 * p + 1]);
+          if (pair_has_codes(warp, p))
+            decode_pair_any(lds64(rec + warp * 128 + 64 * p + c * 8),
+                            lds64(rec + warp * 128 + 64 * p + 32 + c * 8),
+                            (scales[n] >> (16 * p)) & 0xFFu, (scales[n] >> (16 * p + 8)) & 0xFFu,
+                            kb[n][2 * p], kb[n][2 * p + 1]);
       }
     }
+#endif
+    if (edge_tile) {
+#pragma unroll
+      for (int n = 0; n < G8; ++n) {
+        if (outside(tile_pos + n * 8 + key_of(g))) {
+#pragma unroll
+          for (int j = 0; j < CHUNKS; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) kb[n][j][r] = 0u;
+          rb[n][0] = rb[n][1] = 0u;
+        }
+      }
+    }
+    // (KIND_FP32) ks[n][i]: this warp's multiplier of the key in column 2c + i of group n,
+    // zero outside [start, hi) and where the warp has no E4M3 values; 1 for the other kinds
+    KeyScales ks;
+#pragma unroll
+    for (int n = 0; n < G8; ++n)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#if KIND == KIND_FP32
+        const int key = n * 8 + key_of(2 * c + i);
+        ks[n][i] = warp * 128 >= CODES || (edge_tile && outside(tile_pos + key))
+                       ? 0.f : __uint_as_float(lds32(tb + key * BPT + SCALE_OFF + warp * 4));
+#else
+        ks[n][i] = 1.f;
+#endif
+      }
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) chunk_scores(j, sc, kb, QUERY_ARGS);
-    // An edge tile (uniform over the CTA) holds keys outside [start, hi), whose scores are
-    // set to -inf before anything reads them (LAZY_MAX: as they are summed).
-    const int tile_pos = lo + tile * TILE;
-    const bool edge_tile = tile_pos < start || tile_pos + TILE > hi;
-    auto outside = [&](int pos) { return pos < start || pos >= hi; };
+#pragma unroll
+    for (int n = 0; n < G8; ++n) {
+#if KIND == KIND_FP32
+      sc[n][0] *= ks[n][0]; sc[n][1] *= ks[n][1];
+      sc[n][2] *= ks[n][0]; sc[n][3] *= ks[n][1];
+#endif
+#if ROPE_BF16
+      mma(sc[n], qr, rb[n][0], rb[n][1]);
+#endif
+    }
     // 3. the four warps' partial scores added in warp order through shared memory, then
     // scaled to log2 units once: exp2(s - max) below is then exactly 1 at the maximum
     // (exp2(fma(s, qk, -max)) can exceed it by half an ulp of the maximum, past 2^128 for
@@ -625,7 +769,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     if (!__syncthreads_or(over)) {
       // every score within the slack of the running max: it stays, nothing is rescaled
       if (warp & 1) l1 += quarter_sum; else l0 += quarter_sum;
-      value_products_shared(acc, p_slots, kb, warp, lane);  // 4-5.
+      value_products_shared(acc, p_slots, kb, warp, lane, ks);  // 4-5.
       continue;
     }
 #else
@@ -724,7 +868,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
           acc[j][b][2] *= alpha1; acc[j][b][3] *= alpha1;
         }
     }
-    value_products(acc, p, kb, warp);  // 4-5.
+    value_products(acc, p, kb, warp, ks);  // 4-5.
   }
   // The next programmatic launch (the combine) may start its CTAs once every CTA of ours is
   // past its keys; it waits for our writes in its own grid wait.
