@@ -6,4 +6,4 @@ The C++ kernels are compiled on first use and cached per user (``_build``). Disc
 only ``kernelbay_cpu_amx.plugin``; nothing it imports loads torch or compiled code.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.1.1"
