@@ -54,7 +54,11 @@ def test_source_compiles_without_local_memory(arch: str, tmp_path: Any,
         options: list[dict[str, Any]] = [{}, {"stages": 4, "min_blocks": 2},
                                          {"split_sum": False}, {"lazy_max": False},
                                          cuda_mla.preferred_build(64, record.kind)]
-        for build in (cuda_mla.build_for(record, **o) for o in options if _builds(record, **o)):
+        builds = [cuda_mla.build_for(record, **o) for o in options if _builds(record, **o)]
+        if arch == "sm_90" and record.bytes_per_token % 16 == 0:  # top-k lists: bulk copies
+            builds += [cuda_mla.build_for(record, True),
+                       cuda_mla.build_for(record, True, **cuda_mla.PREFERRED_32[record.kind])]
+        for build in builds:
             cubin = compile_cubin(cuda_mla._source(), "mla_decode_mx", arch,
                                   cuda_mla.build_options(build))
             assert cubin[:4] == b"\x7fELF"
@@ -114,8 +118,11 @@ def test_refusals_name_the_reason() -> None:
         torch.zeros(1, 16, 448), three_groups, 64, three_groups.page_bytes(64), False) or "")
     with pytest.raises(ValueError, match=r"fp8-e8m0 records of 584 B need bulk_copy=True"):
         cuda_mla.build_for(RECORDS["fp8-e8m0"], split_sum=False)
-    assert "sparse" in (cuda_mla.unsupported(query, MXFP8, 64, MXFP8.page_bytes(64), True)
-                        or "")
+    e8m0 = RECORDS["fp8-e8m0"]
+    assert "sparse top-k attention over 584-byte fp8-e8m0 records" in (
+        cuda_mla.unsupported(torch.zeros(1, 16, 512), e8m0, 64, e8m0.page_bytes(64), True) or "")
+    with pytest.raises(ValueError, match="sparse attention copies each key by one bulk copy"):
+        cuda_mla.build_for(MXFP8, True, split_sum=False)
     assert "CUDA device" in (cuda_mla.unsupported(query, MXFP8, 64, MXFP8.page_bytes(64),
                                                   False) or "")
 
@@ -150,7 +157,8 @@ def test_explain_names_the_decode_kernel(monkeypatch: pytest.MonkeyPatch) -> Non
         assert "decode: CUDA kernel (NVRTC)" in note(kind)
     assert "no NVRTC on this machine" in note("mxfp8", nvrtc=None)
     assert "float16 queries" in note("fp8", dtype="float16")
-    assert "sparse top-k" in note("mxfp8", sparse_topk=64)
+    assert "decode: CUDA kernel (NVRTC)" in note("fp8", sparse_topk=64)
+    assert "sparse top-k attention over 584-byte" in note("fp8-e8m0", sparse_topk=64)
     assert note("bf16") == "decode: Triton kernel"
 
 
@@ -173,7 +181,7 @@ def test_a_build_failure_warns_once_and_leaves_the_call_to_triton(
     monkeypatch.setattr(cuda_mla, "decode_kernel", failing)
     case = _case(MXFP8, [40], [1], 16, 16, seed=1, device="cpu")
     flat = case.cache.view(-1)
-    call = (case.query, flat, MXFP8.page_bytes(16), MXFP8, 16, case.meta, 0.1, 2, False, None,
+    call = (case.query, flat, MXFP8.page_bytes(16), MXFP8, 16, case.meta, 0.1, 2, None, None,
             None)
     with pytest.raises(CudaJitError, match="unknown arch"):
         triton_mla._decode_cuda(*call, forced=True, build={})
@@ -218,15 +226,17 @@ BUILDS: dict[str, dict[str, Any]] = {
 
 
 def _compare(case: Any, *, splits: int | None, window: int | None = None,
-             atol: float = 3e-2, build: str = "default", kernel: str = "cuda") -> None:
+             atol: float = 3e-2, build: str = "default", kernel: str = "cuda",
+             topk: torch.Tensor | None = None) -> None:
     from kernelbay_attn_flashmla.triton_mla import mla_decode
 
     scale = 1 / math.sqrt(192)
     out, lse = mla_decode(case.query, case.cache, case.record, case.page, case.meta, scale,
                           num_splits=splits, sliding_window=window, kernel=kernel,
-                          cuda_build=BUILDS[build] if kernel == "cuda" else None)
+                          cuda_build=BUILDS[build] if kernel == "cuda" else None,
+                          topk_indices=topk)
     ref, ref_lse = mla_attention(case.query, case.cache, case.record, case.page, case.meta,
-                                 scale, sliding_window=window)
+                                 scale, sliding_window=window, topk_indices=topk)
     torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=atol)
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), finite)
@@ -269,6 +279,41 @@ def test_prefill_window_pages_and_unwritten_slots_on_gpu(build: str, kind: str) 
         _compare(case, splits=4, build=build)
         _compare(case, splits=None, window=128, build=build)
         _compare(case, splits=1, window=5, build=build)
+
+
+def _topk(lengths: list[int], new: list[int], k: int, gen: torch.Generator) -> torch.Tensor:
+    """Top-k lists ``[T, k]`` for a case's query tokens: distinct positions of the token's
+    sequence (later ones than its own too, which causality masks), unused entries (-1) in
+    the middle and at the end, a token with no entry at all."""
+    rows = []
+    for n, m in zip(lengths, new, strict=True):
+        for _ in range(m):
+            row = torch.full((k,), -1, dtype=torch.int32)
+            chosen = torch.randperm(n, generator=gen)[:k - k // 4].int()
+            row[:len(chosen)] = chosen
+            row[torch.randperm(k, generator=gen)[:k // 8]] = -1
+            rows.append(row)
+    rows[-1][:] = -1
+    return torch.stack(rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["fp8", "mxfp8"])
+@pytest.mark.parametrize("build", ["default", "tile16", "eager-max", "eager-max-16"])
+def test_sparse_top_k_decode_and_prefill_match_reference_on_gpu(build: str, kind: str) -> None:
+    # Each query attends the keys its top-k list names (duplicates none, unused -1): one
+    # token per sequence and prefill tokens whose lists name later positions, with windows and
+    # split counts; a token whose list is empty gets o = 0 and lse = -inf.
+    gen = torch.Generator().manual_seed(27)
+    for lengths, new in (([700, 4099, 64, 2500, 33], [1, 1, 1, 1, 1]),
+                         ([300, 2000, 40], [17, 40, 33])):
+        case = _case(RECORDS[kind], lengths, new, 16, 64, seed=28, device="cuda",
+                     writer="triton")
+        for k in (64, 600):
+            topk = _topk(lengths, new, k, gen).cuda()
+            for splits in (None, 1, 5):
+                _compare(case, splits=splits, build=build, topk=topk)
+            _compare(case, splits=3, window=200, build=build, topk=topk)
 
 
 #: Scale bytes of the E8M0 kinds: the subnormal 2^-127, small, typical, the last one a single

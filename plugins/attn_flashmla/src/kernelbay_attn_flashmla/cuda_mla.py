@@ -55,7 +55,8 @@ MIN_SPLIT_TILES = 4
 @dataclass(frozen=True)
 class DecodeBuild:
     """One compiled variant: the record's geometry (latent width, record size, scales'
-    offset, kind, bfloat16 rope's offset) and the launch shape (``build_for`` documents each option; the defaults are the
+    offset, kind, bfloat16 rope's offset), whether keys come from top-k lists (``sparse``)
+    and the launch shape (``build_for`` documents each option; the defaults are the
     fastest 16-key build on the H200, ``preferred_build`` the build calls get by default)."""
 
     rank: int
@@ -63,6 +64,7 @@ class DecodeBuild:
     scale_offset: int
     kind: str = "mxfp8"
     rope_offset: int = 0
+    sparse: bool = False
     stages: int = 3
     min_blocks: int = 3
     query_in_shared: bool = False
@@ -72,11 +74,12 @@ class DecodeBuild:
     lazy_max: bool = True
 
 
-#: ``DecodeBuild``'s fields that come from the record (the rest are launch options).
-_GEOMETRY = ("rank", "bytes_per_token", "scale_offset", "kind", "rope_offset")
+#: ``DecodeBuild``'s fields that come from the record and the call (the rest are launch
+#: options).
+_GEOMETRY = ("rank", "bytes_per_token", "scale_offset", "kind", "rope_offset", "sparse")
 
 
-def build_for(record: MLARecord, **options: Any) -> DecodeBuild:
+def build_for(record: MLARecord, sparse: bool = False, **options: Any) -> DecodeBuild:
     """The build for ``record`` (offsets read from its descriptor) with ``DecodeBuild``'s
     launch options where ``options`` names none of them: ``stages`` tiles in
     flight (at least 2), registers capped for ``min_blocks`` CTAs per SM (1 to 4), and the
@@ -101,7 +104,13 @@ def build_for(record: MLARecord, **options: Any) -> DecodeBuild:
     bf16_rope = record.kind != "mxfp8"
     build = DecodeBuild(record.kv_lora_rank, record.bytes_per_token,
                         record.field("nope_scale" if bf16_rope else "scales").offset,
-                        record.kind, record.field("rope").offset if bf16_rope else 0, **options)
+                        record.kind, record.field("rope").offset if bf16_rope else 0, sparse,
+                        **options)
+    if sparse and not (build.bulk_copy and build.bytes_per_token % 16 == 0):
+        raise ValueError(f"CUDA MLA decode build: sparse attention copies each key by one "
+                         f"bulk copy: needs bulk_copy=True and records of a multiple of 16 "
+                         f"bytes, got bulk_copy={build.bulk_copy} and {record.kind} records "
+                         f"of {build.bytes_per_token} B")
     if build.bytes_per_token % 16 and not build.bulk_copy:
         raise ValueError(f"CUDA MLA decode build: {record.kind} records of "
                          f"{build.bytes_per_token} B need bulk_copy=True (per-thread copies "
@@ -174,7 +183,7 @@ def build_options(build: DecodeBuild) -> list[str]:
     """NVRTC defines for ``build``."""
     return [f"-DKIND={KINDS[build.kind][0]}", f"-DDIM={DIM}", f"-DRANK={build.rank}",
             f"-DBPT={build.bytes_per_token}", f"-DSCALE_OFF={build.scale_offset}",
-            f"-DROPE_OFF={build.rope_offset}", f"-DSTAGES={build.stages}",
+            f"-DROPE_OFF={build.rope_offset}", f"-DSPARSE={int(build.sparse)}", f"-DSTAGES={build.stages}",
             f"-DMIN_BLOCKS={build.min_blocks}", f"-DQSMEM={int(build.query_in_shared)}",
             f"-DTILE={build.tile}", f"-DSPLIT_SUM={int(build.split_sum)}",
             f"-DBULK={int(build.bulk_copy)}", f"-DLAZY_MAX={int(build.lazy_max)}"]
@@ -185,12 +194,13 @@ def shared_bytes(build: DecodeBuild) -> int:
     scores (four floats per lane and 8-key group), with ``split_sum`` their totals, with
     ``lazy_max`` the shared probabilities (two bf16 per lane and 8-key group and head half),
     with ``query_in_shared`` the warps' query slices, and with ``bulk_copy`` one mbarrier per
-    stage."""
+    stage (and with ``sparse`` one 4-byte key mask per stage)."""
     query = WARPS * 8 * 32 * 16 if build.query_in_shared else 0  # 8 MMA steps x 32 lanes x 16 B
     scores = WARPS * 32 * build.tile // 2 * 4  # [warps][8-key groups][lanes][4] float32
     totals = scores // WARPS if build.split_sum else 0
     probabilities = totals // 2 if build.lazy_max else 0
     barriers = 8 * build.stages if build.bulk_copy else 0  # one mbarrier per stage
+    barriers += 4 * build.stages if build.sparse else 0  # and each stage's key mask
     return (build.stages * build.tile * build.bytes_per_token + scores + totals + probabilities
             + query + barriers)
 
@@ -285,8 +295,9 @@ def static_reason(record: MLARecord, dtype: str, sparse: bool, page_size: int,
     reason = _record_reason(record)
     if reason is not None:
         return reason
-    if sparse:
-        return "sparse top-k attention (the CUDA kernel is dense)"
+    if sparse and record.bytes_per_token % 16:
+        return (f"sparse top-k attention over {record.bytes_per_token}-byte {record.kind} "
+                f"records (each key is one bulk copy: needs a multiple of 16 bytes)")
     if dtype != "bfloat16":
         return f"{dtype} queries (the CUDA kernel takes bfloat16)"
     if page_size < tile or page_size & (page_size - 1):
@@ -314,6 +325,9 @@ def unsupported(query: torch.Tensor, record: MLARecord, page_size: int, page_byt
     capability = torch.cuda.get_device_capability(query.device)
     if capability < (8, 0):
         return "compute capability below 8.0"
+    if sparse and capability < (9, 0):
+        return (f"sparse top-k attention needs the bulk copies of compute capability 9.0, "
+                f"not {capability[0]}.{capability[1]}")
     if record.bytes_per_token % 16 and capability < (9, 0):
         return (f"{record.kind} records of {record.bytes_per_token} B (not a multiple of 16) "
                 f"need the bulk copies of compute capability 9.0, not "
@@ -333,15 +347,21 @@ def unsupported(query: torch.Tensor, record: MLARecord, page_size: int, page_byt
 def launch_decode(build: DecodeBuild, query: torch.Tensor, flat: torch.Tensor, page_bytes: int,
                   page_size: int, block_tables: torch.Tensor, seq: torch.Tensor,
                   length: torch.Tensor, start: torch.Tensor, part: torch.Tensor,
-                  plse: torch.Tensor, out: torch.Tensor, scale: float, num_splits: int) -> None:
+                  plse: torch.Tensor, out: torch.Tensor, scale: float, num_splits: int,
+                  topk: torch.Tensor | None = None) -> None:
     """One launch: the partials of every (head block, split, token) into ``part``/``plse``
     when ``num_splits > 1``, else the output into ``out`` and its LSE into ``plse``
-    (operands checked by ``unsupported`` and made by ``triton_mla.mla_decode``)."""
+    (operands checked by ``unsupported`` and made by ``triton_mla.mla_decode``); ``topk``
+    (int32 ``[T, K]``, rows contiguous) the positions each token attends when
+    ``build.sparse``."""
     import ctypes
 
     import torch
     from kernelbay.cuda_jit import programmatic_launch
 
+    if build.sparse != (topk is not None):
+        raise ValueError(f"CUDA MLA decode: a {'sparse' if build.sparse else 'dense'} build "
+                         f"{'needs' if build.sparse else 'takes no'} top-k indices")
     num_tokens, heads, _ = query.shape
     kernel = decode_kernel(build, query.device.index if query.device.index is not None
                            else torch.cuda.current_device())
@@ -356,6 +376,9 @@ def launch_decode(build: DecodeBuild, query: torch.Tensor, flat: torch.Tensor, p
             ptr(flat.data_ptr()), i64(page_bytes), i32(page_size.bit_length() - 1),
             ptr(block_tables.data_ptr()), i64(block_tables.stride(0)),
             ptr(seq.data_ptr()), ptr(length.data_ptr()), ptr(start.data_ptr()),
+            ptr(topk.data_ptr() if topk is not None else 0),
+            i64(topk.stride(0) if topk is not None else 0),
+            i32(topk.shape[1] if topk is not None else 0),
             ptr(part.data_ptr()), i64(ps[0]), i64(ps[1]), i64(ps[2]),
             ptr(plse.data_ptr()), i64(ls[0]), i64(ls[1]),
             ptr(out.data_ptr()), i64(out.stride(0)), i64(out.stride(1)),

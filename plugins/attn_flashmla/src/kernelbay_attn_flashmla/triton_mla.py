@@ -194,6 +194,14 @@ def programs_per_sm(regs: int, shared: int, num_warps: int, *, regs_per_sm: int 
 _LAST: dict[str, object] = {}
 
 
+def _topk_table(topk_indices: Tensor, num_tokens: int) -> Tensor:
+    """The top-k positions ``[T, K]`` as the kernels read them (int32, rows contiguous)."""
+    if topk_indices.dim() != 2 or topk_indices.shape[0] != num_tokens:
+        raise ValueError(f"topk_indices must be [T={num_tokens}, K], got "
+                         f"{tuple(topk_indices.shape)}")
+    return topk_indices.int().contiguous()
+
+
 def _token_tables(metadata: AttentionMetadata, num_tokens: int,
                   sliding_window: int | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per query token: its sequence, its causal key count (position + 1) and first key;
@@ -366,7 +374,7 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
                       or f16_dot or not reg_prefetch or num_stages != 2)
     if kernel == "cuda" or (kernel == "auto" and not triton_options and not _interpreting()):
         done = _decode_cuda(query, flat, page_bytes, record, page_size, metadata, scale,
-                            num_splits, topk_indices is not None, sliding_window, num_sms,
+                            num_splits, topk_indices, sliding_window, num_sms,
                             forced=kernel == "cuda",
                             build=cuda_build or {})
         if done is not None:
@@ -389,10 +397,7 @@ def mla_decode(query: Tensor, cache: Tensor, record: MLARecord, page_size: int,
     query = query.contiguous()
     seq, length, start, block_tables = _token_tables(metadata, num_tokens, sliding_window)
     if topk_indices is not None:
-        if topk_indices.dim() != 2 or topk_indices.shape[0] != num_tokens:
-            raise ValueError(f"topk_indices must be [T={num_tokens}, K], got "
-                             f"{tuple(topk_indices.shape)}")
-        topk = topk_indices.int().contiguous()
+        topk = _topk_table(topk_indices, num_tokens)
         num_topk = topk.shape[1]
     else:
         topk, num_topk = seq, 0
@@ -513,7 +518,8 @@ _CUDA_RESIDENT: dict[tuple[Any, int], int] = {}
 
 def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord,
                  page_size: int, metadata: AttentionMetadata, scale: float,
-                 num_splits: int | None, sparse: bool, sliding_window: int | None,
+                 num_splits: int | None, topk_indices: Tensor | None,
+                 sliding_window: int | None,
                  num_sms: int | None, *, forced: bool,
                  build: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
     """``mla_decode`` through the CUDA kernel (E4M3 records), or None where it does not apply (or the
@@ -523,13 +529,14 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
 
     from kernelbay_attn_flashmla import cuda_mla
 
+    sparse = topk_indices is not None
     options = cuda_mla.call_build(page_size, build, record.kind)
     reason = cuda_mla.unsupported(query, record, page_size, page_bytes, sparse, float(scale),
                                   options.get("tile", cuda_mla.DecodeBuild.tile), flat)
     device = query.device.index or 0  # CUDA tensors always carry their index
     compiled = None
     if reason is None:  # the record is one the kernel reads: its build can be made
-        compiled = cuda_mla.build_for(record, **options)
+        compiled = cuda_mla.build_for(record, sparse, **options)
         broken = cuda_mla.broken_reason(device, compiled)
         if broken is not None:
             reason = f"its build failed on this device: {broken}"
@@ -551,6 +558,7 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
     if num_tokens == 0:
         return out, lse
     seq, length, start, block_tables = _token_tables(metadata, num_tokens, sliding_window)
+    topk = _topk_table(topk_indices, num_tokens) if topk_indices is not None else None
     resident = None
     if num_splits is None:
         key = (compiled, device)
@@ -559,13 +567,13 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
         resident = _CUDA_RESIDENT[key]
         num_splits = cuda_mla.choose_cuda_splits(
             num_tokens * -(-heads // cuda_mla.HEADS),
-            metadata.block_tables.shape[1] * page_size,
+            topk.shape[1] if topk is not None else metadata.block_tables.shape[1] * page_size,
             num_sms if num_sms is not None else _sm_count(device), resident, compiled.tile,
             record.bytes_per_token, cuda_mla.HEADS * rank * 4)
     part, plse = _partials(out, lse, num_splits)
     # a launch error, unlike a build that fails, is a real failure: it propagates
     cuda_mla.launch_decode(compiled, query, flat, page_bytes, page_size, block_tables, seq,
-                           length, start, part, plse, out, float(scale), num_splits)
+                           length, start, part, plse, out, float(scale), num_splits, topk)
     _LAST_SPLITS.update(splits=num_splits, resident=resident, kernel="cuda")
     if num_splits > 1:
         _combine(part, plse, out, lse, num_splits)

@@ -118,6 +118,12 @@
 #if BULK && !SPLIT_SUM
 #error "BULK needs SPLIT_SUM (its first in-tile barrier frees the tile's slot for the next copy)"
 #endif
+#ifndef SPARSE
+#define SPARSE 0  // 1: the keys each query's top-k list names, one bulk copy per key
+#endif
+#if SPARSE && !BULK
+#error "SPARSE needs BULK (sm_90): each key of a tile is a bulk copy of its own"
+#endif
 
 #ifndef TILE
 #define TILE 16  // keys per tile: 16 or 32 (one round of the tile loop's barriers each)
@@ -139,6 +145,9 @@
 #endif
 #if BPT % 8
 #error "BPT must be a multiple of 8 (64-bit shared loads of each record)"
+#endif
+#if SPARSE && BPT % 16
+#error "SPARSE copies each record by itself: BPT must be a multiple of 16"
 #endif
 // E4M3 values per record; the warps' slots past them are zero
 #define CODES (ROPE_BF16 ? RANK : DIM)
@@ -414,6 +423,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
               const int* __restrict__ block_tables, long long bt_stride,
               const int* __restrict__ tok_seq, const int* __restrict__ tok_len,
               const int* __restrict__ tok_start,
+              const int* __restrict__ topk, long long topk_stride, int num_topk,
               float* __restrict__ part, long long part_stride_t, long long part_stride_s,
               long long part_stride_h,
               float* __restrict__ plse, long long plse_stride_t, long long plse_stride_s,
@@ -447,11 +457,16 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   const int seq = tok_seq[t];
   const int length = tok_len[t];  // keys at positions < length are causal
   const int start = tok_start[t];  // and >= start (sliding window)
+#if SPARSE
+  // Tiles of TILE entries of the token's top-k list (positions), split into equal parts.
+  const int base = 0, limit = num_topk;
+#else
   // Tiles start at multiples of TILE from start rounded down, so a tile lies in one page.
-  const int base = (start / TILE) * TILE;
-  const int per_split = ((length - base + num_splits - 1) / num_splits + TILE - 1) / TILE * TILE;
+  const int base = (start / TILE) * TILE, limit = length;
+#endif
+  const int per_split = ((limit - base + num_splits - 1) / num_splits + TILE - 1) / TILE * TILE;
   const int lo = base + split * per_split;
-  const int hi = min(lo + per_split, length);
+  const int hi = min(lo + per_split, limit);
   const int num_tiles = hi > lo ? (hi - lo + TILE - 1) / TILE : 0;
   const int* table = block_tables + (long long)seq * bt_stride;
 
@@ -467,8 +482,11 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   u32 qr[4] = {0u, 0u, 0u, 0u};
   const float qk = scale * LOG2E;  // scores -> log2 units
 #if BULK
-  // one mbarrier per stage, after the query slices
+  // one mbarrier per stage, after the query slices, then (SPARSE) each stage's key mask
   const u32 bars = extra_base + (QSMEM ? WARPS * 2 * CHUNKS * 32 * 16 : 0);
+#if SPARSE
+  const u32 masks = bars + 8 * STAGES;
+#endif
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) mbar_init(bars + 8 * s, 1);
@@ -543,7 +561,39 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
   // shared-memory slot of the tile read next (advanced by one slot, wrapping: no division)
   const u32 last_slot = tiles_base + (STAGES - 1) * TILE_BYTES;
   u32 read_slot = tiles_base;
-#if BULK
+#if BULK && SPARSE
+  // Lane k of warp 0 fetches list entry lo + TILE tile + k: its position (-1 when it is past
+  // the list or outside [start, length), a key not read) and page, one tile before the copy.
+  struct SparseKey { int pos; int page; };
+  auto fetch = [&](int tile) -> SparseKey {
+    SparseKey key{-1, 0};
+    const int entry = lo + tile * TILE + lane;
+    if (warp == 0 && tile < num_tiles && lane < TILE && entry < hi) {
+      const int pos = topk[(long long)t * topk_stride + entry];
+      if (pos >= start && pos < length) key = SparseKey{pos, table[pos >> page_shift]};
+    }
+    return key;
+  };
+  // Warp 0 copies a tile: each lane its key's record by one bulk copy on the stage's
+  // mbarrier, after lane 0 stored the tile's mask of keys read (bit k: key k) beside the
+  // mbarriers and arrived expecting their bytes. The other keys' bytes in the slot are stale:
+  // the decode zeroes them (mask bit clear) and masks their scores.
+  auto issue = [&](int tile, SparseKey key, u32 slot, u32 bar) {
+    if (warp != 0 || tile >= num_tiles) return;
+    const u32 mask = __ballot_sync(0xffffffffu, key.pos >= 0);
+    // the slot's last reads were generic-proxy loads; the copies write through the async one
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    if (lane == 0) {
+      sts32(masks + (bar - bars) / 2, mask);  // read after the mbarrier's phase completes
+      mbar_expect(bar, (u32)__popc(mask) * BPT);
+    }
+    __syncwarp();
+    if (key.pos >= 0)
+      bulk_copy(slot + lane * BPT, cache + (long long)key.page * page_bytes
+                                   + (long long)(key.pos & page_mask) * BPT, BPT, bar);
+  };
+#elif BULK
+  auto fetch = page_of;
   // One thread copies the whole tile (it lies in one page) with one bulk copy completing on
   // the stage's mbarrier: TILE * BPT bytes, a multiple of 16 at a 16-byte aligned offset for
   // any record size that is a multiple of 8 (keys outside [start, hi) are zeroed as they are
@@ -557,10 +607,11 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     bulk_copy(slot, cache + (long long)page * page_bytes + (long long)(pos & page_mask) * BPT,
               TILE_BYTES, bar);
   };
+#endif
+#if BULK
 #pragma unroll
-  for (int s = 0; s < STAGES; ++s)
-    issue(s, page_of(s), tiles_base + s * TILE_BYTES, bars + 8 * s);
-  int next_page = page_of(STAGES);
+  for (int s = 0; s < STAGES; ++s) issue(s, fetch(s), tiles_base + s * TILE_BYTES, bars + 8 * s);
+  auto next_fetch = fetch(STAGES);
   u32 read_bar = bars, read_phase = 0;
 #else
   // copies: 128 / TILE threads per key of a tile, each taking every (128 / TILE)-th chunk
@@ -595,6 +646,9 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
 #if BULK
     mbar_wait(read_bar, read_phase);  // the tile's bytes (no barrier: see the first one below)
     const u32 tile_bar = read_bar;
+#if SPARSE
+    const u32 read_mask = lds32(masks + (tile_bar - bars) / 2);  // the keys read (bit k: key k)
+#endif
     read_bar = read_slot == last_slot ? bars : read_bar + 8;
     read_phase ^= read_slot == last_slot ? 1u : 0u;
 #else
@@ -607,12 +661,18 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
 
     const u32 tb = read_slot;
     read_slot = read_slot == last_slot ? tiles_base : read_slot + TILE_BYTES;
-    // An edge tile (uniform over the CTA) holds keys outside [start, hi): their decoded values
-    // are zeroed (whatever their bytes) and their scores set to -inf before anything reads
-    // them (LAZY_MAX: as they are summed).
+    // An edge tile (uniform over the CTA) holds keys not to attend: (dense) positions outside
+    // [start, hi), (SPARSE) keys not read. Their decoded values are zeroed (whatever their
+    // bytes) and their scores set to -inf before anything reads them (LAZY_MAX: as they are
+    // summed). masked(k): whether key k of the tile is one.
+#if SPARSE
+    const bool edge_tile = read_mask != (TILE == 32 ? 0xFFFFFFFFu : 0xFFFFu);
+    auto masked = [&](int k) { return ((read_mask >> k) & 1u) == 0u; };
+#else
     const int tile_pos = lo + tile * TILE;
     const bool edge_tile = tile_pos < start || tile_pos + TILE > hi;
-    auto outside = [&](int pos) { return pos < start || pos >= hi; };
+    auto masked = [&](int k) { return tile_pos + k < start || tile_pos + k >= hi; };
+#endif
     // 1. decode: kb[n][2p + i / 4][i % 4], key key_of(g) of group n (key 8n + key_of(g)),
     // value i of chunks 2p (low lane) and 2p + 1 (high lane); rb[n]: its rope step's B
     // fragment (ROPE_BF16: rope values 16 warp + 4c .. + 3, one 8-byte load, their order
@@ -648,7 +708,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       rb[n][0] = rope.x;
       rb[n][1] = rope.y;
 #endif
-      if (edge_tile && outside(tile_pos + n * 8 + key_of(g))) scales[n] = 0u;
+      if (edge_tile && masked(n * 8 + key_of(g))) scales[n] = 0u;
     }
 #if KIND != KIND_FP32
     // Scale bytes above 134 (values past 2^7 * 448) are rare: one vote per tile, and the
@@ -673,7 +733,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     if (edge_tile) {
 #pragma unroll
       for (int n = 0; n < G8; ++n) {
-        if (outside(tile_pos + n * 8 + key_of(g))) {
+        if (masked(n * 8 + key_of(g))) {
 #pragma unroll
           for (int j = 0; j < CHUNKS; ++j)
 #pragma unroll
@@ -691,7 +751,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       for (int i = 0; i < 2; ++i) {
 #if KIND == KIND_FP32
         const int key = n * 8 + key_of(2 * c + i);
-        ks[n][i] = warp * 128 >= CODES || (edge_tile && outside(tile_pos + key))
+        ks[n][i] = warp * 128 >= CODES || (edge_tile && masked(key))
                        ? 0.f : __uint_as_float(lds32(tb + key * BPT + SCALE_OFF + warp * 4));
 #else
         ks[n][i] = 1.f;
@@ -725,9 +785,9 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
 #if BULK
     // every warp has read this tile's records (the decode is behind it): its slot takes the
     // tile STAGES ahead
-    issue(tile + STAGES, next_page, tb, tile_bar);
-    // only thread 0 copies: the other warps skip the index load's address arithmetic
-    if (warp == 0) next_page = page_of(tile + STAGES + 1);
+    issue(tile + STAGES, next_fetch, tb, tile_bar);
+    // only warp 0 copies: the other warps skip the index loads' address arithmetic
+    if (warp == 0) next_fetch = fetch(tile + STAGES + 1);
 #endif
     static_assert(2 * G8 % WARPS == 0, "every warp sums the same number of pairs");
     // Pair q: 8-key group q / 2, head g + 8 (q % 2); a warp's pairs share its head (warp % 2).
@@ -752,9 +812,8 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       x *= qk; y *= qk;
 #if LAZY_MAX
       if (edge_tile) {
-        const int pos = tile_pos + 8 * (q / 2);
-        if (outside(pos + key_of(2 * c))) x = NEG_INF;
-        if (outside(pos + key_of(2 * c + 1))) y = NEG_INF;
+        if (masked(8 * (q / 2) + key_of(2 * c))) x = NEG_INF;
+        if (masked(8 * (q / 2) + key_of(2 * c + 1))) y = NEG_INF;
       }
       // not within the slack (a NaN score too): the tile takes the full softmax
       over |= !(x <= mh + LAZY_SLACK) || !(y <= mh + LAZY_SLACK);
@@ -811,7 +870,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
       for (int n = 0; n < G8; ++n)
 #pragma unroll
         for (int i = 0; i < 2; ++i)
-          if (outside(tile_pos + 8 * n + key_of(2 * c + i))) s[n][i] = s[n][2 + i] = NEG_INF;
+          if (masked(8 * n + key_of(2 * c + i))) s[n][i] = s[n][2 + i] = NEG_INF;
     }
 #endif
     float mx0 = NEG_INF, mx1 = NEG_INF;
