@@ -63,8 +63,9 @@ TUNE_CONFIGS: tuple[dict, ...] = (
     {"block_n": 32, "num_warps": 8, "chunked": True},
     {"block_n": 16, "num_warps": 4, "chunked": True},
 )
-#: CUDA builds (the record kinds of ``cuda_mla.KINDS``) the sweep times: tiles in flight x CTAs per SM compiled for,
-#: query slices in shared memory, keys per tile, bulk copies, lazy max.
+#: CUDA builds (the record kinds of ``cuda_mla.KINDS``) the sweep times: tiles in flight x
+#: CTAs per SM compiled for, query slices in shared memory, keys per tile, bulk copies, lazy
+#: max.
 CUDA_TUNE: tuple[dict, ...] = tuple(
     {"kernel": "cuda", "cuda_build": {"stages": s, "min_blocks": b, "query_in_shared": q,
                                       "tile": t, "bulk_copy": k, "lazy_max": z}}

@@ -4,11 +4,11 @@ The kernel is built at run time by NVRTC through ``kernelbay.cuda_jit`` (no tool
 compiled extension) and serves ``triton_mla.mla_decode`` where ``unsupported`` finds nothing
 against it: records of one of ``KINDS`` (MXFP8 with 512 values, latent + rope as
 DeepSeek-V4's 448 + 64; fp8-e8m0 and fp8 with an E4M3 latent of at most 512 and a bfloat16
-rope of 64), bfloat16 queries, dense attention, a CUDA device of compute capability 8.0 or
-newer (9.0 for records whose size is not a multiple of 16 bytes, which only whole-tile bulk
-copies take). Everything else (and every case after a failed build, which warns once) stays
-with the Triton kernel. The split count and the combine are ``triton_mla``'s; this module
-launches the partials.
+rope of 64), bfloat16 queries, dense attention or top-k lists (records of a multiple of 16
+bytes), a CUDA device of compute capability 8.0 or newer (9.0 for top-k lists and for records
+whose size is not a multiple of 16 bytes, which only bulk copies take). Everything else
+(and every case after a failed build, which warns once) stays with the Triton kernel. The
+split count and the combine are ``triton_mla``'s; this module launches the partials.
 """
 
 from __future__ import annotations
@@ -183,7 +183,8 @@ def build_options(build: DecodeBuild) -> list[str]:
     """NVRTC defines for ``build``."""
     return [f"-DKIND={KINDS[build.kind][0]}", f"-DDIM={DIM}", f"-DRANK={build.rank}",
             f"-DBPT={build.bytes_per_token}", f"-DSCALE_OFF={build.scale_offset}",
-            f"-DROPE_OFF={build.rope_offset}", f"-DSPARSE={int(build.sparse)}", f"-DSTAGES={build.stages}",
+            f"-DROPE_OFF={build.rope_offset}", f"-DSPARSE={int(build.sparse)}",
+            f"-DSTAGES={build.stages}",
             f"-DMIN_BLOCKS={build.min_blocks}", f"-DQSMEM={int(build.query_in_shared)}",
             f"-DTILE={build.tile}", f"-DSPLIT_SUM={int(build.split_sum)}",
             f"-DBULK={int(build.bulk_copy)}", f"-DLAZY_MAX={int(build.lazy_max)}"]

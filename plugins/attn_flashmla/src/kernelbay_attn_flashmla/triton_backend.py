@@ -37,7 +37,7 @@ def decode_kernel_note(request: AttentionRequest, record: MLARecord,
                        device: DeviceCapability) -> str:
     """Which kernel decodes this layer's records on ``device`` (a note for ``explain
     --verbose``): the CUDA kernel where its conditions hold here (records, dtype, pages,
-    dense, device, NVRTC found on this machine), else the Triton kernel and why. Per-call
+    top-k lists, device, NVRTC found on this machine), else the Triton kernel and why. Per-call
     conditions (the cache's alignment, a build that fails on the device) can still send a
     call to the Triton kernel."""
     from kernelbay.cuda_jit import find_nvrtc
@@ -65,9 +65,10 @@ class MLATritonAttention(MLAReferenceAttention):
     block (up to 32) in one program per KV tile, and splits long contexts over the SMs with
     a combine step; the write kernel quantizes latents into records bit for bit as the
     reference codec. The E4M3 records (mxfp8, fp8-e8m0, fp8 at the dims ``cuda_mla`` names)
-    with bfloat16 queries (dense) decode through a CUDA kernel compiled at run time by NVRTC
-    (``cuda_mla``); without NVRTC, or where its build fails, the Triton kernel serves them. ``forward`` takes ``num_splits`` (None:
-    chosen from batch x heads vs SM count) and ``topk_indices`` like the reference.
+    with bfloat16 queries decode through a CUDA kernel compiled at run time by NVRTC
+    (``cuda_mla``; top-k lists over fp8 and mxfp8 records too); without NVRTC, or where its
+    build fails, the Triton kernel serves them. ``forward`` takes ``num_splits`` (None: chosen
+    from batch x heads vs SM count) and ``topk_indices`` like the reference.
     """
 
     name: ClassVar[str] = "mla-triton"

@@ -522,9 +522,9 @@ def _decode_cuda(query: Tensor, flat: Tensor, page_bytes: int, record: MLARecord
                  sliding_window: int | None,
                  num_sms: int | None, *, forced: bool,
                  build: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
-    """``mla_decode`` through the CUDA kernel (E4M3 records), or None where it does not apply (or the
-    build does not compile or load on this device: it warns once per build and the Triton
-    kernel serves the call); ``forced`` raises instead of returning None."""
+    """``mla_decode`` through the CUDA kernel (E4M3 records), or None where it does not apply
+    (or the build does not compile or load on this device: it warns once per build and the
+    Triton kernel serves the call); ``forced`` raises instead of returning None."""
     from kernelbay.cuda_jit import CudaJitError
 
     from kernelbay_attn_flashmla import cuda_mla

@@ -13,7 +13,7 @@
 // Compiled at run time by NVRTC (kernelbay.cuda_jit; cuda_mla.build_options) with KIND, DIM
 // (value slots per record: four warps of 128), RANK (latent width), BPT (bytes per record),
 // SCALE_OFF (the scales' offset), ROPE_OFF (the bfloat16 rope's offset), TILE, STAGES,
-// MIN_BLOCKS, QSMEM, SPLIT_SUM and BULK defined by the host.
+// MIN_BLOCKS, QSMEM, SPLIT_SUM, BULK, LAZY_MAX and SPARSE defined by the host.
 //
 // One CTA serves one query token, one KV split and a block of 16 query heads, with four
 // warps; warp w owns the E4M3 values [128w, 128w + 128) (latent, and for KIND_MX rope in the
@@ -22,9 +22,11 @@
 // copied from the pages into shared memory STAGES tiles ahead by one bulk (TMA) copy each of
 // the whole tile (keys outside the attended range are zeroed in registers as they are
 // decoded: a slot never written must not bring NaN into the products, where 0 * NaN is NaN),
-// which completes on the stage's mbarrier (BULK, sm_90: one instruction per tile instead of a 16-byte cp.async
-// per thread and chunk, whose requests loaded the L1 pipeline this kernel is bound by), or
-// STAGES - 1 tiles ahead by cp.async. Per tile, warp w:
+// which completes on the stage's mbarrier (BULK, sm_90: one instruction per tile instead of a
+// 16-byte cp.async per thread and chunk, whose requests loaded the L1 pipeline this kernel is
+// bound by), or STAGES - 1 tiles ahead by cp.async. With SPARSE (BULK only) a tile is TILE
+// entries of the token's top-k list, each key copied by a bulk copy of its own (see issue).
+// Per tile, warp w:
 //   1. decodes its 128 values of each key into bfloat16 registers, already in the layout of
 //      mma.sync m16n8k16's B operand (k = value, n = key): lane (g, c) = (lane / 4, lane % 4)
 //      takes key key_of(g) of each 8-key group (a permutation that spreads the loads over
@@ -163,8 +165,6 @@
 #if ROPE_BF16 && (ROPE_OFF % 8 || SCALE_OFF % 4)
 #error "the rope must be 8-byte and the scales 4-byte aligned in the record"
 #endif
-// bfloat16 rope values per record (ROPE_BF16): one 16-value MMA step per warp
-#define ROPE 64
 #define TILE_BYTES (TILE * BPT)
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
