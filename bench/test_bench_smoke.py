@@ -57,3 +57,18 @@ def test_nvfp4_moe_bench_runs_in_the_interpreter(tmp_path: object) -> None:
         result = json.load(f)
     assert [r["tokens"] for r in result["rows"]] == [1, 5]
     assert not result["failures"] and all(r["grouped_graph_us"] > 0 for r in result["rows"])
+
+
+def test_mxfp4_moe_bench_runs_in_the_interpreter(tmp_path: object) -> None:
+    """bench/mxfp4/moe.py end to end on tiny shapes in Triton's interpreter (its correctness
+    checks included: a wrong grouped or per-expert result exits 1)."""
+    out = str(tmp_path)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    subprocess.run([sys.executable, os.path.join(HERE, "mxfp4", "moe.py"), "--device", "cpu",
+                    "--experts", "3", "--top-k", "2", "--hidden", "128", "--inter", "64",
+                    "--tokens", "1,3", "--out", out], check=True, capture_output=True,
+                   timeout=300, env=env)
+    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
+        result = json.load(f)
+    assert [r["tokens"] for r in result["rows"]] == [1, 3]
+    assert not result["failures"] and all(r["per_expert_us"] > 0 for r in result["rows"])

@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from report import write_results  # from bench/, put on the path above
+from moe_common import bf16_grouped, uniform_routing  # from bench/, put on the path above
+from report import write_results
 from settle import add_timing_args, timed_us
 
 HERE = Path(__file__).resolve().parent
@@ -122,21 +123,6 @@ def main(argv: list[str] | None = None) -> int:
     configs = [GroupedConfig.parse(c) for c in args.configs.split(",") if c]
     weights = method.stored_weights(layer)
 
-    def bf16_grouped(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor) -> torch.Tensor:
-        # torch's grouped GEMM over the slots sorted by expert (no host read)
-        flat = ids.reshape(-1)
-        order = torch.sort(flat, stable=True).indices
-        tok = order // K
-        counts = torch.zeros(E, dtype=torch.int32, device=dev)
-        counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
-        offs = torch.cumsum(counts, 0, dtype=torch.int32)
-        gu = torch._grouped_mm(x[tok], w13.transpose(-2, -1), offs=offs)
-        h = F.silu(gu[:, :inter]) * gu[:, inter:]
-        y = torch._grouped_mm(h, w2.transpose(-2, -1), offs=offs)
-        out = torch.zeros(x.shape[0], H, dtype=torch.float32, device=dev)
-        out.index_add_(0, tok, y.float() * wts.reshape(-1)[order, None].float())
-        return out.to(x.dtype)
-
     def timed(fn: Callable[[], Any], graph: bool = False) -> float:
         return timed_us(fn, dev, settle_s=args.settle_s, rep_ms=args.rep_ms, graph=graph)
 
@@ -146,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_gen = torch.Generator().manual_seed(1)
 
     def measure(t: int) -> dict[str, Any]:
-        ids = torch.stack([torch.randperm(E, generator=cpu_gen)[:K] for _ in range(t)]).to(dev)
-        wts = (torch.rand(t, K, generator=cpu_gen) + 0.1).to(dev)
+        ids, wts = uniform_routing(t, E, K, cpu_gen, dev)
         x = torch.randn(t, H, generator=gen, device=dev).bfloat16()
         routed = len(set(ids.reshape(-1).tolist()))
         want = swiglu_experts(x, ids, wts, w13, w2, F.linear)
@@ -165,13 +150,13 @@ def main(argv: list[str] | None = None) -> int:
                                                   method.apply_moe(layer, x, ids, wts))}
         row["bf16_us"] = timed(lambda: swiglu_experts(x, ids, wts, w13, w2, F.linear))
         try:
-            dense_out = bf16_grouped(x, ids, wts)
+            dense_out = bf16_grouped(x, ids, wts, w13, w2)
         except (RuntimeError, AttributeError, NotImplementedError) as exc:
             notes.add(f"bf16 grouped (torch._grouped_mm) not run: {type(exc).__name__}: "
                       f"{str(exc)[:200]}")
         else:
             check("bf16 grouped", dense_out)
-            row["bf16_grouped_graph_us"] = timed(lambda: bf16_grouped(x, ids, wts), True)
+            row["bf16_grouped_graph_us"] = timed(lambda: bf16_grouped(x, ids, wts, w13, w2), True)
         row["grouped_us"] = timed(lambda: method.apply_moe(layer, x, ids, wts))
         row["grouped_graph_us"] = timed(lambda: method.apply_moe(layer, x, ids, wts), True)
         row["ratio"] = row["bf16_us"] / row["grouped_us"]

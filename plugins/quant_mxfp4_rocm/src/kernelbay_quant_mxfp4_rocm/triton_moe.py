@@ -1,17 +1,25 @@
-"""``mxfp4-moe-triton``: OCP MXFP4 routed experts on the Triton kernels, per expert.
+"""``mxfp4-moe-triton``: OCP MXFP4 routed experts on Triton, every routed expert of the layer
+in one grouped GEMM launch per projection.
 
-Math (``mxfp4-moe-emulation``'s, which the tests compare with), for the tokens routed to
-expert e::
+The routed slots (token t's k-th expert is slot ``t * K + k``) are grouped by expert on the
+device (``kernelbay.layers.expert_blocks``), and ``triton_grouped.grouped_mxfp4_gemm`` runs
+each block of one expert's slots against that expert's weight. Math
+(``mxfp4-moe-emulation``'s, which the tests compare with), per slot s of expert e::
 
-    weight-only:    gu = mxfp4_gemm(x, W13[e])                     bf16 [T_e, 2I]
+    weight-only:    gu[s] = x[s // K] @ W13[e]^T                   bf16 [T * K, 2I]
                     h  = silu(gu[:, :I]) * gu[:, I:]                bf16 (torch, as TorchMoE)
-                    y  = mxfp4_gemm(h, W2[e])
+                    y[s] = h[s] @ W2[e]^T                           bf16
     MX activations: xq, xs = quantize_mx(x)                        once for all tokens
-                    gu = mxfp4_gemm(xq[tok], W13[e], x_scale=xs[tok])   float32
+                    gu[s] = dec(xq, xs)[s // K] @ W13[e]^T         float32
                     hq, hs = swiglu_quantize_mx(gu[:, :I], gu[:, I:])   fused kernel
-                    y  = mxfp4_gemm(hq, W2[e], x_scale=hs)               float32
+                    y[s] = dec(hq, hs)[s] @ W2[e]^T                 float32
 
-then ``combine_experts`` weights and sums. The fused SwiGLU kernel computes ``silu * up`` in
+``dec`` is ``triton_gemm.decode_activations`` (the MX values, exact in bf16 but for E4M3
+subnormals of blocks with X < -118, rounded once as the reference rounds them); then
+``out[t] = sum_k topk_weights[t, k] * y[t * K + k]`` in float32, in slot order. Nothing is
+read on the host, so the layer runs inside a captured CUDA graph as it runs eagerly (the
+per-expert loop it replaced read the routing on the host, and a captured step ran every
+expert on every token, or was refused). The fused SwiGLU kernel computes ``silu * up`` in
 float32 like the emulation and quantizes with the same rule (``swiglu.py`` is its reference).
 Chosen by ``KERNELBAY_MXFP4_MOE_BACKEND`` (``moe_backend``): ``auto`` on ROCm
 gfx942/gfx950, ``triton`` also on CUDA.
@@ -45,15 +53,17 @@ def _tensor(layer: torch.nn.Module, name: str) -> torch.Tensor:
 
 
 class Mxfp4MoETriton(Mxfp4MoEEmulation):
-    """OCP MXFP4 routed experts on Triton: MXFP4 GEMMs with weights dequantized in registers,
-    dynamic MX activations quantized by Triton, SiLU(gate)*up fused with the MX quantization
-    of the down projection's input."""
+    """OCP MXFP4 routed experts on Triton: the routing grouped by expert on the device, two
+    grouped MXFP4 GEMMs with weights dequantized in registers, dynamic MX activations
+    quantized by Triton, SiLU(gate)*up fused with the MX quantization of the down
+    projection's input."""
 
     name: ClassVar[str] = "mxfp4-moe-triton"
     api_version: ClassVar[str] = "1.0"
     priority: ClassVar[int] = 50
-    batch_invariant: ClassVar[bool] = False  # split-K and tile shapes depend on M
-    summary: ClassVar[str] = "OCP MXFP4 routed experts on Triton (fused SwiGLU + MX quantize)"
+    batch_invariant: ClassVar[bool] = False  # rows per block depend on the batch
+    summary: ClassVar[str] = ("OCP MXFP4 routed experts on Triton (grouped GEMMs, fused SwiGLU + MX "
+                             "quantize)")
 
     @classmethod
     def can_implement(cls, request: LinearRequest, device: DeviceCapability) -> Verdict:
@@ -102,10 +112,11 @@ class Mxfp4MoETriton(Mxfp4MoEEmulation):
                   topk_weights: torch.Tensor) -> torch.Tensor:
         import torch
         import torch.nn.functional as F
-        from kernelbay.layers.moe import combine_experts
+        from kernelbay.layers.expert_blocks import expert_blocks
 
         from kernelbay_quant_mxfp4_rocm import triton_mx
-        from kernelbay_quant_mxfp4_rocm.triton_gemm import mxfp4_gemm
+        from kernelbay_quant_mxfp4_rocm.triton_gemm import decode_activations
+        from kernelbay_quant_mxfp4_rocm.triton_grouped import block_rows, grouped_mxfp4_gemm
 
         if getattr(layer, "w13_scale", None) is None:
             raise RuntimeError(f"{self.name}: call process_weights_after_loading(layer) before "
@@ -114,22 +125,28 @@ class Mxfp4MoETriton(Mxfp4MoEEmulation):
         w2, s2 = _tensor(layer, "w2"), _tensor(layer, "w2_scale")
         top13 = getattr(layer, "mxfp4_scale_max13", None)
         top2 = getattr(layer, "mxfp4_scale_max2", None)
-        inter = int(w2.shape[-1]) * 2
+        tokens, top_k = topk_ids.shape
+        hidden, inter = int(w2.shape[1]), int(w2.shape[-1]) * 2
+        if tokens == 0:
+            return torch.zeros(0, hidden, dtype=x.dtype, device=x.device)
         elem = self._activation_elem
         rule = self.request.scheme.option("scale_mode", "even") or "even"
-        if elem is not None:  # blocks lie within a token's row: quantize all rows once
-            xq, xs = triton_mx.quantize_mx(x, elem, rule)
-
-        def expert_mlp(expert: int, tokens: torch.Tensor) -> torch.Tensor:
-            if elem is None:
-                gu = mxfp4_gemm(x[tokens], w13[expert], s13[expert], scale_max=top13)
-                h = F.silu(gu[:, :inter]) * gu[:, inter:]
-                return mxfp4_gemm(h, w2[expert], s2[expert], scale_max=top2)
-            gu = mxfp4_gemm(xq[tokens], w13[expert], s13[expert], x_scale=xs[tokens],
-                            out_dtype=torch.float32, scale_max=top13)
-            hq, hs = triton_mx.swiglu_quantize_mx(gu[:, :inter], gu[:, inter:], elem, rule)
-            return mxfp4_gemm(hq, w2[expert], s2[expert], x_scale=hs, out_dtype=torch.float32,
-                              scale_max=top2)
-
-        return combine_experts(x, topk_ids, topk_weights, int(w2.shape[1]), expert_mlp,
-                               num_experts=self.num_experts)
+        blocks = expert_blocks(topk_ids, self.num_experts,
+                               block_rows(topk_ids.numel(), self.num_experts))
+        # MX activations: quantized once for all tokens (blocks lie within a row), decoded to
+        # their exact bf16 values once, then gathered by slot like bf16 ones
+        xb = x if elem is None else decode_activations(*triton_mx.quantize_mx(x, elem, rule))
+        wide = torch.bfloat16 if elem is None else torch.float32
+        gu = grouped_mxfp4_gemm(xb, w13, s13, blocks, gather=True, out_dtype=wide,
+                                scale_max=top13)
+        if elem is None:  # bf16, as TorchMoE
+            h = F.silu(gu[:, :inter]) * gu[:, inter:]
+        else:
+            h = decode_activations(*triton_mx.swiglu_quantize_mx(gu[:, :inter], gu[:, inter:],
+                                                                 elem, rule))
+        y = grouped_mxfp4_gemm(h, w2, s2, blocks, gather=False, out_dtype=wide,
+                               scale_max=top2)
+        # each token's slots weighted and added in slot order (float32, deterministic)
+        out = (y.view(tokens, top_k, hidden).float()
+               * topk_weights.float().view(tokens, top_k, 1)).sum(1)
+        return out.to(x.dtype)

@@ -1,0 +1,188 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# (Triton kernels are written in its untyped DSL; the Python wrappers are typed.)
+"""Grouped MXFP4 expert GEMMs: every routed expert of a MoE layer in one launch per
+projection, for ``mxfp4-moe-triton``.
+
+``kernelbay.layers.expert_blocks`` groups the routed slots (token t's k-th expert is slot
+``t * K + k``) into blocks of ``BLOCK_M`` rows of one expert, on the device. A program of
+``_grouped_kernel`` takes one block and one ``BLOCK_N`` tile of that expert's weight rows
+(the stacked checkpoint bytes [E, N, K/2] read as halfwords, E8M0 bytes [E, N, K/32]),
+decodes each K step in registers with the dense GEMM's decode (``triton_decode.decode_e2m1``,
+exact bf16), multiplies the block's bf16 activation rows gathered by slot (row ``slot //
+top_k`` of x for gate/up, row ``slot`` of h for down) with float32 accumulation, and stores
+row ``slot`` of the output. Pad rows (slot ``num_slots``) are masked; blocks past the used
+ones (expert ``-1``) return at once, so the grid depends on the shapes alone and nothing is
+read on the host: a decode step that runs these GEMMs can be captured in a CUDA graph.
+Imported lazily by the MoE method (this module imports triton).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import triton
+import triton.language as tl
+from kernelbay.formats.e2m1_words_triton import weight_dot
+
+from kernelbay_quant_mxfp4_rocm.triton_decode import decode_e2m1
+from kernelbay_quant_mxfp4_rocm.triton_gemm import FAST_SCALE_MAX_BYTE, _asm_target, _bf16_bits_rne
+
+if TYPE_CHECKING:
+    import torch
+    from kernelbay.layers.expert_blocks import ExpertBlocks
+
+__all__ = ["GroupedConfig", "block_rows", "grouped_mxfp4_gemm"]
+
+
+@dataclass(frozen=True)
+class GroupedConfig:
+    """Launch shape of one grouped GEMM: weight rows and K elements per program, warps,
+    pipeline stages (rows per block come from the ``ExpertBlocks``)."""
+
+    block_n: int = 64
+    block_k: int = 128
+    num_warps: int = 4
+    num_stages: int = 3
+
+    @property
+    def name(self) -> str:
+        """Compact text, e.g. ``n64k128w4s3``."""
+        return f"n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}"
+
+    @classmethod
+    def parse(cls, text: str) -> GroupedConfig:
+        """``"n64k128w4s3"`` -> ``GroupedConfig(64, 128, 4, 3)``."""
+        found = re.fullmatch(r"n(\d+)k(\d+)w(\d+)s(\d+)", text)
+        if not found:
+            raise ValueError(f"grouped config {text!r}; expected n<block_n>k<block_k>w<warps>"
+                             "s<stages>, e.g. n64k128w4s3")
+        config = cls(*(int(v) for v in found.groups()))
+        for what, value, low in (("block_n", config.block_n, 16), ("block_k", config.block_k, 32),
+                                 ("warps", config.num_warps, 1)):
+            if value < low or value & (value - 1):
+                raise ValueError(f"grouped config {text!r}: {what}={value}; valid: a power of "
+                                 f"two >= {low}")
+        if config.num_stages < 1:
+            raise ValueError(f"grouped config {text!r}: stages={config.num_stages}; valid: >= 1")
+        return config
+
+
+#: Small tiles under the interpreter, which runs every lane of a tile on the CPU.
+INTERPRETER_CONFIG = GroupedConfig(16, 64, 1, 1)
+
+
+def block_rows(num_slots: int, num_experts: int) -> int:
+    """Rows per block of ``expert_blocks``: 16 while experts average at most 16 routed slots
+    (decode: a block is one expert's few tokens, the smallest MMA tile), then 32 and 64
+    (prefill: each weight tile is read once per block, so fewer blocks read it less)."""
+    mean = num_slots / max(min(num_experts, num_slots), 1)
+    return 16 if mean <= 16 else 32 if mean <= 32 else 64
+
+
+@triton.jit
+def _grouped_kernel(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, out_ptr, N, K, num_slots,
+                    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_om,
+                    ROW_DIV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr,
+                    FAST: tl.constexpr, INTERPRET: tl.constexpr, OUT_BF16_BITS: tl.constexpr):
+    # x_ptr: bf16 activation rows, gathered at slot // ROW_DIV; slot_ptr / expert_ptr: the
+    # ExpertBlocks tensors; w_ptr: int16 halfwords [E, N, K/4]; s_ptr: E8M0 bytes
+    # [E, N, K/32]; out_ptr: [num_slots, N], row slot.
+    pid_n = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    expert = tl.load(expert_ptr + pid_b)
+    if expert >= 0:
+        KW: tl.constexpr = BLOCK_K // 4
+        KS: tl.constexpr = BLOCK_K // 32
+        slots = tl.load(slot_ptr + pid_b * BLOCK_M + tl.arange(0, BLOCK_M))
+        m_ok = slots < num_slots
+        rows = tl.where(m_ok, slots // ROW_DIV, 0).to(tl.int64)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = rn < N
+        rn64 = rn.to(tl.int64)
+        e = expert.to(tl.int64)
+        w_rows = w_ptr + e * stride_we + rn64[:, None] * stride_wn
+        s_rows = s_ptr + e * stride_se + rn64[:, None] * stride_sn
+        x_rows = x_ptr + rows[:, None] * stride_xm
+        rw = tl.arange(0, KW)
+        rs = tl.arange(0, KS)
+        rk = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kw = k0 // 4 + rw
+            ks = k0 // 32 + rs
+            kk = k0 + rk
+            if EVEN_K:
+                w_ok = n_ok[:, None]
+                s_ok = n_ok[:, None]
+                x_ok = m_ok[:, None]
+            else:
+                w_ok = n_ok[:, None] & (kw[None, :] < K // 4)
+                s_ok = n_ok[:, None] & (ks[None, :] < K // 32)
+                x_ok = m_ok[:, None] & (kk[None, :] < K)
+            halves = tl.load(w_rows + kw[None, :], mask=w_ok, other=0)
+            sb = tl.load(s_rows + ks[None, :], mask=s_ok, other=0)
+            xa = tl.load(x_rows + kk[None, :], mask=x_ok, other=0.0).to(tl.bfloat16)
+            w = decode_e2m1(halves, sb.to(tl.int32), BLOCK_N, KW, ASM, FAST)
+            acc = weight_dot(xa, w, acc, False, INTERPRET)
+        o_ptr = out_ptr + slots.to(tl.int64)[:, None] * stride_om + rn64[None, :]
+        if OUT_BF16_BITS:  # noqa: SIM108 (a constexpr branch, not a runtime select)
+            out = _bf16_bits_rne(acc)
+        else:
+            out = acc.to(out_ptr.dtype.element_ty)
+        tl.store(o_ptr, out, mask=m_ok[:, None] & n_ok[None, :])
+
+
+def grouped_mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                       blocks: ExpertBlocks, *, gather: bool, out_dtype: torch.dtype,
+                       scale_max: int | None = None,
+                       config: GroupedConfig | None = None) -> torch.Tensor:
+    """Row ``s`` of the result [num_slots, N] is ``x[s // top_k if gather else s] @
+    dequantize_mx(weight[e], weight_scale[e], "e2m1")^T`` for slot s's expert e.
+
+    ``x`` bf16 [rows, K]; ``weight`` the experts' packed E2M1 uint8 [E, N, K/2] (checkpoint
+    layout), ``weight_scale`` their E8M0 bytes uint8 [E, N, K/32]; ``blocks`` from
+    ``expert_blocks(topk_ids, E, block_rows(...))``; ``scale_max``: the largest scale byte
+    (at most 128 selects the single-multiply decode, as in ``mxfp4_gemm``). Slots routed to
+    an expert outside [0, E) are in no block and their rows are left unwritten."""
+    import torch
+
+    if weight.dim() != 3 or weight.dtype != torch.uint8:
+        raise ValueError(f"grouped_mxfp4_gemm: weight must be packed E2M1 uint8 [E, N, K/2], "
+                         f"got {weight.dtype} {tuple(weight.shape)}")
+    experts, n, k = weight.shape[0], weight.shape[1], weight.shape[2] * 2
+    if k % 32 or tuple(weight_scale.shape) != (experts, n, k // 32) \
+            or weight_scale.dtype != torch.uint8:
+        raise ValueError(f"grouped_mxfp4_gemm: weight_scale must be uint8 [{experts}, {n}, "
+                         f"{k // 32}] and K={k} a multiple of 32, got {weight_scale.dtype} "
+                         f"{tuple(weight_scale.shape)}")
+    rows = blocks.num_slots // blocks.top_k if gather else blocks.num_slots
+    if x.dtype != torch.bfloat16 or tuple(x.shape) != (rows, k):
+        raise ValueError(f"grouped_mxfp4_gemm: x must be bfloat16 [{rows}, {k}], got {x.dtype} "
+                         f"{tuple(x.shape)}")
+    out = torch.empty(blocks.num_slots, n, dtype=out_dtype, device=x.device)
+    if blocks.num_slots == 0 or n == 0:
+        return out
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    cfg = config or (INTERPRETER_CONFIG if interpret else GroupedConfig())
+    if cfg.block_k % 32 or cfg.block_k < 32:
+        raise ValueError(f"grouped_mxfp4_gemm: block_k={cfg.block_k} must be a multiple of 32")
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    halves = weight.contiguous().view(torch.int16)
+    scales = weight_scale.contiguous()
+    out_bits = interpret and out_dtype == torch.bfloat16
+    grid = (triton.cdiv(n, cfg.block_n), blocks.max_blocks)
+    _grouped_kernel[grid](
+        x, blocks.slots, blocks.experts, halves, scales,
+        out.view(torch.int16) if out_bits else out, n, k, blocks.num_slots,
+        x.stride(0), halves.stride(0), halves.stride(1), scales.stride(0), scales.stride(1),
+        out.stride(0), ROW_DIV=blocks.top_k if gather else 1, BLOCK_M=blocks.block_m,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
+        ASM=not interpret and _asm_target(),
+        FAST=scale_max is not None and scale_max <= FAST_SCALE_MAX_BYTE,
+        INTERPRET=interpret, OUT_BF16_BITS=out_bits, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
+    return out

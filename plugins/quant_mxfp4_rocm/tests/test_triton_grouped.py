@@ -1,0 +1,146 @@
+"""The grouped MXFP4 expert GEMM (``triton_grouped``) against ``dequantize_mx`` + a float64
+matmul per slot, and ``mxfp4-moe-triton`` inside a simulated CUDA-graph capture. Under the
+interpreter without a GPU (tiny shapes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernelbay.formats import dequantize_mx, quantize_mx
+from kernelbay.layers.expert_blocks import expert_blocks
+from kernelbay.layers.moe import CAPTURED_EXPERTS_PER_ROUTED
+from kernelbay.testing.capture import simulated_capture
+
+pytest.importorskip("triton")
+
+from kernelbay_quant_mxfp4_rocm.moe import Mxfp4MoEEmulation
+from kernelbay_quant_mxfp4_rocm.triton_grouped import (
+    GroupedConfig,
+    block_rows,
+    grouped_mxfp4_gemm,
+)
+from kernelbay_quant_mxfp4_rocm.triton_moe import Mxfp4MoETriton
+from test_mxfp4_moe import _load, _request, _routing, _weights, mx
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":  # the kernels run under Triton's interpreter (conftest)
+    pytestmark = pytest.mark.triton_interpreter
+
+
+def _experts(experts: int, n: int, k: int, gen: torch.Generator
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed E2M1 [E, N, K/2] and E8M0 bytes [E, N, K/32] with edge cases: a zero row, the
+    subnormal scale 2^-127 (byte 0) and byte 1, scales near the top of float32's range (whose
+    products still sum without overflow), and a NaN block
+    (byte 255) in the last expert."""
+    packed, scales = quantize_mx(torch.randn(experts * n, k, generator=gen), "e2m1", "even")
+    packed, scales = packed.view(experts, n, k // 2), scales.view(experts, n, k // 32).clone()
+    packed[0, 0] = 0
+    scales[0, 1, 0], scales[0, 2, -1] = 0, 1
+    scales[1 % experts, 3, 0], scales[1 % experts, 4, -1] = 240, 244
+    scales[-1, -1, -1] = 255
+    return packed, scales
+
+
+def _want(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor,
+          gather: bool) -> torch.Tensor:
+    """Row s: the input row times expert ids.flatten()[s]'s dequantized weight, float64."""
+    dense = dequantize_mx(packed, scales, "e2m1").double()
+    flat = ids.reshape(-1)
+    rows = torch.arange(flat.numel()) // ids.shape[1] if gather else torch.arange(flat.numel())
+    return torch.stack([x[r].double() @ dense[e].T for r, e in zip(rows, flat.tolist(),
+                                                                   strict=True)])
+
+
+@pytest.mark.parametrize(("tokens", "top_k", "experts", "n", "k", "block_m"), [
+    (5, 2, 3, 40, 96, 16),     # ragged N and K (K not a multiple of the 64-element tile)
+    (1, 4, 6, 32, 64, 16),     # one token, experts unused
+    (37, 3, 4, 24, 128, 32),   # blocks of 32 rows, experts with several blocks
+])
+@pytest.mark.parametrize("gather", [True, False])
+def test_grouped_gemm_matches_the_reference(tokens: int, top_k: int, experts: int, n: int,
+                                            k: int, block_m: int, gather: bool) -> None:
+    gen = torch.Generator().manual_seed(tokens * 100 + n)
+    packed, scales = _experts(experts, n, k, gen)
+    ids = torch.randint(0, experts, (tokens, top_k), generator=gen)
+    ids[0] = ids[0, 0]  # a token routed to the same expert twice
+    rows = tokens if gather else tokens * top_k
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    x[-1, :32] = 0.0
+    blocks = expert_blocks(ids.to(DEVICE), experts, block_m)
+    got = grouped_mxfp4_gemm(x.to(DEVICE), packed.to(DEVICE), scales.to(DEVICE), blocks,
+                             gather=gather, out_dtype=torch.float32).cpu()
+    want = _want(x, packed, scales, ids, gather)
+    nan = want.isnan()  # the NaN block reaches the rows routed to the last expert
+    assert torch.equal(got.isnan(), nan)
+    # exact products, float32 sums in another order than float64's
+    torch.testing.assert_close(got[~nan].double(), want[~nan], rtol=1e-5, atol=1e-30)
+
+
+def test_bf16_output_is_the_rounded_float32_result() -> None:
+    gen = torch.Generator().manual_seed(5)
+    packed, scales = quantize_mx(torch.randn(2 * 48, 64, generator=gen), "e2m1", "even")
+    packed, scales = packed.view(2, 48, 32).to(DEVICE), scales.view(2, 48, 2).to(DEVICE)
+    ids = torch.tensor([[0, 1], [1, 1], [1, 0]], device=DEVICE)
+    x = torch.randn(3, 64, generator=gen).bfloat16().to(DEVICE)
+    blocks = expert_blocks(ids, 2, 16)
+    wide = grouped_mxfp4_gemm(x, packed, scales, blocks, gather=True, out_dtype=torch.float32)
+    narrow = grouped_mxfp4_gemm(x, packed, scales, blocks, gather=True,
+                                out_dtype=torch.bfloat16)
+    assert narrow.dtype == torch.bfloat16 and torch.equal(narrow, wide.bfloat16())
+
+
+def test_bad_operands_name_what_was_expected() -> None:
+    packed = torch.zeros(2, 8, 32, dtype=torch.uint8)
+    scales = torch.zeros(2, 8, 2, dtype=torch.uint8)
+    blocks = expert_blocks(torch.tensor([[0, 1]]), 2, 16)
+    x = torch.zeros(1, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"weight must be packed E2M1 uint8 \[E, N, K/2\]"):
+        grouped_mxfp4_gemm(x, packed[0], scales, blocks, gather=True, out_dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"weight_scale must be uint8 \[2, 8, 2\]"):
+        grouped_mxfp4_gemm(x, packed, scales[:, :, :1], blocks, gather=True,
+                           out_dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"x must be bfloat16 \[2, 64\]"):
+        grouped_mxfp4_gemm(x, packed, scales, blocks, gather=False, out_dtype=torch.float32)
+    with pytest.raises(ValueError, match="block_k=48 must be a multiple of 32"):
+        grouped_mxfp4_gemm(x, packed, scales, blocks, gather=True, out_dtype=torch.float32,
+                           config=GroupedConfig(16, 48, 1, 1))
+
+
+def test_block_rows_grow_with_the_slots_per_expert() -> None:
+    assert block_rows(8, 256) == 16  # one decode token, top-8
+    assert block_rows(256 * 20, 256) == 32
+    assert block_rows(4096 * 8, 256) == 64
+    assert block_rows(0, 4) == 16
+
+
+@pytest.mark.parametrize("activation", [None, "mxfp4-dynamic"])
+def test_moe_runs_inside_a_capture_as_eagerly(activation: str | None) -> None:
+    """Nothing on the host: the layer runs inside a (simulated) capture exactly as eagerly,
+    also where running every expert on every token would be refused (16 experts, 2 routed)."""
+    experts, hidden, inter = 2 * CAPTURED_EXPERTS_PER_ROUTED, 64, 32
+    request = _request(mx(activation), experts, hidden, inter)
+    method, emulation = Mxfp4MoETriton(request), Mxfp4MoEEmulation(request)
+    weights = _weights(experts, hidden, inter, 9)
+    layer, layer_e = _load(method, weights).to(DEVICE), _load(emulation, weights)
+    ids, topk = _routing(1, experts, 2, 10)
+    x = torch.randn(1, hidden, generator=torch.Generator().manual_seed(11)).bfloat16()
+    args = (x.to(DEVICE), ids.to(DEVICE), topk.to(DEVICE))
+    eager = method.apply_moe(layer, *args)
+    with simulated_capture():
+        captured = method.apply_moe(layer, *args)
+    assert torch.equal(captured, eager)
+    want = emulation.apply_moe(layer_e, x, ids, topk).float()
+    err = (eager.cpu().float() - want).norm() / want.norm()
+    assert err < 2**-8, err.item()
+    empty = method.apply_moe(layer, *(a[:0] for a in args))
+    assert empty.shape == (0, hidden) and empty.dtype == torch.bfloat16
+
+
+def test_config_text_round_trips_and_bad_text_is_named() -> None:
+    config = GroupedConfig.parse("n128k256w8s4")
+    assert config == GroupedConfig(128, 256, 8, 4) and config.name == "n128k256w8s4"
+    with pytest.raises(ValueError, match="expected n<block_n>k<block_k>w<warps>s<stages>"):
+        GroupedConfig.parse("n64w4s3")
+    with pytest.raises(ValueError, match="block_k=48; valid: a power of two >= 32"):
+        GroupedConfig.parse("n64k48w4s3")
