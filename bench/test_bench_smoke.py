@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -44,31 +46,18 @@ def test_write_results_keeps_the_record_and_fails_on_wrong_results(tmp_path: obj
         assert f.read() == "| m | us |\n"
 
 
-def test_nvfp4_moe_bench_runs_in_the_interpreter(tmp_path: object) -> None:
-    """bench/nvfp4/moe.py end to end on tiny shapes in Triton's interpreter (its correctness
-    check included: a wrong grouped result exits 1)."""
+@pytest.mark.parametrize(("script", "timed"), [("nvfp4", "grouped_graph_us"),
+                                              ("mxfp4", "per_expert_us")])
+def test_moe_bench_runs_in_the_interpreter(tmp_path: object, script: str, timed: str) -> None:
+    """bench/{nvfp4,mxfp4}/moe.py end to end on tiny shapes in Triton's interpreter (their
+    correctness checks included: a wrong grouped or per-expert result exits 1)."""
     out = str(tmp_path)
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    subprocess.run([sys.executable, os.path.join(HERE, "nvfp4", "moe.py"), "--device", "cpu",
+    subprocess.run([sys.executable, os.path.join(HERE, script, "moe.py"), "--device", "cpu",
                     "--experts", "4", "--top-k", "2", "--hidden", "256", "--inter", "128",
                     "--tokens", "1,5", "--out", out], check=True, capture_output=True,
                    timeout=300, env=env)
     with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
         result = json.load(f)
     assert [r["tokens"] for r in result["rows"]] == [1, 5]
-    assert not result["failures"] and all(r["grouped_graph_us"] > 0 for r in result["rows"])
-
-
-def test_mxfp4_moe_bench_runs_in_the_interpreter(tmp_path: object) -> None:
-    """bench/mxfp4/moe.py end to end on tiny shapes in Triton's interpreter (its correctness
-    checks included: a wrong grouped or per-expert result exits 1)."""
-    out = str(tmp_path)
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    subprocess.run([sys.executable, os.path.join(HERE, "mxfp4", "moe.py"), "--device", "cpu",
-                    "--experts", "3", "--top-k", "2", "--hidden", "128", "--inter", "64",
-                    "--tokens", "1,3", "--out", out], check=True, capture_output=True,
-                   timeout=300, env=env)
-    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
-        result = json.load(f)
-    assert [r["tokens"] for r in result["rows"]] == [1, 3]
-    assert not result["failures"] and all(r["per_expert_us"] > 0 for r in result["rows"])
+    assert not result["failures"] and all(r[timed] > 0 for r in result["rows"])

@@ -2,13 +2,14 @@
 top-k list names, out of a long context.
 
 For record kind x batch x context x query heads it runs the Triton kernel and, where it reads
-the kind (``cuda_mla.KINDS``, records of a multiple of 16 bytes), the CUDA kernel on the same
+the kind (``cuda_mla.KINDS``), the CUDA kernel on the same
 random lists (distinct positions), checks both against the torch reference on the first
 ``CHECK_SEQS`` sequences, and times one decode step as CUDA-graph replays (decode and
 combine). KV TB/s counts the K records each token reads; x bf16 is the bf16-record time (the
 Triton kernel, the only one that reads bf16 records) over this one, same run.
 
     python bench/mla_decode/sparse.py --out DIR          # about a minute on the H200
+    python bench/mla_decode/sparse.py --sweep --out DIR  # and the CUDA builds of SWEEP
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ from run import PAGE, _build_cache, _metadata  # the dense benchmark's cache and
 from settle import add_timing_args, timed_us
 
 KINDS = ("bf16", "fp8", "mxfp8", "fp8-e8m0")
+#: CUDA builds ``--sweep`` times beside the call's own (``cuda_mla.build_for`` options): keys
+#: per tile, stages (tiles in flight), CTAs per SM compiled for, query slices in shared memory.
+SWEEP: tuple[dict[str, Any], ...] = tuple(
+    {"tile": t, "stages": s, "min_blocks": b, "query_in_shared": q}
+    for t, s, b, q in ((32, 2, 3, True), (32, 3, 2, False), (32, 4, 2, False),
+                       (32, 3, 3, True), (16, 3, 3, False), (16, 4, 3, False),
+                       (16, 6, 2, False), (16, 4, 4, True)))
 CHECK_SEQS = 2
 ATOL = 3e-2
 
@@ -64,6 +72,8 @@ def main() -> int:
     parser.add_argument("--contexts", default="32768")
     parser.add_argument("--heads", default="16,128")
     parser.add_argument("--topk", type=int, default=2048, help="positions per top-k list")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also time the CUDA builds of SWEEP (second table)")
     add_timing_args(parser, rep_ms=20.0)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -91,16 +101,19 @@ def main() -> int:
                 for heads in heads_list:
                     query = torch.randn(batch, heads, record.latent_dim, generator=gen).to(
                         "cuda", torch.bfloat16)
-                    kernels = ["triton"]
-                    if kind in cuda_mla.KINDS and record.bytes_per_token % 16 == 0:
-                        kernels.append("cuda")
-                    for kernel in kernels:
+                    runs: list[tuple[str, dict[str, Any] | None]] = [("triton", None)]
+                    if kind in cuda_mla.KINDS:
+                        runs.append(("cuda", None))
+                        if args.sweep:
+                            runs += [("cuda", build) for build in SWEEP]
+                    for kernel, build in runs:
                         step = functools.partial(mla_decode, query, cache, record, PAGE,
-                                                 meta, scale, topk_indices=topk, kernel=kernel)
+                                                 meta, scale, topk_indices=topk, kernel=kernel,
+                                                 cuda_build=build)
                         out, _ = step()
                         used, splits = last_kernel(), last_splits()[0]
                         err = _error(record, cache, meta, query, topk, out, scale)
-                        label = f"{kind} B={batch} ctx={context} H={heads} {kernel}"
+                        label = f"{kind} B={batch} ctx={context} H={heads} {kernel} {build or ''}"
                         if not err <= ATOL:
                             failures.append(f"{label}: max relative error {err:.3g} > {ATOL}")
                         us = timed_us(step, "cuda", settle_s=args.settle_s,
@@ -108,6 +121,7 @@ def main() -> int:
                         tb_s = batch * args.topk * record.bytes_per_token / (us * 1e-6) / 1e12
                         rows.append({"kind": kind, "batch": batch, "context": context,
                                      "heads": heads, "topk": args.topk, "kernel": used,
+                                     "cuda_build": build,
                                      "splits": splits, "us": us, "kv_tb_s": tb_s,
                                      "bytes_per_token": record.bytes_per_token,
                                      "max_rel_err": err})
@@ -130,10 +144,23 @@ def main() -> int:
              "| x bf16 |", "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: "
              "| ---: |"]
     for r in rows:
+        if r["cuda_build"] is not None:
+            continue  # the sweep's table below
         ratio = f"{r['x_bf16']:.2f}" if r["x_bf16"] is not None else "-"
         lines.append(f"| {r['kind']} | {r['bytes_per_token']} | {r['batch']} | {r['context']} "
                      f"| {r['heads']} | {r['kernel']} | {r['splits']} | {r['us']:.1f} "
                      f"| {r['kv_tb_s']:.2f} | {ratio} |")
+    swept = [r for r in rows if r["cuda_build"] is not None]
+    if swept:
+        lines += ["", "CUDA builds (`--sweep`; the table above uses the call's preferred "
+                  "build):", "", "| kind | batch | heads | tile | stages | CTAs/SM | query in "
+                  "shared | us | x bf16 |", "| --- | ---: | ---: | ---: | ---: | ---: | --- | "
+                  "---: | ---: |"]
+        for r in swept:
+            b = r["cuda_build"]
+            lines.append(f"| {r['kind']} | {r['batch']} | {r['heads']} | {b['tile']} | "
+                         f"{b['stages']} | {b['min_blocks']} | {b['query_in_shared']} | "
+                         f"{r['us']:.1f} | {r['x_bf16']:.2f} |")
     result = {"meta": {"device": props.name, "torch": torch.__version__, "topk": args.topk,
                        "page_size": PAGE, "seconds": time.perf_counter() - started,
                        "failures": failures},

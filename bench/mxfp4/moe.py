@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from moe_common import bf16_grouped, uniform_routing  # from bench/, put on the path above
+from moe_common import bf16_baselines, uniform_routing  # from bench/, put on the path above
 from report import write_results
 from settle import add_timing_args, timed_us
 
@@ -91,7 +91,6 @@ def main(argv: list[str] | None = None) -> int:
         MOE_EXPERTS_ROLE,
         combine_experts,
         expert_tensor,
-        swiglu_experts,
     )
     from kernelbay.requests import LinearRequest, QuantScheme
     from kernelbay_quant_mxfp4_rocm.triton_gemm import mxfp4_gemm
@@ -146,36 +145,19 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[str] = []
     notes: set[str] = set()
     cpu_gen = torch.Generator().manual_seed(1)
+
     def measure(t: int) -> dict[str, Any]:
         ids, wts = uniform_routing(t, E, K, cpu_gen, dev)
         x = torch.randn(t, H, generator=gen, device=dev).bfloat16()
-        routed = len(set(ids.reshape(-1).tolist()))
-        want = swiglu_experts(x, ids, wts, w13, w2, F.linear)
-        scale = float(want.float().abs().amax())
-
-        def check(what: str, got: torch.Tensor) -> None:
-            error = float((got.float() - want.float()).abs().amax())
-            if got.shape != want.shape or not error <= 2**-5 * max(scale, 1e-6):
-                failures.append(f"{what} vs bf16 per-expert at T={t}: max error {error:.3g}, "
-                                f"output scale {scale:.3g}")
-
-        row: dict[str, Any] = {"tokens": t, "routed_experts": routed}
+        check, row = bf16_baselines(x, ids, wts, w13, w2, timed, failures, notes)
+        row = {"tokens": t, **row}
         check("mxfp4 grouped", method.apply_moe(layer, x, ids, wts))
-        row["bf16_us"] = timed(lambda: swiglu_experts(x, ids, wts, w13, w2, F.linear))
-        try:
-            check("bf16 grouped", bf16_grouped(x, ids, wts, w13, w2))
-        except (RuntimeError, AttributeError, NotImplementedError) as exc:
-            notes.add(f"bf16 grouped (torch._grouped_mm) not run: {type(exc).__name__}: "
-                      f"{str(exc)[:200]}")
-        else:
-            row["bf16_grouped_graph_us"] = timed(
-                lambda: bf16_grouped(x, ids, wts, w13, w2), True)
         if args.activation is None:
             check("mxfp4 per-expert", mxfp4_per_expert(x, ids, wts))
             row["per_expert_us"] = timed(lambda: mxfp4_per_expert(x, ids, wts))
         row["grouped_us"] = timed(lambda: method.apply_moe(layer, x, ids, wts))
         row["grouped_graph_us"] = timed(lambda: method.apply_moe(layer, x, ids, wts), True)
-        row["weight_gbps"] = routed * expert_bytes / row["grouped_graph_us"] / 1e3
+        row["weight_gbps"] = row["routed_experts"] * expert_bytes / row["grouped_graph_us"] / 1e3
         blocks = expert_blocks(ids, E, block_rows(ids.numel(), E))
         h = torch.randn(ids.numel(), inter, generator=gen, device=dev).bfloat16()
         for c in dict.fromkeys([GroupedConfig(), *configs]):

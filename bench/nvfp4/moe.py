@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from moe_common import bf16_grouped, uniform_routing  # from bench/, put on the path above
+from moe_common import bf16_baselines, uniform_routing  # from bench/, put on the path above
 from report import write_results
 from settle import add_timing_args, timed_us
 
@@ -77,14 +77,12 @@ def main(argv: list[str] | None = None) -> int:
               "The CPU tests cover correctness: python -m pytest plugins/quant_nvfp4/tests",
               file=sys.stderr)
         return 2
-    import torch.nn.functional as F
     import triton
     from kernelbay.formats import dequantize_nvfp4, quantize_nvfp4
     from kernelbay.layers.expert_blocks import expert_blocks
     from kernelbay.layers.moe import (
         MOE_EXPERTS_ROLE,
         expert_tensor,
-        swiglu_experts,
     )
     from kernelbay.requests import LinearRequest
     from kernelbay_quant_nvfp4.fused_moe import Nvfp4MoETriton
@@ -134,33 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     def measure(t: int) -> dict[str, Any]:
         ids, wts = uniform_routing(t, E, K, cpu_gen, dev)
         x = torch.randn(t, H, generator=gen, device=dev).bfloat16()
-        routed = len(set(ids.reshape(-1).tolist()))
-        want = swiglu_experts(x, ids, wts, w13, w2, F.linear)
-        scale = float(want.float().abs().amax())
-
-        def check(what: str, got: torch.Tensor) -> float:
-            error = float((got.float() - want.float()).abs().amax())
-            if got.shape != want.shape or not error <= 2**-5 * max(scale, 1e-6):
-                failures.append(f"{what} vs bf16 per-expert at T={t}: max error {error:.3g}, "
-                                f"output scale {scale:.3g}")
-            return error
-
-        row: dict[str, Any] = {"tokens": t, "routed_experts": routed,
-                               "max_error": check("nvfp4 grouped",
-                                                  method.apply_moe(layer, x, ids, wts))}
-        row["bf16_us"] = timed(lambda: swiglu_experts(x, ids, wts, w13, w2, F.linear))
-        try:
-            dense_out = bf16_grouped(x, ids, wts, w13, w2)
-        except (RuntimeError, AttributeError, NotImplementedError) as exc:
-            notes.add(f"bf16 grouped (torch._grouped_mm) not run: {type(exc).__name__}: "
-                      f"{str(exc)[:200]}")
-        else:
-            check("bf16 grouped", dense_out)
-            row["bf16_grouped_graph_us"] = timed(lambda: bf16_grouped(x, ids, wts, w13, w2), True)
+        check, row = bf16_baselines(x, ids, wts, w13, w2, timed, failures, notes)
+        row = {"tokens": t, **row,
+               "max_error": check("nvfp4 grouped", method.apply_moe(layer, x, ids, wts))}
         row["grouped_us"] = timed(lambda: method.apply_moe(layer, x, ids, wts))
         row["grouped_graph_us"] = timed(lambda: method.apply_moe(layer, x, ids, wts), True)
         row["ratio"] = row["bf16_us"] / row["grouped_us"]
-        row["weight_gbps"] = routed * expert_bytes / row["grouped_graph_us"] / 1e3
+        row["weight_gbps"] = row["routed_experts"] * expert_bytes / row["grouped_graph_us"] / 1e3
         bm = block_m_for(ids.numel(), E)
         for kernel in ("torch", "auto"):
             row[f"routing_{kernel}_graph_us"] = timed(
