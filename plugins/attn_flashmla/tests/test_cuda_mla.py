@@ -55,7 +55,7 @@ def test_source_compiles_without_local_memory(arch: str, tmp_path: Any,
                                          {"split_sum": False}, {"lazy_max": False},
                                          cuda_mla.preferred_build(64, record.kind)]
         builds = [cuda_mla.build_for(record, **o) for o in options if _builds(record, **o)]
-        if arch == "sm_90" and record.bytes_per_token % 16 == 0:  # top-k lists: bulk copies
+        if arch == "sm_90":  # top-k lists: bulk copies
             builds += [cuda_mla.build_for(record, True),
                        cuda_mla.build_for(record, True, **cuda_mla.PREFERRED_32[record.kind])]
         for build in builds:
@@ -118,13 +118,26 @@ def test_refusals_name_the_reason() -> None:
         torch.zeros(1, 16, 448), three_groups, 64, three_groups.page_bytes(64), False) or "")
     with pytest.raises(ValueError, match=r"fp8-e8m0 records of 584 B need bulk_copy=True"):
         cuda_mla.build_for(RECORDS["fp8-e8m0"], split_sum=False)
-    e8m0 = RECORDS["fp8-e8m0"]
-    assert "sparse top-k attention over 584-byte fp8-e8m0 records" in (
-        cuda_mla.unsupported(torch.zeros(1, 16, 512), e8m0, 64, e8m0.page_bytes(64), True) or "")
     with pytest.raises(ValueError, match="sparse attention copies each key by one bulk copy"):
         cuda_mla.build_for(MXFP8, True, split_sum=False)
     assert "CUDA device" in (cuda_mla.unsupported(query, MXFP8, 64, MXFP8.page_bytes(64),
                                                   False) or "")
+
+
+def test_sparse_key_slots_are_whole_16_byte_units() -> None:
+    """A top-k build copies each key by itself in whole 16-byte units: 584-byte records take
+    592-byte slots and a second mask word per stage (the keys shifted by 8 bytes); records of
+    a multiple of 16 bytes keep their size and one mask word."""
+    e8m0, fp8 = RECORDS["fp8-e8m0"], RECORDS["fp8"]
+    dense, sparse = cuda_mla.build_for(e8m0), cuda_mla.build_for(e8m0, True)
+    assert (cuda_mla.key_slot_bytes(dense), cuda_mla.key_slot_bytes(sparse)) == (584, 592)
+    stages, tile = sparse.stages, sparse.tile
+    assert cuda_mla.shared_bytes(sparse) - cuda_mla.shared_bytes(dense) == \
+        stages * tile * 8 + stages * 8
+    fp8_dense, fp8_sparse = cuda_mla.build_for(fp8), cuda_mla.build_for(fp8, True)
+    assert cuda_mla.key_slot_bytes(fp8_sparse) == 656
+    assert cuda_mla.shared_bytes(fp8_sparse) - cuda_mla.shared_bytes(fp8_dense) == \
+        fp8_sparse.stages * 4
 
 
 def test_forcing_the_kernel_where_it_cannot_run_raises() -> None:
@@ -158,7 +171,7 @@ def test_explain_names_the_decode_kernel(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "no NVRTC on this machine" in note("mxfp8", nvrtc=None)
     assert "float16 queries" in note("fp8", dtype="float16")
     assert "decode: CUDA kernel (NVRTC)" in note("fp8", sparse_topk=64)
-    assert "sparse top-k attention over 584-byte" in note("fp8-e8m0", sparse_topk=64)
+    assert "decode: CUDA kernel (NVRTC)" in note("fp8-e8m0", sparse_topk=64)
     assert note("bf16") == "decode: Triton kernel"
 
 
@@ -298,7 +311,7 @@ def _topk(lengths: list[int], new: list[int], k: int, gen: torch.Generator) -> t
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["fp8", "mxfp8"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("build", ["default", "tile16", "eager-max", "eager-max-16"])
 def test_sparse_top_k_decode_and_prefill_match_reference_on_gpu(build: str, kind: str) -> None:
     # Each query attends the keys its top-k list names (duplicates none, unused -1): one

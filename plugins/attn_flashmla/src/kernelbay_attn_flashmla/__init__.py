@@ -5,4 +5,4 @@ their torch codec (``codec``) and the ``mla-reference`` attention backend (``bac
 math in ``mla``). Importing this package imports no torch.
 """
 
-__version__ = "0.1.3"
+__version__ = "0.1.4"

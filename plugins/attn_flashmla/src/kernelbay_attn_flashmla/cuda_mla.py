@@ -4,9 +4,9 @@ The kernel is built at run time by NVRTC through ``kernelbay.cuda_jit`` (no tool
 compiled extension) and serves ``triton_mla.mla_decode`` where ``unsupported`` finds nothing
 against it: records of one of ``KINDS`` (MXFP8 with 512 values, latent + rope as
 DeepSeek-V4's 448 + 64; fp8-e8m0 and fp8 with an E4M3 latent of at most 512 and a bfloat16
-rope of 64), bfloat16 queries, dense attention or top-k lists (records of a multiple of 16
-bytes), a CUDA device of compute capability 8.0 or newer (9.0 for top-k lists and for records
-whose size is not a multiple of 16 bytes, which only bulk copies take). Everything else
+rope of 64), bfloat16 queries, dense attention or top-k lists, a CUDA device of compute
+capability 8.0 or newer (9.0 for top-k lists and for records whose size is not a multiple of
+16 bytes, which only bulk copies take). Everything else
 (and every case after a failed build, which warns once) stays with the Triton kernel. The
 split count and the combine are ``triton_mla``'s; this module launches the partials.
 """
@@ -27,9 +27,9 @@ if TYPE_CHECKING:
 
 __all__ = ["DIM", "HEADS", "KINDS", "MIN_SPLIT_TILES", "PREFERRED_32", "ROPE", "TILE", "WARPS",
            "DecodeBuild", "broken_reason", "build_for", "build_options", "call_build",
-           "choose_cuda_splits", "decode_kernel", "launch_decode", "mark_broken",
-           "preferred_build", "resident_programs", "shared_bytes", "static_reason",
-           "unsupported"]
+           "choose_cuda_splits", "decode_kernel", "key_slot_bytes", "launch_decode",
+           "mark_broken", "preferred_build", "resident_programs", "shared_bytes",
+           "static_reason", "unsupported"]
 
 #: Keys per tile of the default build (a tile lies in one page, so the page size must be a
 #: multiple); builds take 16 or 32.
@@ -106,11 +106,9 @@ def build_for(record: MLARecord, sparse: bool = False, **options: Any) -> Decode
                         record.field("nope_scale" if bf16_rope else "scales").offset,
                         record.kind, record.field("rope").offset if bf16_rope else 0, sparse,
                         **options)
-    if sparse and not (build.bulk_copy and build.bytes_per_token % 16 == 0):
+    if sparse and not build.bulk_copy:
         raise ValueError(f"CUDA MLA decode build: sparse attention copies each key by one "
-                         f"bulk copy: needs bulk_copy=True and records of a multiple of 16 "
-                         f"bytes, got bulk_copy={build.bulk_copy} and {record.kind} records "
-                         f"of {build.bytes_per_token} B")
+                         f"bulk copy: needs bulk_copy=True, got bulk_copy={build.bulk_copy}")
     if build.bytes_per_token % 16 and not build.bulk_copy:
         raise ValueError(f"CUDA MLA decode build: {record.kind} records of "
                          f"{build.bytes_per_token} B need bulk_copy=True (per-thread copies "
@@ -195,15 +193,26 @@ def shared_bytes(build: DecodeBuild) -> int:
     scores (four floats per lane and 8-key group), with ``split_sum`` their totals, with
     ``lazy_max`` the shared probabilities (two bf16 per lane and 8-key group and head half),
     with ``query_in_shared`` the warps' query slices, and with ``bulk_copy`` one mbarrier per
-    stage (and with ``sparse`` one 4-byte key mask per stage)."""
+    stage (and with ``sparse`` each stage's 4-byte key mask, and where records are not a
+    multiple of 16 bytes its mask of keys shifted in their slots; ``key_slot_bytes``)."""
     query = WARPS * 8 * 32 * 16 if build.query_in_shared else 0  # 8 MMA steps x 32 lanes x 16 B
     scores = WARPS * 32 * build.tile // 2 * 4  # [warps][8-key groups][lanes][4] float32
     totals = scores // WARPS if build.split_sum else 0
     probabilities = totals // 2 if build.lazy_max else 0
     barriers = 8 * build.stages if build.bulk_copy else 0  # one mbarrier per stage
-    barriers += 4 * build.stages if build.sparse else 0  # and each stage's key mask
-    return (build.stages * build.tile * build.bytes_per_token + scores + totals + probabilities
-            + query + barriers)
+    slot = key_slot_bytes(build)
+    if build.sparse:  # and each stage's key masks
+        barriers += 4 * build.stages * (1 if slot == build.bytes_per_token else 2)
+    return build.stages * build.tile * slot + scores + totals + probabilities + query + barriers
+
+
+def key_slot_bytes(build: DecodeBuild) -> int:
+    """Shared memory per key of a tile: the record, or with ``sparse`` (one bulk copy per key,
+    of whole 16-byte units from the aligned address at or below the record) the record
+    rounded up to 16 bytes."""
+    if build.sparse:
+        return -(-build.bytes_per_token // 16) * 16
+    return build.bytes_per_token
 
 
 @functools.cache
@@ -296,9 +305,6 @@ def static_reason(record: MLARecord, dtype: str, sparse: bool, page_size: int,
     reason = _record_reason(record)
     if reason is not None:
         return reason
-    if sparse and record.bytes_per_token % 16:
-        return (f"sparse top-k attention over {record.bytes_per_token}-byte {record.kind} "
-                f"records (each key is one bulk copy: needs a multiple of 16 bytes)")
     if dtype != "bfloat16":
         return f"{dtype} queries (the CUDA kernel takes bfloat16)"
     if page_size < tile or page_size & (page_size - 1):

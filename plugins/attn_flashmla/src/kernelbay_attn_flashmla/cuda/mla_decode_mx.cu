@@ -25,7 +25,8 @@
 // which completes on the stage's mbarrier (BULK, sm_90: one instruction per tile instead of a
 // 16-byte cp.async per thread and chunk, whose requests loaded the L1 pipeline this kernel is
 // bound by), or STAGES - 1 tiles ahead by cp.async. With SPARSE (BULK only) a tile is TILE
-// entries of the token's top-k list, each key copied by a bulk copy of its own (see issue).
+// entries of the token's top-k list, each key copied by a bulk copy of its own into a slot
+// of KEY_BYTES (see issue).
 // Per tile, warp w:
 //   1. decodes its 128 values of each key into bfloat16 registers, already in the layout of
 //      mma.sync m16n8k16's B operand (k = value, n = key): lane (g, c) = (lane / 4, lane % 4)
@@ -148,9 +149,6 @@
 #if BPT % 8
 #error "BPT must be a multiple of 8 (64-bit shared loads of each record)"
 #endif
-#if SPARSE && BPT % 16
-#error "SPARSE copies each record by itself: BPT must be a multiple of 16"
-#endif
 // E4M3 values per record; the warps' slots past them are zero
 #define CODES (ROPE_BF16 ? RANK : DIM)
 #if KIND == KIND_E8M0 && RANK % 64
@@ -165,7 +163,18 @@
 #if ROPE_BF16 && (ROPE_OFF % 8 || SCALE_OFF % 4)
 #error "the rope must be 8-byte and the scales 4-byte aligned in the record"
 #endif
-#define TILE_BYTES (TILE * BPT)
+#if SPARSE
+// A key's slot: its record by one bulk copy of whole 16-byte units from the 16-byte aligned
+// address at or below it (a 584-byte record at an odd position starts 8 bytes past one: its
+// slot then holds it from byte 8, which the stage's second mask word records). Pages hold an
+// even number of records, so the copy of an even position's record never reads past its page.
+#define KEY_BYTES ((BPT + 15) / 16 * 16)
+#else
+#define KEY_BYTES BPT
+#endif
+#define SHIFTED (KEY_BYTES != BPT)
+#define MASK_WORDS (SHIFTED ? 2 : 1)  // (SPARSE) per stage: the keys read, and which are shifted
+#define TILE_BYTES (TILE * KEY_BYTES)
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 #define NEG_INF __int_as_float(0xff800000)
@@ -575,22 +584,32 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     return key;
   };
   // Warp 0 copies a tile: each lane its key's record by one bulk copy on the stage's
-  // mbarrier, after lane 0 stored the tile's mask of keys read (bit k: key k) beside the
-  // mbarriers and arrived expecting their bytes. The other keys' bytes in the slot are stale:
-  // the decode zeroes them (mask bit clear) and masks their scores.
+  // mbarrier, after lane 0 stored the tile's mask of keys read (bit k: key k; SHIFTED: and of
+  // keys whose record starts 8 bytes into its slot) beside the mbarriers and arrived expecting
+  // their bytes. The other keys' bytes in the slot are stale: the decode zeroes them (mask bit
+  // clear) and masks their scores.
   auto issue = [&](int tile, SparseKey key, u32 slot, u32 bar) {
     if (warp != 0 || tile >= num_tiles) return;
     const u32 mask = __ballot_sync(0xffffffffu, key.pos >= 0);
+    const long long off = (long long)(key.pos & page_mask) * BPT;
+    const int shift = SHIFTED ? (int)(off & 15) : 0;  // 0 or 8 (BPT is a multiple of 8)
+#if SHIFTED
+    const u32 shifted = __ballot_sync(0xffffffffu, key.pos >= 0 && shift != 0);
+#endif
     // the slot's last reads were generic-proxy loads; the copies write through the async one
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     if (lane == 0) {
-      sts32(masks + (bar - bars) / 2, mask);  // read after the mbarrier's phase completes
-      mbar_expect(bar, (u32)__popc(mask) * BPT);
+      // read after the mbarrier's phase completes, which the arrival below releases
+      sts32(masks + (bar - bars) / 2 * MASK_WORDS, mask);
+#if SHIFTED
+      sts32(masks + (bar - bars) / 2 * MASK_WORDS + 4, shifted);
+#endif
+      mbar_expect(bar, (u32)__popc(mask) * KEY_BYTES);
     }
     __syncwarp();
     if (key.pos >= 0)
-      bulk_copy(slot + lane * BPT, cache + (long long)key.page * page_bytes
-                                   + (long long)(key.pos & page_mask) * BPT, BPT, bar);
+      bulk_copy(slot + lane * KEY_BYTES, cache + (long long)key.page * page_bytes + off - shift,
+                KEY_BYTES, bar);
   };
 #elif BULK
   auto fetch = page_of;
@@ -647,7 +666,10 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     mbar_wait(read_bar, read_phase);  // the tile's bytes (no barrier: see the first one below)
     const u32 tile_bar = read_bar;
 #if SPARSE
-    const u32 read_mask = lds32(masks + (tile_bar - bars) / 2);  // the keys read (bit k: key k)
+    const u32 read_mask = lds32(masks + (tile_bar - bars) / 2 * MASK_WORDS);  // keys read (bit k)
+#if SHIFTED
+    const u32 read_shifted = lds32(masks + (tile_bar - bars) / 2 * MASK_WORDS + 4);
+#endif
 #endif
     read_bar = read_slot == last_slot ? bars : read_bar + 8;
     read_phase ^= read_slot == last_slot ? 1u : 0u;
@@ -661,6 +683,14 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
 
     const u32 tb = read_slot;
     read_slot = read_slot == last_slot ? tiles_base : read_slot + TILE_BYTES;
+    // where key k's record starts in the tile's slot
+    auto record_of = [&](int k) -> u32 {
+#if SHIFTED
+      return tb + k * KEY_BYTES + ((read_shifted >> k) & 1u) * 8u;
+#else
+      return tb + k * BPT;
+#endif
+    };
     // An edge tile (uniform over the CTA) holds keys not to attend: (dense) positions outside
     // [start, hi), (SPARSE) keys not read. Their decoded values are zeroed (whatever their
     // bytes) and their scores set to -inf before anything reads them (LAZY_MAX: as they are
@@ -687,7 +717,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     for (int n = 0; n < G8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
 #pragma unroll
     for (int n = 0; n < G8; ++n) {
-      const u32 rec = tb + (n * 8 + key_of(g)) * BPT;
+      const u32 rec = record_of(n * 8 + key_of(g));
       scales[n] = scale_bytes(rec, warp);
       const u32 fb = factor_bytes(scales[n]);
 #pragma unroll
@@ -719,7 +749,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
     if (__any_sync(0xffffffffu, large != 0u)) {
 #pragma unroll
       for (int n = 0; n < G8; ++n) {
-        const u32 rec = tb + (n * 8 + key_of(g)) * BPT;
+        const u32 rec = record_of(n * 8 + key_of(g));
 #pragma unroll
         for (int p = 0; p < CHUNKS / 2; ++p)
           if (pair_has_codes(warp, p))
@@ -752,7 +782,7 @@ mla_decode_mx(const unsigned short* __restrict__ query, long long q_stride_t, lo
 #if KIND == KIND_FP32
         const int key = n * 8 + key_of(2 * c + i);
         ks[n][i] = warp * 128 >= CODES || (edge_tile && masked(key))
-                       ? 0.f : __uint_as_float(lds32(tb + key * BPT + SCALE_OFF + warp * 4));
+                       ? 0.f : __uint_as_float(lds32(record_of(key) + SCALE_OFF + warp * 4));
 #else
         ks[n][i] = 1.f;
 #endif
