@@ -21,8 +21,9 @@ weights are the MXFP4 ones dequantized, so every path computes the same function
 mxfp4 per-expert eager time / mxfp4 grouped eager time. GB/s counts the MXFP4 bytes (codes +
 E8M0 scales) of the distinct experts the routing selects over the mxfp4 graph time.
 
-Correctness: every result is checked against ``bf16 per-expert`` to 2^-5 of the output's
-largest magnitude (far below what a wrong expert, scale or routing weight gives); a mismatch
+Correctness: every result is checked against ``bf16 per-expert`` (with MX activations: the
+same experts on fake-quantized activations, ``mxfp4-moe-emulation``'s math) to 2^-5 of the
+output's largest magnitude (far below what a wrong expert, scale or routing weight gives); a mismatch
 makes the script exit 1 after writing what it measured.
 
     python bench/mxfp4/moe.py --out bench/results/mxfp4-moe-h200       # about 2 minutes
@@ -62,7 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="distinct random experts, copied to fill all (the contents do not "
                         "change the speed; every expert still has its own memory)")
     p.add_argument("--configs", default="",
-                   help="also time the two grouped GEMMs alone (W4A16, routing made "
+                   help="also time the two grouped GEMMs alone (W4A16: SwiGLU in the first, "
+                        "routing weights in the second; routing made "
                         "beforehand) with each of these launch shapes, e.g. n64k128w4s3,"
                         "n128k256w8s3 (triton_grouped.GroupedConfig.parse)")
     add_timing_args(p, rep_ms=60.0)
@@ -87,12 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     import triton
     from kernelbay.formats import dequantize_mx, quantize_mx
     from kernelbay.layers.expert_blocks import expert_blocks
-    from kernelbay.layers.moe import (
-        MOE_EXPERTS_ROLE,
-        combine_experts,
-        expert_tensor,
-    )
+    from kernelbay.layers.moe import MOE_EXPERTS_ROLE, combine_experts, expert_tensor, swiglu
     from kernelbay.requests import LinearRequest, QuantScheme
+    from kernelbay_quant_mxfp4_rocm.emulation import MX_ACTIVATIONS, fake_quantize_mx
     from kernelbay_quant_mxfp4_rocm.triton_gemm import mxfp4_gemm
     from kernelbay_quant_mxfp4_rocm.triton_grouped import (
         GroupedConfig,
@@ -138,6 +137,17 @@ def main(argv: list[str] | None = None) -> int:
             return mxfp4_gemm(F.silu(gu[:, :inter]) * gu[:, inter:], q2[e], s2[e])
         return combine_experts(x, ids, wts, H, expert_mlp, num_experts=E)
 
+    def mx_reference(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor) -> torch.Tensor:
+        # the emulation's math (mxfp4-moe-emulation): activations and SwiGLU output
+        # fake-quantized, float32 matmuls on the dequantized weights (exact in bf16)
+        elem = MX_ACTIVATIONS[args.activation]
+        xq = fake_quantize_mx(x, elem, "even")
+
+        def expert_mlp(e: int, tokens: torch.Tensor) -> torch.Tensor:
+            h = fake_quantize_mx(swiglu(F.linear(xq[tokens], w13[e].float())), elem, "even")
+            return F.linear(h, w2[e].float())
+        return combine_experts(x, ids, wts, H, expert_mlp, num_experts=E)
+
     def timed(fn: Callable[[], Any], graph: bool = False) -> float:
         return timed_us(fn, dev, settle_s=args.settle_s, rep_ms=args.rep_ms, graph=graph)
 
@@ -149,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     def measure(t: int) -> dict[str, Any]:
         ids, wts = uniform_routing(t, E, K, cpu_gen, dev)
         x = torch.randn(t, H, generator=gen, device=dev).bfloat16()
-        check, row = bf16_baselines(x, ids, wts, w13, w2, timed, failures, notes)
+        reference = None
+        if args.activation is not None:
+            reference = (f"the experts on {args.activation} activations", mx_reference(x, ids, wts))
+        check, row = bf16_baselines(x, ids, wts, w13, w2, timed, failures, notes, reference)
         row = {"tokens": t, **row}
         check("mxfp4 grouped", method.apply_moe(layer, x, ids, wts))
         if args.activation is None:
@@ -162,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         h = torch.randn(ids.numel(), inter, generator=gen, device=dev).bfloat16()
         for c in dict.fromkeys([GroupedConfig(), *configs]):
             row[f"gemms_{c.name}_graph_us"] = timed(lambda c=c: (
-                grouped_mxfp4_gemm(x, q13, s13, blocks, gather=True, out_dtype=torch.bfloat16,
-                                   scale_max=128, config=c),
-                grouped_mxfp4_gemm(h, q2, s2, blocks, gather=False, out_dtype=torch.bfloat16,
-                                   scale_max=128, config=c)), True)
+                grouped_mxfp4_gemm(x, q13, s13, blocks, gather=True, gated=True,
+                                   out_dtype=torch.bfloat16, scale_max=128, config=c),
+                grouped_mxfp4_gemm(h, q2, s2, blocks, gather=False, routing_weights=wts,
+                                   out_dtype=torch.float32, scale_max=128, config=c)), True)
         return row
 
     for t in [int(v) for v in args.tokens.split(",")]:

@@ -9,7 +9,6 @@ import torch
 from kernelbay.formats import dequantize_mx, quantize_mx
 from kernelbay.layers.expert_blocks import expert_blocks
 from kernelbay.layers.moe import CAPTURED_EXPERTS_PER_ROUTED
-from kernelbay.testing.capture import simulated_capture
 
 pytest.importorskip("triton")
 
@@ -43,13 +42,20 @@ def _experts(experts: int, n: int, k: int, gen: torch.Generator
 
 
 def _want(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor,
-          gather: bool) -> torch.Tensor:
-    """Row s: the input row times expert ids.flatten()[s]'s dequantized weight, float64."""
+          gather: bool, gated: bool = False, weights: torch.Tensor | None = None
+          ) -> torch.Tensor:
+    """Row s: the input row times expert ids.flatten()[s]'s dequantized weight, float64
+    (``gated``: SiLU of the first half of the columns times the second; ``weights``: times the
+    slot's weight)."""
     dense = dequantize_mx(packed, scales, "e2m1").double()
     flat = ids.reshape(-1)
     rows = torch.arange(flat.numel()) // ids.shape[1] if gather else torch.arange(flat.numel())
-    return torch.stack([x[r].double() @ dense[e].T for r, e in zip(rows, flat.tolist(),
-                                                                   strict=True)])
+    out = torch.stack([x[r].double() @ dense[e].T for r, e in zip(rows, flat.tolist(),
+                                                                  strict=True)])
+    if gated:
+        gate, up = out.chunk(2, dim=-1)
+        out = torch.nn.functional.silu(gate) * up
+    return out if weights is None else out * weights.reshape(-1, 1).double()
 
 
 @pytest.mark.parametrize(("tokens", "top_k", "experts", "n", "k", "block_m"), [
@@ -57,9 +63,12 @@ def _want(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, ids: torc
     (1, 4, 6, 32, 64, 16),     # one token, experts unused
     (37, 3, 4, 24, 128, 32),   # blocks of 32 rows, experts with several blocks
 ])
-@pytest.mark.parametrize("gather", [True, False])
+@pytest.mark.parametrize(("gather", "gated", "weighted"), [
+    (True, False, False), (False, False, False), (True, True, False), (False, False, True)])
 def test_grouped_gemm_matches_the_reference(tokens: int, top_k: int, experts: int, n: int,
-                                            k: int, block_m: int, gather: bool) -> None:
+                                            k: int, block_m: int, gather: bool, gated: bool,
+                                            weighted: bool) -> None:
+    """Plain, gated (gate/up rows with SwiGLU in float32) and weighted by routing weights."""
     gen = torch.Generator().manual_seed(tokens * 100 + n)
     packed, scales = _experts(experts, n, k, gen)
     ids = torch.randint(0, experts, (tokens, top_k), generator=gen)
@@ -68,13 +77,17 @@ def test_grouped_gemm_matches_the_reference(tokens: int, top_k: int, experts: in
     x = torch.randn(rows, k, generator=gen).bfloat16()
     x[-1, :32] = 0.0
     blocks = expert_blocks(ids.to(DEVICE), experts, block_m)
+    weights = torch.rand(tokens, top_k, generator=gen) if weighted else None
     got = grouped_mxfp4_gemm(x.to(DEVICE), packed.to(DEVICE), scales.to(DEVICE), blocks,
-                             gather=gather, out_dtype=torch.float32).cpu()
-    want = _want(x, packed, scales, ids, gather)
+                             gather=gather, gated=gated, out_dtype=torch.float32,
+                             routing_weights=None if weights is None else weights.to(DEVICE)
+                             ).cpu()
+    want = _want(x, packed, scales, ids, gather, gated, weights)
     nan = want.isnan()  # the NaN block reaches the rows routed to the last expert
     assert torch.equal(got.isnan(), nan)
-    # exact products, float32 sums in another order than float64's
-    torch.testing.assert_close(got[~nan].double(), want[~nan], rtol=1e-5, atol=1e-30)
+    # exact products, float32 sums in another order than float64's (and float32 SiLU)
+    torch.testing.assert_close(got[~nan].double(), want[~nan], rtol=1e-5,
+                               atol=1e-5 * float(want[~nan].abs().max()) if gated else 1e-30)
 
 
 def test_bf16_output_is_the_rounded_float32_result() -> None:
@@ -102,6 +115,12 @@ def test_bad_operands_name_what_was_expected() -> None:
                            out_dtype=torch.float32)
     with pytest.raises(ValueError, match=r"x must be bfloat16 \[2, 64\]"):
         grouped_mxfp4_gemm(x, packed, scales, blocks, gather=False, out_dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"routing_weights must hold one weight per slot \(2\)"):
+        grouped_mxfp4_gemm(x, packed, scales, blocks, gather=True, out_dtype=torch.float32,
+                           routing_weights=torch.ones(3))
+    with pytest.raises(ValueError, match="gated weight rows must be gate then up"):
+        grouped_mxfp4_gemm(x, packed[:, :7], scales[:, :7], blocks, gather=True, gated=True,
+                           out_dtype=torch.float32)
     with pytest.raises(ValueError, match="block_k=48 must be a multiple of 32"):
         grouped_mxfp4_gemm(x, packed, scales, blocks, gather=True, out_dtype=torch.float32,
                            config=GroupedConfig(16, 48, 1, 1))
@@ -118,6 +137,8 @@ def test_block_rows_grow_with_the_slots_per_expert() -> None:
 def test_moe_runs_inside_a_capture_as_eagerly(activation: str | None) -> None:
     """Nothing on the host: the layer runs inside a (simulated) capture exactly as eagerly,
     also where running every expert on every token would be refused (16 experts, 2 routed)."""
+    from kernelbay.testing.capture import simulated_capture  # imports the engine
+
     experts, hidden, inter = 2 * CAPTURED_EXPERTS_PER_ROUTED, 64, 32
     request = _request(mx(activation), experts, hidden, inter)
     method, emulation = Mxfp4MoETriton(request), Mxfp4MoEEmulation(request)

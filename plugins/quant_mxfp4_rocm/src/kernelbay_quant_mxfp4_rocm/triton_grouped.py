@@ -10,7 +10,10 @@ projection, for ``mxfp4-moe-triton``.
 decodes each K step in registers with the dense GEMM's decode (``triton_decode.decode_e2m1``,
 exact bf16), multiplies the block's bf16 activation rows gathered by slot (row ``slot //
 top_k`` of x for gate/up, row ``slot`` of h for down) with float32 accumulation, and stores
-row ``slot`` of the output. Pad rows (slot ``num_slots``) are masked; blocks past the used
+row ``slot`` of the output. The gate/up GEMM can take gate and up rows in one program and
+store ``SiLU(gate) * up`` (``gated``), the down GEMM each row times its slot's routing
+weight (``routing_weights``): the layer is then four launches (routing, two GEMMs, the
+sum over each token's slots). Pad rows (slot ``num_slots``) are masked; blocks past the used
 ones (expert ``-1``) return at once, so the grid depends on the shapes alone and nothing is
 read on the host: a decode step that runs these GEMMs can be captured in a CUDA graph.
 Imported lazily by the MoE method (this module imports triton).
@@ -40,10 +43,12 @@ __all__ = ["GroupedConfig", "block_rows", "grouped_mxfp4_gemm"]
 @dataclass(frozen=True)
 class GroupedConfig:
     """Launch shape of one grouped GEMM: weight rows and K elements per program, warps,
-    pipeline stages (rows per block come from the ``ExpertBlocks``)."""
+    pipeline stages (rows per block come from the ``ExpertBlocks``). The default was the
+    fastest of six from 1 to 256 tokens and within 1% of the fastest at 1024 on an H100
+    (``bench/results/mxfp4-moe-h100.md``)."""
 
     block_n: int = 64
-    block_k: int = 128
+    block_k: int = 256
     num_warps: int = 4
     num_stages: int = 3
 
@@ -83,20 +88,41 @@ def block_rows(num_slots: int, num_experts: int) -> int:
 
 
 @triton.jit
-def _grouped_kernel(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, out_ptr, N, K, num_slots,
-                    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_om,
-                    ROW_DIV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _weight_tile(w_rows, s_rows, x_tile, acc, k0, n_ok, K, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr,
+                 FAST: tl.constexpr, INTERPRET: tl.constexpr):
+    """``acc + x_tile @ W[rows, k0:k0 + BLOCK_K]^T``, the weight tile decoded in registers."""
+    KW: tl.constexpr = BLOCK_K // 4
+    kw = k0 // 4 + tl.arange(0, KW)
+    ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    if EVEN_K:
+        w_ok = n_ok[:, None]
+        s_ok = n_ok[:, None]
+    else:
+        w_ok = n_ok[:, None] & (kw[None, :] < K // 4)
+        s_ok = n_ok[:, None] & (ks[None, :] < K // 32)
+    halves = tl.load(w_rows + kw[None, :], mask=w_ok, other=0)
+    sb = tl.load(s_rows + ks[None, :], mask=s_ok, other=0)
+    w = decode_e2m1(halves, sb.to(tl.int32), BLOCK_N, KW, ASM, FAST)
+    return weight_dot(x_tile, w, acc, False, INTERPRET)
+
+
+@triton.jit
+def _grouped_kernel(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, rw_ptr, out_ptr, N, K,
+                    num_slots, stride_xm, stride_we, stride_wn, stride_se, stride_sn,
+                    stride_om, ROW_DIV: tl.constexpr, GATED: tl.constexpr,
+                    WEIGHTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr,
                     FAST: tl.constexpr, INTERPRET: tl.constexpr, OUT_BF16_BITS: tl.constexpr):
     # x_ptr: bf16 activation rows, gathered at slot // ROW_DIV; slot_ptr / expert_ptr: the
-    # ExpertBlocks tensors; w_ptr: int16 halfwords [E, N, K/4]; s_ptr: E8M0 bytes
-    # [E, N, K/32]; out_ptr: [num_slots, N], row slot.
+    # ExpertBlocks tensors; w_ptr: int16 halfwords [E, N (GATED: 2N), K/4]; s_ptr: E8M0
+    # bytes alike; rw_ptr (WEIGHTED): float32 routing weights [num_slots]; out_ptr:
+    # [num_slots, N], row slot. GATED: rows n and N + n of the expert's weight are gate and
+    # up, and the tile stored is SiLU(gate) * up (float32, then the store's rounding).
     pid_n = tl.program_id(0)
     pid_b = tl.program_id(1)
     expert = tl.load(expert_ptr + pid_b)
     if expert >= 0:
-        KW: tl.constexpr = BLOCK_K // 4
-        KS: tl.constexpr = BLOCK_K // 32
         slots = tl.load(slot_ptr + pid_b * BLOCK_M + tl.arange(0, BLOCK_M))
         m_ok = slots < num_slots
         rows = tl.where(m_ok, slots // ROW_DIV, 0).to(tl.int64)
@@ -107,27 +133,23 @@ def _grouped_kernel(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, out_ptr, N, K, nu
         w_rows = w_ptr + e * stride_we + rn64[:, None] * stride_wn
         s_rows = s_ptr + e * stride_se + rn64[:, None] * stride_sn
         x_rows = x_ptr + rows[:, None] * stride_xm
-        rw = tl.arange(0, KW)
-        rs = tl.arange(0, KS)
         rk = tl.arange(0, BLOCK_K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if GATED:
+            up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            kw = k0 // 4 + rw
-            ks = k0 // 32 + rs
             kk = k0 + rk
-            if EVEN_K:
-                w_ok = n_ok[:, None]
-                s_ok = n_ok[:, None]
-                x_ok = m_ok[:, None]
-            else:
-                w_ok = n_ok[:, None] & (kw[None, :] < K // 4)
-                s_ok = n_ok[:, None] & (ks[None, :] < K // 32)
-                x_ok = m_ok[:, None] & (kk[None, :] < K)
-            halves = tl.load(w_rows + kw[None, :], mask=w_ok, other=0)
-            sb = tl.load(s_rows + ks[None, :], mask=s_ok, other=0)
+            x_ok = m_ok[:, None] if EVEN_K else m_ok[:, None] & (kk[None, :] < K)
             xa = tl.load(x_rows + kk[None, :], mask=x_ok, other=0.0).to(tl.bfloat16)
-            w = decode_e2m1(halves, sb.to(tl.int32), BLOCK_N, KW, ASM, FAST)
-            acc = weight_dot(xa, w, acc, False, INTERPRET)
+            acc = _weight_tile(w_rows, s_rows, xa, acc, k0, n_ok, K, BLOCK_N, BLOCK_K, EVEN_K,
+                               ASM, FAST, INTERPRET)
+            if GATED:
+                up = _weight_tile(w_rows + N * stride_wn, s_rows + N * stride_sn, xa, up, k0,
+                                  n_ok, K, BLOCK_N, BLOCK_K, EVEN_K, ASM, FAST, INTERPRET)
+        if GATED:  # SiLU(gate) * up in float32, as the fused SwiGLU kernels compute it
+            acc = acc / (1.0 + tl.exp(-acc)) * up
+        if WEIGHTED:
+            acc = acc * tl.load(rw_ptr + slots, mask=m_ok, other=0.0)[:, None]
         o_ptr = out_ptr + slots.to(tl.int64)[:, None] * stride_om + rn64[None, :]
         if OUT_BF16_BITS:  # noqa: SIM108 (a constexpr branch, not a runtime select)
             out = _bf16_bits_rne(acc)
@@ -138,31 +160,42 @@ def _grouped_kernel(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, out_ptr, N, K, nu
 
 def grouped_mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                        blocks: ExpertBlocks, *, gather: bool, out_dtype: torch.dtype,
+                       gated: bool = False, routing_weights: torch.Tensor | None = None,
                        scale_max: int | None = None,
                        config: GroupedConfig | None = None) -> torch.Tensor:
-    """Row ``s`` of the result [num_slots, N] is ``x[s // top_k if gather else s] @
-    dequantize_mx(weight[e], weight_scale[e], "e2m1")^T`` for slot s's expert e.
+    """Row ``s`` of the result is ``x[s // top_k if gather else s] @ dequantize_mx(weight[e],
+    weight_scale[e], "e2m1")^T`` for slot s's expert e, [num_slots, N] in ``out_dtype``.
 
     ``x`` bf16 [rows, K]; ``weight`` the experts' packed E2M1 uint8 [E, N, K/2] (checkpoint
     layout), ``weight_scale`` their E8M0 bytes uint8 [E, N, K/32]; ``blocks`` from
-    ``expert_blocks(topk_ids, E, block_rows(...))``; ``scale_max``: the largest scale byte
-    (at most 128 selects the single-multiply decode, as in ``mxfp4_gemm``). Slots routed to
-    an expert outside [0, E) are in no block and their rows are left unwritten."""
+    ``expert_blocks(topk_ids, E, block_rows(...))``. ``gated``: the weight's rows are gate
+    then up ([E, 2I, K/2]) and the result [num_slots, I] is ``SiLU(gate) * up``, computed in
+    float32 before the store. ``routing_weights`` [T, top_k]: each row times its slot's
+    weight (float32) before the store. ``scale_max``: the largest scale byte (at most 128
+    selects the single-multiply decode, as in ``mxfp4_gemm``). Slots routed to an expert
+    outside [0, E) are in no block and their rows are left unwritten."""
     import torch
 
     if weight.dim() != 3 or weight.dtype != torch.uint8:
         raise ValueError(f"grouped_mxfp4_gemm: weight must be packed E2M1 uint8 [E, N, K/2], "
                          f"got {weight.dtype} {tuple(weight.shape)}")
-    experts, n, k = weight.shape[0], weight.shape[1], weight.shape[2] * 2
-    if k % 32 or tuple(weight_scale.shape) != (experts, n, k // 32) \
+    experts, rows_w, k = weight.shape[0], weight.shape[1], weight.shape[2] * 2
+    if k % 32 or tuple(weight_scale.shape) != (experts, rows_w, k // 32) \
             or weight_scale.dtype != torch.uint8:
-        raise ValueError(f"grouped_mxfp4_gemm: weight_scale must be uint8 [{experts}, {n}, "
+        raise ValueError(f"grouped_mxfp4_gemm: weight_scale must be uint8 [{experts}, {rows_w}, "
                          f"{k // 32}] and K={k} a multiple of 32, got {weight_scale.dtype} "
                          f"{tuple(weight_scale.shape)}")
+    if gated and rows_w % 2:
+        raise ValueError(f"grouped_mxfp4_gemm: gated weight rows must be gate then up (an even "
+                         f"count), got {rows_w}")
+    n = rows_w // 2 if gated else rows_w
     rows = blocks.num_slots // blocks.top_k if gather else blocks.num_slots
     if x.dtype != torch.bfloat16 or tuple(x.shape) != (rows, k):
         raise ValueError(f"grouped_mxfp4_gemm: x must be bfloat16 [{rows}, {k}], got {x.dtype} "
                          f"{tuple(x.shape)}")
+    if routing_weights is not None and routing_weights.numel() != blocks.num_slots:
+        raise ValueError(f"grouped_mxfp4_gemm: routing_weights must hold one weight per slot "
+                         f"({blocks.num_slots}), got shape {tuple(routing_weights.shape)}")
     out = torch.empty(blocks.num_slots, n, dtype=out_dtype, device=x.device)
     if blocks.num_slots == 0 or n == 0:
         return out
@@ -173,13 +206,16 @@ def grouped_mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
     x = x if x.stride(-1) == 1 else x.contiguous()
     halves = weight.contiguous().view(torch.int16)
     scales = weight_scale.contiguous()
+    weights = (out if routing_weights is None  # unread without WEIGHTED
+               else routing_weights.reshape(-1).to(torch.float32).contiguous())
     out_bits = interpret and out_dtype == torch.bfloat16
     grid = (triton.cdiv(n, cfg.block_n), blocks.max_blocks)
     _grouped_kernel[grid](
-        x, blocks.slots, blocks.experts, halves, scales,
+        x, blocks.slots, blocks.experts, halves, scales, weights,
         out.view(torch.int16) if out_bits else out, n, k, blocks.num_slots,
         x.stride(0), halves.stride(0), halves.stride(1), scales.stride(0), scales.stride(1),
-        out.stride(0), ROW_DIV=blocks.top_k if gather else 1, BLOCK_M=blocks.block_m,
+        out.stride(0), ROW_DIV=blocks.top_k if gather else 1, GATED=gated,
+        WEIGHTED=routing_weights is not None, BLOCK_M=blocks.block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
         ASM=not interpret and _asm_target(),
         FAST=scale_max is not None and scale_max <= FAST_SCALE_MAX_BYTE,

@@ -6,17 +6,19 @@ device (``kernelbay.layers.expert_blocks``), and ``triton_grouped.grouped_mxfp4_
 each block of one expert's slots against that expert's weight. Math
 (``mxfp4-moe-emulation``'s, which the tests compare with), per slot s of expert e::
 
-    weight-only:    gu[s] = x[s // K] @ W13[e]^T                   bf16 [T * K, 2I]
-                    h  = silu(gu[:, :I]) * gu[:, I:]                bf16 (torch, as TorchMoE)
-                    y[s] = h[s] @ W2[e]^T                           bf16
+    weight-only:    g, u = x[s // K] @ W13[e]^T (gate, up rows)    float32, one GEMM
+                    h[s] = silu(g) * u                              stored in bf16
+                    y[s] = w[s] * (h[s] @ W2[e]^T)                  float32
     MX activations: xq, xs = quantize_mx(x)                        once for all tokens
                     gu[s] = dec(xq, xs)[s // K] @ W13[e]^T         float32
                     hq, hs = swiglu_quantize_mx(gu[:, :I], gu[:, I:])   fused kernel
-                    y[s] = dec(hq, hs)[s] @ W2[e]^T                 float32
+                    y[s] = w[s] * (dec(hq, hs)[s] @ W2[e]^T)        float32
 
 ``dec`` is ``triton_gemm.decode_activations`` (the MX values, exact in bf16 but for E4M3
-subnormals of blocks with X < -118, rounded once as the reference rounds them); then
-``out[t] = sum_k topk_weights[t, k] * y[t * K + k]`` in float32, in slot order. Nothing is
+subnormals of blocks with X < -118, rounded once as the reference rounds them) and ``w[s]``
+the slot's routing weight; then ``out[t] = sum_k y[t * K + k]`` in float32, in slot order,
+cast to x's dtype. (The emulation rounds gate/up to bf16 before SiLU, as ``TorchMoE``
+does; the fused weight-only path rounds once, after it.) Nothing is
 read on the host, so the layer runs inside a captured CUDA graph as it runs eagerly (the
 per-expert loop it replaced read the routing on the host, and a captured step ran every
 expert on every token, or was refused). The fused SwiGLU kernel computes ``silu * up`` in
@@ -111,7 +113,6 @@ class Mxfp4MoETriton(Mxfp4MoEEmulation):
     def apply_moe(self, layer: torch.nn.Module, x: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor) -> torch.Tensor:
         import torch
-        import torch.nn.functional as F
         from kernelbay.layers.expert_blocks import expert_blocks
 
         from kernelbay_quant_mxfp4_rocm import triton_mx
@@ -136,17 +137,16 @@ class Mxfp4MoETriton(Mxfp4MoEEmulation):
         # MX activations: quantized once for all tokens (blocks lie within a row), decoded to
         # their exact bf16 values once, then gathered by slot like bf16 ones
         xb = x if elem is None else decode_activations(*triton_mx.quantize_mx(x, elem, rule))
-        wide = torch.bfloat16 if elem is None else torch.float32
-        gu = grouped_mxfp4_gemm(xb, w13, s13, blocks, gather=True, out_dtype=wide,
-                                scale_max=top13)
-        if elem is None:  # bf16, as TorchMoE
-            h = F.silu(gu[:, :inter]) * gu[:, inter:]
-        else:
+        if elem is None:  # SiLU(gate) * up in the gate/up GEMM, stored in bf16
+            h = grouped_mxfp4_gemm(xb, w13, s13, blocks, gather=True, gated=True,
+                                   out_dtype=torch.bfloat16, scale_max=top13)
+        else:  # float32 gate/up, then the fused SwiGLU + MX quantizer
+            gu = grouped_mxfp4_gemm(xb, w13, s13, blocks, gather=True, out_dtype=torch.float32,
+                                    scale_max=top13)
             h = decode_activations(*triton_mx.swiglu_quantize_mx(gu[:, :inter], gu[:, inter:],
                                                                  elem, rule))
-        y = grouped_mxfp4_gemm(h, w2, s2, blocks, gather=False, out_dtype=wide,
-                               scale_max=top2)
-        # each token's slots weighted and added in slot order (float32, deterministic)
-        out = (y.view(tokens, top_k, hidden).float()
-               * topk_weights.float().view(tokens, top_k, 1)).sum(1)
+        y = grouped_mxfp4_gemm(h, w2, s2, blocks, gather=False, routing_weights=topk_weights,
+                               out_dtype=torch.float32, scale_max=top2)
+        # each token's weighted slot outputs added in slot order (float32, deterministic)
+        out = y.view(tokens, top_k, hidden).sum(1)
         return out.to(x.dtype)
