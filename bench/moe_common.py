@@ -45,35 +45,38 @@ def uniform_routing(tokens: int, experts: int, top_k: int, gen: torch.Generator,
 
 def bf16_baselines(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, w13: torch.Tensor,
                    w2: torch.Tensor, timed: Callable[..., float], failures: list[str],
-                   notes: set[str]) -> tuple[Callable[[str, torch.Tensor], float],
-                                             dict[str, Any]]:
+                   notes: set[str], reference: tuple[str, torch.Tensor] | None = None
+                   ) -> tuple[Callable[[str, torch.Tensor], float], dict[str, Any]]:
     """The bf16 experts of one routing, timed: ``bf16_us`` (per expert, the routing read on
     the host, eager) and ``bf16_grouped_graph_us`` (``bf16_grouped`` from a CUDA graph; a
     note instead where torch lacks the grouped GEMM), with ``routed_experts``. Returns them
-    and ``check(what, got)``, which compares a result with the per-expert one (to 2^-5 of its
-    largest magnitude: far below what a wrong expert, scale or routing weight gives), appends
-    a mismatch to ``failures`` and returns the largest error."""
+    and ``check(what, got)``, which compares a result with the per-expert one, or with
+    ``reference`` (its name and value: e.g. the same experts on quantized activations), to
+    2^-5 of its largest magnitude (far below what a wrong expert, scale or routing weight
+    gives), appends a mismatch to ``failures`` and returns the largest error."""
     import torch.nn.functional as F
     from kernelbay.layers.moe import swiglu_experts
 
-    want = swiglu_experts(x, ids, wts, w13, w2, F.linear)
-    scale = float(want.float().abs().amax())
+    def checker(against: str, want: torch.Tensor) -> Callable[[str, torch.Tensor], float]:
+        scale = float(want.float().abs().amax())
 
-    def check(what: str, got: torch.Tensor) -> float:
-        error = float((got.float() - want.float()).abs().amax())
-        if got.shape != want.shape or not error <= 2**-5 * max(scale, 1e-6):
-            failures.append(f"{what} vs bf16 per-expert at T={x.shape[0]}: max error "
-                            f"{error:.3g}, output scale {scale:.3g}")
-        return error
+        def check(what: str, got: torch.Tensor) -> float:
+            error = float((got.float() - want.float()).abs().amax())
+            if got.shape != want.shape or not error <= 2**-5 * max(scale, 1e-6):
+                failures.append(f"{what} vs {against} at T={x.shape[0]}: max error "
+                                f"{error:.3g}, output scale {scale:.3g}")
+            return error
+        return check
 
+    check_dense = checker("bf16 per-expert", swiglu_experts(x, ids, wts, w13, w2, F.linear))
     row: dict[str, Any] = {"routed_experts": len(set(ids.reshape(-1).tolist())),
                            "bf16_us": timed(lambda: swiglu_experts(x, ids, wts, w13, w2,
                                                                    F.linear))}
     try:
-        check("bf16 grouped", bf16_grouped(x, ids, wts, w13, w2))
+        check_dense("bf16 grouped", bf16_grouped(x, ids, wts, w13, w2))
     except (RuntimeError, AttributeError, NotImplementedError) as exc:
         notes.add(f"bf16 grouped (torch._grouped_mm) not run: {type(exc).__name__}: "
                   f"{str(exc)[:200]}")
     else:
         row["bf16_grouped_graph_us"] = timed(lambda: bf16_grouped(x, ids, wts, w13, w2), True)
-    return check, row
+    return (checker(*reference) if reference else check_dense), row
