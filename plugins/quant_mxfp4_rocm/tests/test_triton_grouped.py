@@ -62,9 +62,11 @@ def _want(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, ids: torc
     (5, 2, 3, 40, 96, 16),     # ragged N and K (K not a multiple of the 64-element tile)
     (1, 4, 6, 32, 64, 16),     # one token, experts unused
     (37, 3, 4, 24, 128, 32),   # blocks of 32 rows, experts with several blocks
+    (45, 3, 2, 16, 64, 64),    # blocks of 64 rows
 ])
 @pytest.mark.parametrize(("gather", "gated", "weighted"), [
-    (True, False, False), (False, False, False), (True, True, False), (False, False, True)])
+    (True, False, False), (False, False, False), (True, True, False), (False, False, True),
+    (True, True, True)])
 def test_grouped_gemm_matches_the_reference(tokens: int, top_k: int, experts: int, n: int,
                                             k: int, block_m: int, gather: bool, gated: bool,
                                             weighted: bool) -> None:
@@ -97,10 +99,12 @@ def test_bf16_output_is_the_rounded_float32_result() -> None:
     ids = torch.tensor([[0, 1], [1, 1], [1, 0]], device=DEVICE)
     x = torch.randn(3, 64, generator=gen).bfloat16().to(DEVICE)
     blocks = expert_blocks(ids, 2, 16)
-    wide = grouped_mxfp4_gemm(x, packed, scales, blocks, gather=True, out_dtype=torch.float32)
-    narrow = grouped_mxfp4_gemm(x, packed, scales, blocks, gather=True,
-                                out_dtype=torch.bfloat16)
-    assert narrow.dtype == torch.bfloat16 and torch.equal(narrow, wide.bfloat16())
+    for gated in (False, True):  # gated: SiLU(gate) * up, what the MoE layer stores in bf16
+        wide = grouped_mxfp4_gemm(x, packed, scales, blocks, gather=True, gated=gated,
+                                  out_dtype=torch.float32)
+        narrow = grouped_mxfp4_gemm(x, packed, scales, blocks, gather=True, gated=gated,
+                                    out_dtype=torch.bfloat16)
+        assert narrow.dtype == torch.bfloat16 and torch.equal(narrow, wide.bfloat16())
 
 
 def test_bad_operands_name_what_was_expected() -> None:
@@ -121,9 +125,11 @@ def test_bad_operands_name_what_was_expected() -> None:
     with pytest.raises(ValueError, match="gated weight rows must be gate then up"):
         grouped_mxfp4_gemm(x, packed[:, :7], scales[:, :7], blocks, gather=True, gated=True,
                            out_dtype=torch.float32)
-    with pytest.raises(ValueError, match="block_k=48 must be a multiple of 32"):
-        grouped_mxfp4_gemm(x, packed, scales, blocks, gather=True, out_dtype=torch.float32,
-                           config=GroupedConfig(16, 48, 1, 1))
+    for bad, name in ((GroupedConfig(16, 48, 1, 1), "block_k=48"),
+                      (GroupedConfig(8, 64, 1, 1), "block_n=8")):
+        with pytest.raises(ValueError, match=f"{name}; valid: a power of two"):
+            grouped_mxfp4_gemm(x, packed, scales, blocks, gather=True, out_dtype=torch.float32,
+                               config=bad)
 
 
 def test_block_rows_grow_with_the_slots_per_expert() -> None:

@@ -45,7 +45,8 @@ class GroupedConfig:
     """Launch shape of one grouped GEMM: weight rows and K elements per program, warps,
     pipeline stages (rows per block come from the ``ExpertBlocks``). The default was the
     fastest of six from 1 to 256 tokens and within 1% of the fastest at 1024 on an H100
-    (``bench/results/mxfp4-moe-h100.md``)."""
+    (``bench/results/mxfp4-moe-h100.md``), measured before the gate/up GEMM took both
+    halves (``gated``): to be swept again on that build."""
 
     block_n: int = 64
     block_k: int = 256
@@ -65,16 +66,23 @@ class GroupedConfig:
             raise ValueError(f"grouped config {text!r}; expected n<block_n>k<block_k>w<warps>"
                              "s<stages>, e.g. n64k128w4s3")
         config = cls(*(int(v) for v in found.groups()))
-        for what, value, low in (("block_n", config.block_n, 16), ("block_k", config.block_k, 32),
-                                 ("warps", config.num_warps, 1)):
-            if value < low or value & (value - 1):
-                raise ValueError(f"grouped config {text!r}: {what}={value}; valid: a power of "
-                                 f"two >= {low}")
-        if config.num_stages < 1:
-            raise ValueError(f"grouped config {text!r}: stages={config.num_stages}; valid: >= 1")
+        config.check(repr(text))
         return config
 
+    def check(self, what: str) -> None:
+        """``ValueError`` naming ``what`` unless the tile sizes and warps are powers of two
+        (block_n >= 16, the MMA's least; block_k >= 32, one MX block) and stages >= 1."""
+        for name, value, low in (("block_n", self.block_n, 16), ("block_k", self.block_k, 32),
+                                 ("warps", self.num_warps, 1)):
+            if value < low or value & (value - 1):
+                raise ValueError(f"grouped config {what}: {name}={value}; valid: a power of "
+                                 f"two >= {low}")
+        if self.num_stages < 1:
+            raise ValueError(f"grouped config {what}: stages={self.num_stages}; valid: >= 1")
 
+
+#: The most blocks one launch takes: the grid's second dimension (CUDA's limit).
+MAX_GRID_Y = 65535
 #: Small tiles under the interpreter, which runs every lane of a tile on the CPU.
 INTERPRETER_CONFIG = GroupedConfig(16, 64, 1, 1)
 
@@ -172,8 +180,10 @@ def grouped_mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
     then up ([E, 2I, K/2]) and the result [num_slots, I] is ``SiLU(gate) * up``, computed in
     float32 before the store. ``routing_weights`` [T, top_k]: each row times its slot's
     weight (float32) before the store. ``scale_max``: the largest scale byte (at most 128
-    selects the single-multiply decode, as in ``mxfp4_gemm``). Slots routed to an expert
-    outside [0, E) are in no block and their rows are left unwritten."""
+    selects the single-multiply decode, as in ``mxfp4_gemm``). Expert ids outside [0, E) are
+    not checked here (that would read them on the host): the torch routing of
+    ``expert_blocks`` fails on them, its Triton program leaves their slots out of every block,
+    and their rows of the result are then undefined."""
     import torch
 
     if weight.dim() != 3 or weight.dtype != torch.uint8:
@@ -189,7 +199,7 @@ def grouped_mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
         raise ValueError(f"grouped_mxfp4_gemm: gated weight rows must be gate then up (an even "
                          f"count), got {rows_w}")
     n = rows_w // 2 if gated else rows_w
-    rows = blocks.num_slots // blocks.top_k if gather else blocks.num_slots
+    rows = blocks.num_slots // max(blocks.top_k, 1) if gather else blocks.num_slots
     if x.dtype != torch.bfloat16 or tuple(x.shape) != (rows, k):
         raise ValueError(f"grouped_mxfp4_gemm: x must be bfloat16 [{rows}, {k}], got {x.dtype} "
                          f"{tuple(x.shape)}")
@@ -201,8 +211,10 @@ def grouped_mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
         return out
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     cfg = config or (INTERPRETER_CONFIG if interpret else GroupedConfig())
-    if cfg.block_k % 32 or cfg.block_k < 32:
-        raise ValueError(f"grouped_mxfp4_gemm: block_k={cfg.block_k} must be a multiple of 32")
+    cfg.check(f"{cfg.name} of grouped_mxfp4_gemm")
+    if blocks.max_blocks > MAX_GRID_Y:
+        raise ValueError(f"grouped_mxfp4_gemm: {blocks.max_blocks} blocks of {blocks.block_m} "
+                         f"rows exceed the launch grid's {MAX_GRID_Y} (split the tokens)")
     x = x if x.stride(-1) == 1 else x.contiguous()
     halves = weight.contiguous().view(torch.int16)
     scales = weight_scale.contiguous()
