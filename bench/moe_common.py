@@ -1,13 +1,31 @@
-"""Pieces the MoE benchmarks share (``bench/nvfp4/moe.py``, ``bench/mxfp4/moe.py``): the bf16
-grouped-GEMM baseline and the uniform random routing."""
+"""Pieces the MoE benchmarks share (``bench/nvfp4/moe.py``, ``bench/mxfp4/moe.py``): the layer's
+command-line options, the bf16 grouped-GEMM baseline and the uniform random routing."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+
+#: Token counts timed by default.
+TOKENS = (1, 4, 16, 64, 256, 1024)
+
+
+def add_layer_args(parser: argparse.ArgumentParser) -> None:
+    """The MoE layer's options: one DeepSeek-V3-family layer by default (``--experts 256
+    --top-k 8 --hidden 7168 --inter 2048``), ``--tokens``, ``--distinct``."""
+    parser.add_argument("--experts", type=int, default=256)
+    parser.add_argument("--top-k", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=7168)
+    parser.add_argument("--inter", type=int, default=2048, help="expert intermediate size")
+    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)),
+                        help="T list, e.g. 1,16")
+    parser.add_argument("--distinct", type=int, default=8,
+                        help="distinct random experts, copied to fill all (the contents do "
+                             "not change the speed; every expert still has its own memory)")
 
 
 def bf16_grouped(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, w13: torch.Tensor,

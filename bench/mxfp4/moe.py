@@ -23,8 +23,8 @@ E8M0 scales) of the distinct experts the routing selects over the mxfp4 graph ti
 
 Correctness: every result is checked against ``bf16 per-expert`` (with MX activations: the
 same experts on fake-quantized activations, ``mxfp4-moe-emulation``'s math) to 2^-5 of the
-output's largest magnitude (far below what a wrong expert, scale or routing weight gives); a mismatch
-makes the script exit 1 after writing what it measured.
+output's largest magnitude (far below what a wrong expert, scale or routing weight gives); a
+mismatch makes the script exit 1 after writing what it measured.
 
     python bench/mxfp4/moe.py --out bench/results/mxfp4-moe-h200       # about 2 minutes
     TRITON_INTERPRET=1 python bench/mxfp4/moe.py --device cpu --experts 4 --hidden 256 \\
@@ -41,27 +41,22 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from moe_common import bf16_baselines, uniform_routing  # from bench/, put on the path above
+from moe_common import (  # from bench/, put on the path above
+    add_layer_args,
+    bf16_baselines,
+    uniform_routing,
+)
 from report import write_results
 from settle import add_timing_args, timed_us
-
-TOKENS = (1, 4, 16, 64, 256, 1024)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for results.json / results.md")
-    p.add_argument("--experts", type=int, default=256)
-    p.add_argument("--top-k", type=int, default=8)
-    p.add_argument("--hidden", type=int, default=7168)
-    p.add_argument("--inter", type=int, default=2048, help="expert intermediate size")
-    p.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="T list, e.g. 1,16")
+    add_layer_args(p)
     p.add_argument("--activation", default=None,
                    choices=["mxfp4-dynamic", "mxfp8-dynamic"],
                    help="dynamic MX activations (default: bf16, W4A16)")
-    p.add_argument("--distinct", type=int, default=8,
-                   help="distinct random experts, copied to fill all (the contents do not "
-                        "change the speed; every expert still has its own memory)")
     p.add_argument("--configs", default="",
                    help="also time the two grouped GEMMs alone (W4A16: SwiGLU in the first, "
                         "routing weights in the second; routing made "
@@ -128,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = [GroupedConfig.parse(c) for c in args.configs.split(",") if c]
     q13, s13, q2, s2 = (layer.w13.data, layer.w13_scale.data, layer.w2.data,
                         layer.w2_scale.data)
+    top13, top2 = layer.mxfp4_scale_max13, layer.mxfp4_scale_max2  # what apply_moe passes
 
     def mxfp4_per_expert(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor
                          ) -> torch.Tensor:
@@ -161,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         x = torch.randn(t, H, generator=gen, device=dev).bfloat16()
         reference = None
         if args.activation is not None:
-            reference = (f"the experts on {args.activation} activations", mx_reference(x, ids, wts))
+            reference = (f"the experts on {args.activation} activations",
+                         mx_reference(x, ids, wts))
         check, row = bf16_baselines(x, ids, wts, w13, w2, timed, failures, notes, reference)
         row = {"tokens": t, **row}
         check("mxfp4 grouped", method.apply_moe(layer, x, ids, wts))
@@ -176,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         for c in dict.fromkeys([GroupedConfig(), *configs]):
             row[f"gemms_{c.name}_graph_us"] = timed(lambda c=c: (
                 grouped_mxfp4_gemm(x, q13, s13, blocks, gather=True, gated=True,
-                                   out_dtype=torch.bfloat16, scale_max=128, config=c),
+                                   out_dtype=torch.bfloat16, scale_max=top13, config=c),
                 grouped_mxfp4_gemm(h, q2, s2, blocks, gather=False, routing_weights=wts,
-                                   out_dtype=torch.float32, scale_max=128, config=c)), True)
+                                   out_dtype=torch.float32, scale_max=top2, config=c)), True)
         return row
 
     for t in [int(v) for v in args.tokens.split(",")]:

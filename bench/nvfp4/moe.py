@@ -39,26 +39,22 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from moe_common import bf16_baselines, uniform_routing  # from bench/, put on the path above
+from moe_common import (  # from bench/, put on the path above
+    add_layer_args,
+    bf16_baselines,
+    uniform_routing,
+)
 from report import write_results
 from settle import add_timing_args, timed_us
 
 HERE = Path(__file__).resolve().parent
-TOKENS = (1, 4, 16, 64, 256, 1024)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(HERE / "moe-results"),
                    help="folder for results.json / results.md")
-    p.add_argument("--experts", type=int, default=256)
-    p.add_argument("--top-k", type=int, default=8)
-    p.add_argument("--hidden", type=int, default=7168)
-    p.add_argument("--inter", type=int, default=2048, help="expert intermediate size")
-    p.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="T list, e.g. 1,16")
-    p.add_argument("--distinct", type=int, default=8,
-                   help="distinct random experts, copied to fill all (the contents do not "
-                        "change the speed; every expert still has its own memory)")
+    add_layer_args(p)
     add_timing_args(p, rep_ms=60.0)
     p.add_argument("--configs", default="",
                    help="also time the two grouped GEMMs alone (routing made beforehand) with "

@@ -13,9 +13,10 @@ top_k`` of x for gate/up, row ``slot`` of h for down) with float32 accumulation,
 row ``slot`` of the output. The gate/up GEMM can take gate and up rows in one program and
 store ``SiLU(gate) * up`` (``gated``), the down GEMM each row times its slot's routing
 weight (``routing_weights``): the weight-only layer is then five launches (routing, two
-GEMMs, the float32 sum over each token's slots, its cast). Pad rows (slot ``num_slots``) are masked; blocks past the used
-ones (expert ``-1``) return at once, so the grid depends on the shapes alone and nothing is
-read on the host: a decode step that runs these GEMMs can be captured in a CUDA graph.
+GEMMs, the float32 sum over each token's slots, its cast). Pad rows (slot ``num_slots``) are
+masked; blocks past the used ones (expert ``-1``) return at once, so the grid depends on the
+shapes alone and nothing is read on the host: a decode step that runs these GEMMs can be
+captured in a CUDA graph.
 Imported lazily by the MoE method (this module imports triton).
 """
 

@@ -18,10 +18,10 @@ each block of one expert's slots against that expert's weight. Math
 subnormals of blocks with X < -118, rounded once as the reference rounds them) and ``w[s]``
 the slot's routing weight; then ``out[t] = sum_k y[t * K + k]`` in float32, in slot order,
 cast to x's dtype. (The emulation rounds gate/up to bf16 before SiLU, as ``TorchMoE``
-does; the fused weight-only path rounds once, after it.) Nothing is
-read on the host, so the layer runs inside a captured CUDA graph as it runs eagerly (the
-per-expert loop it replaced read the routing on the host, and a captured step ran every
-expert on every token, or was refused). The fused SwiGLU kernel computes ``silu * up`` in
+does; the fused weight-only path rounds once, after it.) Nothing is read on the host, so the
+layer runs inside a captured CUDA graph as it runs eagerly (the per-expert loop it replaced
+read the routing on the host, and a captured step ran every expert on every token, or was
+refused). The fused SwiGLU kernel computes ``silu * up`` in
 float32 like the emulation and quantizes with the same rule (``swiglu.py`` is its reference).
 Chosen by ``KERNELBAY_MXFP4_MOE_BACKEND`` (``moe_backend``): ``auto`` on ROCm
 gfx942/gfx950, ``triton`` also on CUDA.
@@ -64,8 +64,8 @@ class Mxfp4MoETriton(Mxfp4MoEEmulation):
     api_version: ClassVar[str] = "1.0"
     priority: ClassVar[int] = 50
     batch_invariant: ClassVar[bool] = False  # rows per block depend on the batch
-    summary: ClassVar[str] = ("OCP MXFP4 routed experts on Triton (grouped GEMMs, fused SwiGLU + MX "
-                             "quantize)")
+    summary: ClassVar[str] = ("OCP MXFP4 routed experts on Triton (grouped GEMMs, fused "
+                              "SwiGLU + MX quantize)")
 
     @classmethod
     def can_implement(cls, request: LinearRequest, device: DeviceCapability) -> Verdict:
