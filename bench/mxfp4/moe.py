@@ -58,8 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    choices=["mxfp4-dynamic", "mxfp8-dynamic"],
                    help="dynamic MX activations (default: bf16, W4A16)")
     p.add_argument("--configs", default="",
-                   help="also time the two grouped GEMMs alone (W4A16: SwiGLU in the first, "
-                        "routing weights in the second; routing made "
+                   help="also time each grouped GEMM alone (W4A16: SwiGLU in the gate/up one, "
+                        "routing weights in the down one; routing made "
                         "beforehand) with each of these launch shapes, e.g. n64k128w4s3,"
                         "n128k256w8s3 (triton_grouped.GroupedConfig.parse)")
     add_timing_args(p, rep_ms=60.0)
@@ -171,11 +171,13 @@ def main(argv: list[str] | None = None) -> int:
         blocks = expert_blocks(ids, E, block_rows(ids.numel(), E))
         h = torch.randn(ids.numel(), inter, generator=gen, device=dev).bfloat16()
         for c in dict.fromkeys([GroupedConfig(), *configs]):
-            row[f"gemms_{c.name}_graph_us"] = timed(lambda c=c: (
-                grouped_mxfp4_gemm(x, q13, s13, blocks, gather=True, gated=True,
-                                   out_dtype=torch.bfloat16, scale_max=top13, config=c),
-                grouped_mxfp4_gemm(h, q2, s2, blocks, gather=False, routing_weights=wts,
-                                   out_dtype=torch.float32, scale_max=top2, config=c)), True)
+            # each GEMM timed alone: the two projections may prefer different launch shapes
+            row[f"gateup_{c.name}_graph_us"] = timed(lambda c=c: grouped_mxfp4_gemm(
+                x, q13, s13, blocks, gather=True, gated=True, out_dtype=torch.bfloat16,
+                scale_max=top13, config=c), True)
+            row[f"down_{c.name}_graph_us"] = timed(lambda c=c: grouped_mxfp4_gemm(
+                h, q2, s2, blocks, gather=False, routing_weights=wts, out_dtype=torch.float32,
+                scale_max=top2, config=c), True)
         return row
 
     for t in [int(v) for v in args.tokens.split(",")]:
@@ -222,13 +224,18 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{_cell(per)} | {r['grouped_us']:.1f} | "
                      f"{_cell(per and per / r['grouped_us'], 2)} | {_cell(dense)} | {g:.1f} | "
                      f"{_cell(dense and dense / g, 2)} | {r['weight_gbps']:.0f} |")
-    parts = [k for k in result["rows"][0] if k.startswith("gemms_")] if result["rows"] else []
-    if parts:
-        lines += ["", "The two grouped GEMMs alone (W4A16, routing made beforehand), replayed "
+    for gemm, what in (("gateup", "gate/up GEMM (gated: SiLU(gate) * up stored, bf16)"),
+                       ("down", "down GEMM (routing weights applied, float32 out)")):
+        parts = ([k for k in result["rows"][0] if k.startswith(gemm + "_")]
+                 if result["rows"] else [])
+        if not parts:
+            continue
+        lines += ["", f"The grouped {what} alone (W4A16, routing made beforehand), replayed "
                   "from a CUDA graph (us), per launch shape (`n` weight rows and `k` K elements "
                   "per program, `w` warps, `s` stages):", "",
-                  "| tokens | " + " | ".join(k[6:].removesuffix("_graph_us") for k in parts)
-                  + " |", "| ---: |" + " ---: |" * len(parts)]
+                  "| tokens | " + " | ".join(k[len(gemm) + 1:].removesuffix("_graph_us")
+                                           for k in parts) + " |",
+                  "| ---: |" + " ---: |" * len(parts)]
         lines += [f"| {r['tokens']} | " + " | ".join(f"{r[k]:.1f}" for k in parts) + " |"
                   for r in result["rows"]]
     lines += [f"Note: {n}" for n in result["notes"]]
