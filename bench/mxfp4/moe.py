@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "routing weights in the down one; routing made "
                         "beforehand) with each of these launch shapes, e.g. n64k128w4s3,"
                         "n128k256w8s3 (triton_grouped.GroupedConfig.parse)")
+    p.add_argument("--layout", default="auto", choices=["auto", "checkpoint", "fragment"],
+                   help="stacked expert weight layout (triton_grouped.EXPERT_LAYOUTS; auto: what "
+                        "the method stores on this machine), to compare them")
     add_timing_args(p, rep_ms=60.0)
     return p.parse_args(argv)
 
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["KERNELBAY_MXFP4_MOE_BACKEND"] = "triton"
     import torch.nn.functional as F
     import triton
-    from kernelbay.formats import dequantize_mx, quantize_mx
+    from kernelbay.formats import dequantize_mx, quantize_mx, unpack_e2m1_words
     from kernelbay.layers.expert_blocks import expert_blocks
     from kernelbay.layers.moe import MOE_EXPERTS_ROLE, combine_experts, expert_tensor, swiglu
     from kernelbay.requests import LinearRequest, QuantScheme
@@ -91,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     from kernelbay_quant_mxfp4_rocm.triton_grouped import (
         GroupedConfig,
         block_rows,
+        expert_layout,
         grouped_mxfp4_gemm,
+        layout_experts,
     )
     from kernelbay_quant_mxfp4_rocm.triton_moe import Mxfp4MoETriton
 
@@ -114,6 +119,13 @@ def main(argv: list[str] | None = None) -> int:
             getattr(layer, expert_tensor(e, p)).data.copy_(packed)
             getattr(layer, expert_tensor(e, p, "weight_scale")).data.copy_(scales)
     method.process_weights_after_loading(layer)
+    if args.layout != "auto":
+        for name in ("w13", "w2"):
+            held = getattr(layer, name)
+            if expert_layout(held.data) != "checkpoint":  # back to the bytes first
+                e, n = held.shape[:2]
+                held.data = unpack_e2m1_words(held.data.reshape(e * n, -1, 4)).view(e, n, -1)
+            held.data = layout_experts(held.data, args.layout)
     dense = {p: [dequantize_mx(*q, "e2m1").bfloat16() for q in qs] for p, qs in base.items()}
     w13 = torch.stack([torch.cat([dense["gate_proj"][e % distinct],
                                   dense["up_proj"][e % distinct]]) for e in range(E)])
@@ -193,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": name, "torch": torch.__version__, "triton": triton.__version__,
         "experts": E, "top_k": K, "hidden": H, "inter": inter,
         "activation": args.activation or "bf16", "settle_s": args.settle_s,
+        "layout": expert_layout(q13),
         "rows": rows, "failures": failures, "notes": sorted(notes),
     }
     return write_results(args.out, result, markdown(result), failures)
@@ -209,6 +222,7 @@ def markdown(result: dict[str, Any]) -> str:
              f"{result['date']}, torch {result['torch']}, triton {result['triton']}; "
              f"{result['experts']} experts, top-{result['top_k']}, hidden {result['hidden']}, "
              f"expert intermediate {result['inter']}, activations {result['activation']}, "
+             f"expert weights stored as {result.get('layout', 'checkpoint')} words, "
              "uniform random routing, bf16 weights = the MXFP4 ones dequantized. Eager times "
              "by CUDA events (launches and host reads of the routing included); graph = "
              "replayed from a CUDA graph. GB/s = routed experts' MXFP4 bytes / mxfp4 graph "

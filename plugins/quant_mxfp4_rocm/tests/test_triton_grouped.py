@@ -14,9 +14,12 @@ pytest.importorskip("triton")
 
 from kernelbay_quant_mxfp4_rocm.moe import Mxfp4MoEEmulation
 from kernelbay_quant_mxfp4_rocm.triton_grouped import (
+    EXPERT_LAYOUTS,
     GroupedConfig,
     block_rows,
+    expert_layout,
     grouped_mxfp4_gemm,
+    layout_experts,
 )
 from kernelbay_quant_mxfp4_rocm.triton_moe import Mxfp4MoETriton
 from test_mxfp4_moe import _load, _request, _routing, _weights, mx
@@ -67,12 +70,16 @@ def _want(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, ids: torc
 @pytest.mark.parametrize(("gather", "gated", "weighted"), [
     (True, False, False), (False, False, False), (True, True, False), (False, False, True),
     (True, True, True)])
+@pytest.mark.parametrize("layout", EXPERT_LAYOUTS)
 def test_grouped_gemm_matches_the_reference(tokens: int, top_k: int, experts: int, n: int,
                                             k: int, block_m: int, gather: bool, gated: bool,
-                                            weighted: bool) -> None:
-    """Plain, gated (gate/up rows with SwiGLU in float32) and weighted by routing weights."""
+                                            weighted: bool, layout: str) -> None:
+    """Plain, gated (gate/up rows with SwiGLU in float32) and weighted by routing weights,
+    from the checkpoint bytes and from the fragment-order words (the transposed product)."""
     gen = torch.Generator().manual_seed(tokens * 100 + n)
     packed, scales = _experts(experts, n, k, gen)
+    stored = layout_experts(packed, layout)
+    assert expert_layout(stored) == layout
     ids = torch.randint(0, experts, (tokens, top_k), generator=gen)
     ids[0] = ids[0, 0]  # a token routed to the same expert twice
     rows = tokens if gather else tokens * top_k
@@ -80,7 +87,7 @@ def test_grouped_gemm_matches_the_reference(tokens: int, top_k: int, experts: in
     x[-1, :32] = 0.0
     blocks = expert_blocks(ids.to(DEVICE), experts, block_m)
     weights = torch.rand(tokens, top_k, generator=gen) if weighted else None
-    got = grouped_mxfp4_gemm(x.to(DEVICE), packed.to(DEVICE), scales.to(DEVICE), blocks,
+    got = grouped_mxfp4_gemm(x.to(DEVICE), stored.to(DEVICE), scales.to(DEVICE), blocks,
                              gather=gather, gated=gated, out_dtype=torch.float32,
                              routing_weights=None if weights is None else weights.to(DEVICE)
                              ).cpu()
@@ -112,8 +119,17 @@ def test_bad_operands_name_what_was_expected() -> None:
     scales = torch.zeros(2, 8, 2, dtype=torch.uint8)
     blocks = expert_blocks(torch.tensor([[0, 1]]), 2, 16)
     x = torch.zeros(1, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"weight must be packed E2M1 uint8 \[E, N, K/2\]"):
+    with pytest.raises(ValueError, match=r"weight must be packed E2M1 uint8 \[E, N, K/2\] or "
+                       r"fragment-order words int32 \[E, N, K/32, 4\], got torch.uint8 "
+                       r"\(8, 32\)"):
         grouped_mxfp4_gemm(x, packed[0], scales, blocks, gather=True, out_dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"expert layout 'k'; valid: \('checkpoint', "
+                       r"'fragment'\)"):
+        layout_experts(packed, "k")
+    with pytest.raises(ValueError, match=r"weight_scale must be uint8 \[2, 8, 1\]"):
+        # fragment words of K = 32: the scales must follow the words' K
+        grouped_mxfp4_gemm(x, layout_experts(packed, "fragment")[:, :, :1], scales, blocks,
+                           gather=True, out_dtype=torch.float32)
     with pytest.raises(ValueError, match=r"weight_scale must be uint8 \[2, 8, 2\]"):
         grouped_mxfp4_gemm(x, packed, scales[:, :, :1], blocks, gather=True,
                            out_dtype=torch.float32)

@@ -31,14 +31,15 @@ import triton
 import triton.language as tl
 from kernelbay.formats.e2m1_words_triton import weight_dot
 
-from kernelbay_quant_mxfp4_rocm.triton_decode import decode_e2m1
+from kernelbay_quant_mxfp4_rocm.triton_decode import decode_e2m1, decode_e2m1_fragment
 from kernelbay_quant_mxfp4_rocm.triton_gemm import FAST_SCALE_MAX_BYTE, _asm_target, _bf16_bits_rne
 
 if TYPE_CHECKING:
     import torch
     from kernelbay.layers.expert_blocks import ExpertBlocks
 
-__all__ = ["GroupedConfig", "block_rows", "grouped_mxfp4_gemm"]
+__all__ = ["EXPERT_LAYOUTS", "GroupedConfig", "block_rows", "expert_layout", "grouped_mxfp4_gemm",
+           "layout_experts", "prepare_experts"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,47 @@ MAX_GRID_Y = 65535
 INTERPRETER_CONFIG = GroupedConfig(16, 64, 1, 1)
 
 
+#: Stacked expert weight layouts: the checkpoint's packed bytes uint8 [E, N, K/2] and the
+#: core's fragment-order words int32 [E, N, K/32, 4] (``kernelbay.formats.repack_e2m1_words``,
+#: per expert row, as the dense GEMM's ``fragment`` path reads them).
+EXPERT_LAYOUTS = ("checkpoint", "fragment")
+
+
+def expert_layout(weight: torch.Tensor) -> str:
+    """Which of ``EXPERT_LAYOUTS`` a stacked expert weight is in (``ValueError`` naming both
+    when neither)."""
+    import torch
+
+    if weight.dtype == torch.uint8 and weight.dim() == 3:
+        return "checkpoint"
+    if weight.dtype == torch.int32 and weight.dim() == 4 and weight.shape[-1] == 4:
+        return "fragment"
+    raise ValueError(f"grouped_mxfp4_gemm: weight must be packed E2M1 uint8 [E, N, K/2] or "
+                     f"fragment-order words int32 [E, N, K/32, 4], got {weight.dtype} "
+                     f"{tuple(weight.shape)}")
+
+
+def layout_experts(weight: torch.Tensor, layout: str) -> torch.Tensor:
+    """The stacked checkpoint bytes uint8 [E, N, K/2] in ``layout`` (``EXPERT_LAYOUTS``)."""
+    if layout not in EXPERT_LAYOUTS:
+        raise ValueError(f"grouped_mxfp4_gemm: expert layout {layout!r}; valid: "
+                         f"{EXPERT_LAYOUTS}")
+    if layout == "checkpoint":
+        return weight
+    from kernelbay.formats import repack_e2m1_words
+
+    experts, rows, half_k = weight.shape
+    words = repack_e2m1_words(weight.reshape(experts * rows, half_k).contiguous(), "fragment")
+    return words.view(experts, rows, half_k // 16, 4)
+
+
+def prepare_experts(weight: torch.Tensor) -> torch.Tensor:
+    """The stacked experts in the layout this machine's kernels read best: fragment-order
+    words where the PTX decode runs (the transposed product, the decoded tile the register
+    operand of the dot, as the dense GEMM's default), the checkpoint bytes elsewhere."""
+    return layout_experts(weight, "fragment" if _asm_target() else "checkpoint")
+
+
 def block_rows(num_slots: int, num_experts: int) -> int:
     """Rows per block of ``expert_blocks``: 16 while experts average at most 16 routed slots
     (decode: a block is one expert's few tokens, the smallest MMA tile), then 32 and 64
@@ -99,21 +141,27 @@ def block_rows(num_slots: int, num_experts: int) -> int:
 @triton.jit
 def _weight_tile(w_rows, s_rows, x_tile, acc, k0, n_ok, K, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr,
-                 FAST: tl.constexpr, INTERPRET: tl.constexpr):
-    """``acc + x_tile @ W[rows, k0:k0 + BLOCK_K]^T``, the weight tile decoded in registers."""
-    KW: tl.constexpr = BLOCK_K // 4
-    kw = k0 // 4 + tl.arange(0, KW)
+                 FAST: tl.constexpr, FRAGMENT: tl.constexpr, INTERPRET: tl.constexpr):
+    """``acc + x_tile @ W[rows, k0:k0 + BLOCK_K]^T``, the weight tile decoded in registers;
+    ``FRAGMENT``: the weight is fragment-order words and ``acc`` the transposed product
+    ([BLOCK_N, rows]: the decoded tile is the dot's register operand)."""
+    # words per K tile: halfwords (four codes) or fragment-order int32 words (eight)
+    KW: tl.constexpr = BLOCK_K // 8 if FRAGMENT else BLOCK_K // 4
+    kw = k0 // (BLOCK_K // KW) + tl.arange(0, KW)
     ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     if EVEN_K:
         w_ok = n_ok[:, None]
         s_ok = n_ok[:, None]
     else:
-        w_ok = n_ok[:, None] & (kw[None, :] < K // 4)
+        w_ok = n_ok[:, None] & (kw[None, :] < K // (BLOCK_K // KW))
         s_ok = n_ok[:, None] & (ks[None, :] < K // 32)
-    halves = tl.load(w_rows + kw[None, :], mask=w_ok, other=0)
+    words = tl.load(w_rows + kw[None, :], mask=w_ok, other=0)
     sb = tl.load(s_rows + ks[None, :], mask=s_ok, other=0)
-    w = decode_e2m1(halves, sb.to(tl.int32), BLOCK_N, KW, ASM, FAST)
-    return weight_dot(x_tile, w, acc, False, INTERPRET)
+    if FRAGMENT:
+        w = decode_e2m1_fragment(words, sb.to(tl.int32), BLOCK_N, KW, ASM, FAST)
+    else:
+        w = decode_e2m1(words, sb.to(tl.int32), BLOCK_N, KW, ASM, FAST)
+    return weight_dot(x_tile, w, acc, FRAGMENT, INTERPRET)
 
 
 @triton.jit
@@ -122,9 +170,11 @@ def _grouped_kernel(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, rw_ptr, out_ptr, 
                     stride_om, ROW_DIV: tl.constexpr, GATED: tl.constexpr,
                     WEIGHTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr,
-                    FAST: tl.constexpr, INTERPRET: tl.constexpr, OUT_BF16_BITS: tl.constexpr):
+                    FAST: tl.constexpr, FRAGMENT: tl.constexpr, INTERPRET: tl.constexpr,
+                    OUT_BF16_BITS: tl.constexpr):
     # x_ptr: bf16 activation rows, gathered at slot // ROW_DIV; slot_ptr / expert_ptr: the
-    # ExpertBlocks tensors; w_ptr: int16 halfwords [E, N (GATED: 2N), K/4]; s_ptr: E8M0
+    # ExpertBlocks tensors; w_ptr: int16 halfwords [E, N (GATED: 2N), K/4] (FRAGMENT: the
+    # fragment-order int32 words [E, N, K/8], accumulated transposed); s_ptr: E8M0
     # bytes alike; rw_ptr (WEIGHTED): float32 routing weights [num_slots]; out_ptr:
     # [num_slots, N], row slot. GATED: rows n and N + n of the expert's weight are gate and
     # up, and the tile stored is SiLU(gate) * up (float32, then the store's rounding).
@@ -143,20 +193,26 @@ def _grouped_kernel(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, rw_ptr, out_ptr, 
         s_rows = s_ptr + e * stride_se + rn64[:, None] * stride_sn
         x_rows = x_ptr + rows[:, None] * stride_xm
         rk = tl.arange(0, BLOCK_K)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if FRAGMENT:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if GATED:
-            up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            up = tl.zeros_like(acc)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + rk
             x_ok = m_ok[:, None] if EVEN_K else m_ok[:, None] & (kk[None, :] < K)
             xa = tl.load(x_rows + kk[None, :], mask=x_ok, other=0.0).to(tl.bfloat16)
             acc = _weight_tile(w_rows, s_rows, xa, acc, k0, n_ok, K, BLOCK_N, BLOCK_K, EVEN_K,
-                               ASM, FAST, INTERPRET)
+                               ASM, FAST, FRAGMENT, INTERPRET)
             if GATED:
                 up = _weight_tile(w_rows + N * stride_wn, s_rows + N * stride_sn, xa, up, k0,
-                                  n_ok, K, BLOCK_N, BLOCK_K, EVEN_K, ASM, FAST, INTERPRET)
+                                  n_ok, K, BLOCK_N, BLOCK_K, EVEN_K, ASM, FAST, FRAGMENT,
+                                  INTERPRET)
         if GATED:  # SiLU(gate) * up in float32, as the fused SwiGLU kernels compute it
             acc = acc / (1.0 + tl.exp(-acc)) * up
+        if FRAGMENT:
+            acc = tl.trans(acc)
         if WEIGHTED:
             acc = acc * tl.load(rw_ptr + slots, mask=m_ok, other=0.0)[:, None]
         o_ptr = out_ptr + slots.to(tl.int64)[:, None] * stride_om + rn64[None, :]
@@ -176,7 +232,8 @@ def grouped_mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
     weight_scale[e], "e2m1")^T`` for slot s's expert e, [num_slots, N] in ``out_dtype``.
 
     ``x`` bf16 [rows, K]; ``weight`` the experts' packed E2M1 uint8 [E, N, K/2] (checkpoint
-    layout), ``weight_scale`` their E8M0 bytes uint8 [E, N, K/32]; ``blocks`` from
+    layout) or its fragment-order words int32 [E, N, K/32, 4] (``prepare_experts``),
+    ``weight_scale`` their E8M0 bytes uint8 [E, N, K/32]; ``blocks`` from
     ``expert_blocks(topk_ids, E, block_rows(...))``. ``gated``: the weight's rows are gate
     then up ([E, 2I, K/2]) and the result [num_slots, I] is ``SiLU(gate) * up``, computed in
     float32 before the store. ``routing_weights`` [T, top_k]: each row times its slot's
@@ -187,10 +244,9 @@ def grouped_mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
     and their rows of the result are then undefined."""
     import torch
 
-    if weight.dim() != 3 or weight.dtype != torch.uint8:
-        raise ValueError(f"grouped_mxfp4_gemm: weight must be packed E2M1 uint8 [E, N, K/2], "
-                         f"got {weight.dtype} {tuple(weight.shape)}")
-    experts, rows_w, k = weight.shape[0], weight.shape[1], weight.shape[2] * 2
+    fragment = expert_layout(weight) == "fragment"
+    experts, rows_w = weight.shape[0], weight.shape[1]
+    k = weight.shape[2] * (32 if fragment else 2)
     if k % 32 or tuple(weight_scale.shape) != (experts, rows_w, k // 32) \
             or weight_scale.dtype != torch.uint8:
         raise ValueError(f"grouped_mxfp4_gemm: weight_scale must be uint8 [{experts}, {rows_w}, "
@@ -217,21 +273,23 @@ def grouped_mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
         raise ValueError(f"grouped_mxfp4_gemm: {blocks.max_blocks} blocks of {blocks.block_m} "
                          f"rows exceed the launch grid's {MAX_GRID_Y} (split the tokens)")
     x = x if x.stride(-1) == 1 else x.contiguous()
-    halves = weight.contiguous().view(torch.int16)
+    # int16 halfwords [E, N, K/4] or the fragment-order int32 words as [E, N, K/8]
+    words = (weight.contiguous().view(experts, rows_w, k // 8) if fragment
+             else weight.contiguous().view(torch.int16))
     scales = weight_scale.contiguous()
     weights = (out if routing_weights is None  # unread without WEIGHTED
                else routing_weights.reshape(-1).to(torch.float32).contiguous())
     out_bits = interpret and out_dtype == torch.bfloat16
     grid = (triton.cdiv(n, cfg.block_n), blocks.max_blocks)
     _grouped_kernel[grid](
-        x, blocks.slots, blocks.experts, halves, scales, weights,
+        x, blocks.slots, blocks.experts, words, scales, weights,
         out.view(torch.int16) if out_bits else out, n, k, blocks.num_slots,
-        x.stride(0), halves.stride(0), halves.stride(1), scales.stride(0), scales.stride(1),
+        x.stride(0), words.stride(0), words.stride(1), scales.stride(0), scales.stride(1),
         out.stride(0), ROW_DIV=blocks.top_k if gather else 1, GATED=gated,
         WEIGHTED=routing_weights is not None, BLOCK_M=blocks.block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
         ASM=not interpret and _asm_target(),
-        FAST=scale_max is not None and scale_max <= FAST_SCALE_MAX_BYTE,
+        FAST=scale_max is not None and scale_max <= FAST_SCALE_MAX_BYTE, FRAGMENT=fragment,
         INTERPRET=interpret, OUT_BF16_BITS=out_bits, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return out

@@ -94,10 +94,13 @@ class Mxfp4MoETriton(Mxfp4MoEEmulation):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Stack every expert's packed weights and scale bytes (``w13`` [E, 2I, H/2] gate
-        rows then up rows, ``w2`` [E, H, I/2], scales alike) and check the scales once."""
+        rows then up rows, ``w2`` [E, H, I/2], scales alike), store the weights in the layout
+        the grouped GEMM reads best here (``triton_grouped.prepare_experts``: fragment-order
+        words on CUDA) and check the scales once."""
         import torch
 
         from kernelbay_quant_mxfp4_rocm.triton_gemm import prepare_weight_scales
+        from kernelbay_quant_mxfp4_rocm.triton_grouped import prepare_experts
 
         packed13, packed2 = self.stack_experts(layer, "weight")
         scales13, scales2 = self.stack_experts(layer, "weight_scale")
@@ -106,8 +109,8 @@ class Mxfp4MoETriton(Mxfp4MoEEmulation):
         top2 = prepare_weight_scales(scales2, f"{self.name}: down weight_scale")
         object.__setattr__(layer, "mxfp4_scale_max13", top13)
         object.__setattr__(layer, "mxfp4_scale_max2", top2)
-        for name, value in (("w13", packed13), ("w13_scale", scales13), ("w2", packed2),
-                            ("w2_scale", scales2)):
+        for name, value in (("w13", prepare_experts(packed13)), ("w13_scale", scales13),
+                            ("w2", prepare_experts(packed2)), ("w2_scale", scales2)):
             setattr(layer, name, torch.nn.Parameter(value.contiguous(), requires_grad=False))
 
     def apply_moe(self, layer: torch.nn.Module, x: torch.Tensor, topk_ids: torch.Tensor,
@@ -127,7 +130,7 @@ class Mxfp4MoETriton(Mxfp4MoEEmulation):
         top13 = getattr(layer, "mxfp4_scale_max13", None)
         top2 = getattr(layer, "mxfp4_scale_max2", None)
         tokens, top_k = topk_ids.shape
-        hidden, inter = int(w2.shape[1]), int(w2.shape[-1]) * 2
+        hidden, inter = int(s2.shape[1]), int(s2.shape[-1]) * 32  # w2's layout may vary
         if tokens == 0:
             return torch.zeros(0, hidden, dtype=x.dtype, device=x.device)
         elem = self._activation_elem
