@@ -19,6 +19,7 @@ from kernelbay.engine.graphs import (
     MAX_FAILED_BATCHES,
     DecodeGraphs,
     capture_failure,
+    graph_batch,
     graphs_enabled,
     table_width,
 )
@@ -77,6 +78,41 @@ def test_a_shape_runs_eagerly_once_then_is_captured_and_replayed() -> None:
     assert torch.equal(graphs.run(*nxt), logits) and made == [(2, 2)]  # replayed only
     assert entry.ids.tolist() == [7, 8] and entry.graph.count == 2
     assert graphs.run([1], [1], [1], [2], [[1, 2, 3]]) is None  # another shape: eager first
+
+
+def test_graph_batches_are_powers_of_two_and_three_times_powers_of_two() -> None:
+    assert [graph_batch(b) for b in range(1, 18)] == [1, 2, 3, 4, 6, 6, 8, 8, 12, 12, 12, 12,
+                                                      16, 16, 16, 16, 24]
+    assert graph_batch(255) == 256 and graph_batch(256) == 256 and graph_batch(257) == 384
+    for b in range(1, 1025):  # at most a third of a graph's rows are padding
+        assert b <= graph_batch(b) and 3 * (graph_batch(b) - b) < graph_batch(b)
+    with pytest.raises(ValueError, match="batch=0; valid: >= 1"):
+        graph_batch(0)
+
+
+def test_with_a_scratch_page_a_step_is_padded_to_its_graph_batch() -> None:
+    graphs = DecodeGraphs(None, [], 16, torch.device("cpu"), scratch_page=9)
+    made: list[tuple[int, int]] = []
+    graphs._capture = _fake_capture(graphs, made)  # type: ignore[method-assign]
+
+    def step(batch: int, first: int) -> tuple[list[Any], ...]:
+        rows = range(first, first + batch)
+        return ([10 + r for r in rows], [20 + r for r in rows], [30 + r for r in rows],
+                [21 + r for r in rows], [[r, r + 1] for r in rows])
+
+    assert graphs.run(*step(5, 0)) is None  # first time: eager, as unpadded
+    logits = graphs.run(*step(5, 0))
+    assert made == [(6, 2)] and logits is not None and logits.shape == (5, 7)
+    entry = graphs.graphs[(6, 2)]
+    # the pad row: token 0 at position 0, one key, in the scratch page's first slot
+    assert entry.ids.tolist() == [10, 11, 12, 13, 14, 0]
+    assert entry.positions.tolist() == [20, 21, 22, 23, 24, 0]
+    assert entry.slots.tolist() == [30, 31, 32, 33, 34, 9 * 16]
+    assert entry.lengths.tolist() == [21, 22, 23, 24, 25, 1]
+    assert entry.tables.tolist()[-1] == [9, 0]
+    # six sequences replay the same graph, unpadded
+    assert graphs.run(*step(6, 1)).shape == (6, 7) and made == [(6, 2)]
+    assert entry.ids.tolist() == [11, 12, 13, 14, 15, 16] and entry.graph.count == 2
 
 
 def test_past_the_graph_limit_the_least_recently_replayed_graph_goes(
@@ -194,6 +230,21 @@ def test_graph_steps_give_the_eager_tokens_through_the_static_buffers(tmp_path: 
     assert all(w <= capacity and (w & (w - 1) == 0 or w == capacity) for w in widths), widths
 
 
+def test_padded_graph_steps_give_the_eager_tokens(tmp_path: Any) -> None:
+    """Five sequences finishing one after another: steps of 5 run in the graph of 6 (a pad
+    row on the scratch page), then 4, 3, 2 and 1 in their own, with the eager tokens."""
+    path = save_tiny(str(tmp_path), "llama")
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14], [15, 16], [17]]
+    params = [SamplingParams(max_tokens=6 + 3 * i, ignore_eos=True) for i in range(5)]
+    eager = LLM(path, dtype="float32", registry=CORE_ONLY)
+    want = [o.token_ids for o in eager.generate(prompts, params)]
+    llm = LLM(path, dtype="float32", registry=CORE_ONLY)
+    graphs = simulated_graphs(llm)
+    assert graphs.scratch_page == llm.cache.scratch_page == llm.cache.allocator.num_pages
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want
+    assert graphs.failed == {} and {b for b, _ in graphs.graphs} == {6, 4, 3, 2, 1}
+
+
 def test_the_demo_moe_and_mla_model_decodes_in_graphs_without_host_reads(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The DeepSeek-V3-shaped demo (MLA attention, routed experts) through the graph path on
@@ -246,6 +297,22 @@ def test_graph_replayed_decode_gives_the_eager_tokens_on_gpu(tmp_path: Any,
                for s in range(4)]
     assert [o.token_ids for o in graphed.generate(prompts, sampled)] == [
         o.token_ids for o in eager.generate(prompts, sampled)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_padded_graph_steps_give_the_eager_tokens_on_gpu(tmp_path: Any) -> None:
+    """Real captures: steps of 5 sequences replayed in the graph of 6, the pad row on the
+    scratch page (float32: the extra row changes no other row's sums)."""
+    path = save_tiny(str(tmp_path), "llama")
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14], [15, 16], [3] * 40]
+    params = [SamplingParams(max_tokens=8 + 4 * i, ignore_eos=True) for i in range(5)]
+    eager = LLM(path, device="cuda", dtype="float32", registry=CORE_ONLY, cuda_graphs=False)
+    graphed = LLM(path, device="cuda", dtype="float32", registry=CORE_ONLY)
+    want = [o.token_ids for o in eager.generate(prompts, params)]
+    assert [o.token_ids for o in graphed.generate(prompts, params)] == want
+    graphs = graphed.runner.graphs
+    assert graphs is not None and graphs.failed == {} and (6, 4) in graphs.graphs
 
 
 @pytest.mark.gpu

@@ -92,8 +92,8 @@ def test_kv_cache_budget_sizes_the_page_pool(checkpoint: str) -> None:
     probe = LLM(checkpoint, dtype="float32", registry=CORE_ONLY)
     per_page = probe.cache.page_bytes
     llm = LLM(checkpoint, dtype="float32", registry=CORE_ONLY,
-              kv_cache=KVCacheConfig(memory=per_page * 5 + 7, page_size=16))
-    assert llm.cache.allocator.num_pages == 5
+              kv_cache=KVCacheConfig(memory=per_page * 6 + 7, page_size=16))
+    assert llm.cache.allocator.num_pages == 5  # and the scratch page
     ok = llm.generate(PROMPT, SamplingParams(max_tokens=16, ignore_eos=True))[0]
     assert len(ok.token_ids) == 16
     with pytest.raises(MemoryError, match="needs 6 KV-cache pages, the cache has 5"):

@@ -11,6 +11,14 @@ twice that context, not to every page a request reserved; attention sees that ca
 key bound (``AttentionMetadata.max_seq_len``) and no host lengths, which change at every
 replay.
 
+Batch sizes are bucketed the same way when the engine gives a scratch page (``LLM`` does:
+``PagedKVCache.scratch_page``, one page no sequence owns): a step of B sequences runs in the
+graph of ``graph_batch(B)``, the smallest of 1, 2, 3, 4, 6, 8, 12, 16, ... (powers of two and
+three times powers of two) at least B, its pad rows decoding token 0 at position 0 with one
+key, written to and read from the scratch page, and their logits dropped. At most a third of a
+graph's rows are padding, and an engine whose batch size drifts from 1 to 256 needs 16 graphs
+per width, not 256.
+
 A model or backend that cannot be captured (it reads a device value on the host, or runs a
 collective the capture cannot hold) fails the capture. The engine warns once, naming the
 error and the line of the model or backend that raised it, and runs that batch size eagerly
@@ -40,7 +48,7 @@ from kernelbay.engine.modules import ForwardMeta
 from kernelbay.engine.transfer import upload_into
 from kernelbay.layers import AttentionMetadata
 
-__all__ = ["DecodeGraphs", "capture_failure", "graphs_enabled", "table_width"]
+__all__ = ["DecodeGraphs", "capture_failure", "graph_batch", "graphs_enabled", "table_width"]
 
 #: Most graphs one engine keeps (each holds its input buffers; memory comes from one pool);
 #: past it the least recently replayed one is dropped.
@@ -84,6 +92,17 @@ def table_width(longest: int, page_size: int, capacity: int) -> int:
     to every page a request reserved for its ``max_tokens``, with one graph per power of two."""
     need = max(1, -(-longest // page_size))
     return min(capacity, 1 << (need - 1).bit_length())
+
+
+def graph_batch(batch: int) -> int:
+    """The graph size a decode step of ``batch`` sequences runs in: the smallest power of two
+    or three times a power of two at least ``batch`` (1, 2, 3, 4, 6, 8, 12, 16, 24, ...), so
+    at most a third of its rows are padding (none up to 4)."""
+    if batch < 1:
+        raise ValueError(f"graph_batch: batch={batch}; valid: >= 1")
+    power = 1 << (batch - 1).bit_length()  # the power of two at or above batch
+    three = 3 * power // 4  # the one below it times 1.5
+    return three if batch <= three and power >= 4 else power
 
 
 def capture_failure(exc: BaseException) -> str:
@@ -136,8 +155,12 @@ class DecodeGraphs:
     def __init__(self, model: Any, caches: list[torch.Tensor], page_size: int,
                  device: torch.device,
                  record: Callable[[Callable[[], torch.Tensor], Any],
-                                  tuple[Any, torch.Tensor]] | None = None) -> None:
+                                  tuple[Any, torch.Tensor]] | None = None,
+                 scratch_page: int | None = None) -> None:
         self.model = model
+        #: The page pad rows write and read (``graph_batch`` sizes), or ``None``: a graph per
+        #: exact batch size.
+        self.scratch_page = scratch_page
         #: ``record(step, pool) -> (graph, output)``: a CUDA graph capture, or a simulated one
         #: (``kernelbay.testing.simulated_graphs``).
         self.record = record or _record
@@ -147,9 +170,10 @@ class DecodeGraphs:
         #: Captured graphs, least recently replayed first.
         self.graphs: OrderedDict[tuple[int, int], _Graph] = OrderedDict()
         self.seen: set[tuple[int, int]] = set()
-        #: Batch sizes that failed to capture (run eagerly), with why.
+        #: Graph batch sizes that failed to capture (run eagerly), with why.
         self.failed: dict[int, str] = {}
-        #: Batch sizes a layer declined to capture (``CaptureRefused``; run eagerly), with why.
+        #: Graph batch sizes a layer declined to capture (``CaptureRefused``; run eagerly),
+        #: with why.
         self.refused: dict[int, str] = {}
         #: Why capturing stopped (``MAX_FAILED_BATCHES`` failures), or ``None``.
         self.off_reason: str | None = None
@@ -161,12 +185,21 @@ class DecodeGraphs:
         """The logits [B, vocab] of a decode step (one new token per sequence) replayed from
         its graph, captured now if this shape ran once before; ``None`` when the caller
         should run the step eagerly (a shape seen for the first time, too many graphs,
-        capturing off). The graph sees the first ``table_width`` columns of ``tables``."""
-        if self.off_reason is not None or len(ids) in self.failed or len(ids) in self.refused:
+        capturing off). The graph sees the first ``table_width`` columns of ``tables``, and
+        ``graph_batch(B)`` rows when there is a scratch page (the pad rows' logits dropped)."""
+        real = len(ids)
+        batch = real if self.scratch_page is None else graph_batch(real)
+        if self.off_reason is not None or batch in self.failed or batch in self.refused:
             return None
         width = table_width(max(lengths), self.page_size, len(tables[0]))
         tables = [row[:width] for row in tables]
-        key = (len(ids), width)
+        if batch > real:  # pad rows: token 0 at position 0, one key, on the scratch page
+            pad = batch - real
+            scratch = self.scratch_page * self.page_size  # type: ignore[operator]
+            ids, positions = ids + [0] * pad, positions + [0] * pad
+            slots, lengths = slots + [scratch] * pad, lengths + [1] * pad
+            tables = tables + [[self.scratch_page] + [0] * (width - 1)] * pad
+        key = (batch, width)
         with (torch.cuda.device(self.device) if self.device.type == "cuda"
               else contextlib.nullcontext()):
             entry = self.graphs.get(key)
@@ -187,7 +220,7 @@ class DecodeGraphs:
             self.replays += 1
             # a copy: the graph's own output is rewritten by its next replay, and its memory
             # may be another graph's scratch space
-            return entry.logits.clone()
+            return entry.logits[:real].clone()
 
     def _capture(self, batch: int, width: int, values: tuple[list[Any], ...]) -> _Graph | None:
         """The graph of a step of ``batch`` sequences and ``width`` table columns, its buffers
@@ -228,8 +261,9 @@ class DecodeGraphs:
                 self.refused[batch] = reason
                 return None
             if not self.failed:
-                warnings.warn(f"kernelbay: decode steps of {batch} sequences run eagerly (no "
-                              f"CUDA graph): capturing one failed: {reason}",
+                padded = "" if self.scratch_page is None else " (smaller batches padded to it)"
+                warnings.warn(f"kernelbay: decode steps of {batch} sequences{padded} run "
+                              f"eagerly (no CUDA graph): capturing one failed: {reason}",
                               RuntimeWarning, stacklevel=4)
             self.failed[batch] = reason
             if len(self.failed) >= MAX_FAILED_BATCHES:

@@ -21,7 +21,9 @@ class KVCacheConfig:
     ``record`` is ``"auto"`` (the model dtype) or a record kind an attention backend stores
     (``"bf16"``, ``"fp8"``, ``"mxfp8"`` ...). ``memory`` is a byte budget (> 1) or a fraction
     of the device's memory (0 < memory <= 1); ``None`` sizes the cache for the engine's
-    ``max_num_seqs`` sequences of ``max_model_len`` tokens.
+    ``max_num_seqs`` sequences of ``max_model_len`` tokens. The pool has one page more than
+    sequences can own (``PagedKVCache.scratch_page``, for padded CUDA-graph steps), which a
+    memory budget includes.
     """
 
     record: str = "auto"
@@ -74,8 +76,12 @@ class PagedKVCache:
         if num_pages < 1:
             raise MemoryError("the KV cache budget holds no page; raise the memory budget")
         self.page_size = layers[0].backend.request.page_size if layers else 16
-        self.caches = [layer.backend.allocate_cache(num_pages, device) for layer in layers]
+        # one page more than the allocator hands out: the scratch page
+        self.caches = [layer.backend.allocate_cache(num_pages + 1, device) for layer in layers]
         self.allocator = PageAllocator(num_pages)
+        #: A page no sequence owns, past the allocator's ids: the pad rows of a decode step
+        #: run in a larger CUDA graph (``DecodeGraphs``) write and read only this one.
+        self.scratch_page = num_pages
         self.page_bytes = sum(layer.backend.kv_layout().page_bytes for layer in layers)
 
     @staticmethod

@@ -158,7 +158,8 @@ class LLM:
         self.max_num_seqs = max_num_seqs
         num_pages = self._num_pages(builder, cache)
         self.cache = PagedKVCache(builder.attention_layers, num_pages, torch_device)
-        graphs = (DecodeGraphs(self.model, self.cache.caches, self.cache.page_size, torch_device)
+        graphs = (DecodeGraphs(self.model, self.cache.caches, self.cache.page_size, torch_device,
+                               scratch_page=self.cache.scratch_page)
                   if cuda_graphs and self.tp.size == 1 and graphs_enabled(torch_device)
                   else None)
         self.runner = ModelRunner(self.model, self.cache, torch_device, graphs)
@@ -207,11 +208,12 @@ class LLM:
         need = pages_for(self.max_model_len, cache.page_size) * self.max_num_seqs
         if cache.memory is None:
             return need
+        # a memory budget holds the scratch page too (PagedKVCache.scratch_page)
         if cache.memory > 1:
-            return int(cache.memory // per_page)
+            return int(cache.memory // per_page) - 1
         total = (torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda"
                  else self.capability.memory_bytes or 0)
-        return int(total * cache.memory // per_page)
+        return int(total * cache.memory // per_page) - 1
 
     def _tokenizer(self) -> Any:
         path = self.folder.file("tokenizer.json")

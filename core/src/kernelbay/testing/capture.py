@@ -138,6 +138,7 @@ def simulated_graphs(llm: Any) -> DecodeGraphs:
                     cache.copy_(old)
         return _Rerun(step, out), out
 
-    graphs = DecodeGraphs(llm.model, caches, llm.cache.page_size, llm.device, record=record)
+    graphs = DecodeGraphs(llm.model, caches, llm.cache.page_size, llm.device, record=record,
+                          scratch_page=llm.cache.scratch_page)
     llm.runner.graphs = graphs
     return graphs
