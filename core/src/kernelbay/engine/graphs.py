@@ -193,12 +193,12 @@ class DecodeGraphs:
             return None
         width = table_width(max(lengths), self.page_size, len(tables[0]))
         tables = [row[:width] for row in tables]
-        if batch > real:  # pad rows: token 0 at position 0, one key, on the scratch page
-            pad = batch - real
-            scratch = self.scratch_page * self.page_size  # type: ignore[operator]
+        if batch > real and self.scratch_page is not None:
+            # pad rows: token 0 at position 0, one key, on the scratch page
+            pad, page = batch - real, self.scratch_page
             ids, positions = ids + [0] * pad, positions + [0] * pad
-            slots, lengths = slots + [scratch] * pad, lengths + [1] * pad
-            tables = tables + [[self.scratch_page] + [0] * (width - 1)] * pad
+            slots, lengths = slots + [page * self.page_size] * pad, lengths + [1] * pad
+            tables = tables + [[page] + [0] * (width - 1)] * pad
         key = (batch, width)
         with (torch.cuda.device(self.device) if self.device.type == "cuda"
               else contextlib.nullcontext()):
