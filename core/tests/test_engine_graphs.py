@@ -109,7 +109,7 @@ def test_with_a_scratch_page_a_step_is_padded_to_its_graph_batch() -> None:
     assert entry.positions.tolist() == [20, 21, 22, 23, 24, 0]
     assert entry.slots.tolist() == [30, 31, 32, 33, 34, 9 * 16]
     assert entry.lengths.tolist() == [21, 22, 23, 24, 25, 1]
-    assert entry.tables.tolist()[-1] == [9, 0]
+    assert entry.tables.tolist()[-1] == [9, 9]
     # six sequences replay the same graph, unpadded
     assert graphs.run(*step(6, 1)).shape == (6, 7) and made == [(6, 2)]
     assert entry.ids.tolist() == [11, 12, 13, 14, 15, 16] and entry.graph.count == 2

@@ -180,6 +180,31 @@ def test_moe_runs_inside_a_capture_as_eagerly(activation: str | None) -> None:
     assert empty.shape == (0, hidden) and empty.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("activation", [None, "mxfp4-dynamic"])
+def test_the_moe_layer_gives_one_result_from_either_expert_layout(
+        activation: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layer with its experts stored as this machine stores them and as the other layout
+    (``prepare_experts`` told the PTX decode does or does not apply), K not a multiple of the
+    K tile: the same products, summed in another order at most."""
+    from kernelbay_quant_mxfp4_rocm import triton_grouped
+
+    experts, hidden, inter = 4, 160, 96
+    request = _request(mx(activation), experts, hidden, inter)
+    weights = _weights(experts, hidden, inter, 21)
+    ids, topk = _routing(5, experts, 2, 22)
+    x = torch.randn(5, hidden, generator=torch.Generator().manual_seed(23)).bfloat16()
+    args = (x.to(DEVICE), ids.to(DEVICE), topk.to(DEVICE))
+    method = Mxfp4MoETriton(request)
+    native = _load(method, weights).to(DEVICE)
+    here = triton_grouped._asm_target()
+    monkeypatch.setattr(triton_grouped, "_asm_target", lambda: not here)
+    other = _load(method, weights).to(DEVICE)
+    layouts = {expert_layout(layer.w13.data) for layer in (native, other)}
+    assert layouts == set(EXPERT_LAYOUTS)
+    want, got = method.apply_moe(native, *args).float(), method.apply_moe(other, *args).float()
+    torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-7 * float(want.abs().max()))
+
+
 def test_config_text_round_trips_and_bad_text_is_named() -> None:
     config = GroupedConfig.parse("n128k256w8s4")
     assert config == GroupedConfig(128, 256, 8, 4) and config.name == "n128k256w8s4"

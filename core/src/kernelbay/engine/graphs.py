@@ -198,7 +198,7 @@ class DecodeGraphs:
             pad, page = batch - real, self.scratch_page
             ids, positions = ids + [0] * pad, positions + [0] * pad
             slots, lengths = slots + [page * self.page_size] * pad, lengths + [1] * pad
-            tables = tables + [[page] + [0] * (width - 1)] * pad
+            tables = tables + [[page] * width] * pad  # keys past the first: masked
         key = (batch, width)
         with (torch.cuda.device(self.device) if self.device.type == "cuda"
               else contextlib.nullcontext()):
@@ -261,9 +261,11 @@ class DecodeGraphs:
                 self.refused[batch] = reason
                 return None
             if not self.failed:
-                padded = "" if self.scratch_page is None else " (smaller batches padded to it)"
-                warnings.warn(f"kernelbay: decode steps of {batch} sequences{padded} run "
-                              f"eagerly (no CUDA graph): capturing one failed: {reason}",
+                low = (graph_batch(batch - 1) + 1 if self.scratch_page is not None and batch > 4
+                       else batch)  # the real batch sizes this graph size takes
+                sizes = f"{low}-{batch}" if low < batch else f"{batch}"
+                warnings.warn(f"kernelbay: decode steps of {sizes} sequences run eagerly (no "
+                              f"CUDA graph): capturing one failed: {reason}",
                               RuntimeWarning, stacklevel=4)
             self.failed[batch] = reason
             if len(self.failed) >= MAX_FAILED_BATCHES:

@@ -74,7 +74,8 @@ class PagedKVCache:
     def __init__(self, layers: list[AttentionLayer], num_pages: int,
                  device: torch.device) -> None:
         if num_pages < 1:
-            raise MemoryError("the KV cache budget holds no page; raise the memory budget")
+            raise MemoryError("the KV cache budget holds no page (past the one kept as the "
+                              "CUDA graphs' scratch page); raise the memory budget")
         self.page_size = layers[0].backend.request.page_size if layers else 16
         # one page more than the allocator hands out: the scratch page
         self.caches = [layer.backend.allocate_cache(num_pages + 1, device) for layer in layers]
