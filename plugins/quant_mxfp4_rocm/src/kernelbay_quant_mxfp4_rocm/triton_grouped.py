@@ -47,8 +47,10 @@ class GroupedConfig:
     """Launch shape of one grouped GEMM: weight rows and K elements per program, warps,
     pipeline stages (rows per block come from the ``ExpertBlocks``). The default was the
     fastest of six from 1 to 256 tokens and within 1% of the fastest at 1024 on an H100
-    (``bench/results/mxfp4-moe-h100.md``), measured before the gate/up GEMM took both
-    halves (``gated``): to be swept again on that build."""
+    in the checkpoint layout, measured before the gate/up GEMM took both halves (``gated``)
+    and before the fragment layout: to be swept again on the current kernels
+    (``bench/mxfp4/moe.py --configs``; current timings in
+    ``bench/results/mxfp4-moe-h100.md``)."""
 
     block_n: int = 64
     block_k: int = 256
