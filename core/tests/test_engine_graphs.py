@@ -115,6 +115,30 @@ def test_with_a_scratch_page_a_step_is_padded_to_its_graph_batch() -> None:
     assert entry.ids.tolist() == [11, 12, 13, 14, 15, 16] and entry.graph.count == 2
 
 
+def test_a_failed_padded_capture_names_the_batch_sizes_it_covers() -> None:
+    class Model:
+        def __call__(self, ids: torch.Tensor, positions: torch.Tensor, meta: Any) -> Any:
+            return torch.zeros(ids.shape[0], 4)
+
+        def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+            return hidden
+
+    def record(step: Any, pool: Any) -> Any:
+        raise RuntimeError("no capture here")
+
+    graphs = DecodeGraphs(Model(), [], 16, torch.device("cpu"), record=record, scratch_page=2)
+    step = ([1] * 7, [1] * 7, [1] * 7, [2] * 7, [[1]] * 7)
+    assert graphs.run(*step) is None
+    with pytest.warns(RuntimeWarning, match="decode steps of 7-8 sequences run eagerly .* "
+                                            "RuntimeError: no capture here"):
+        assert graphs.run(*step) is None
+    assert set(graphs.failed) == {8}
+    eight = ([1] * 8, [1] * 8, [1] * 8, [2] * 8, [[1]] * 8)  # same graph size: not tried again
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert graphs.run(*eight) is None and graphs.run(*eight) is None
+
+
 def test_past_the_graph_limit_the_least_recently_replayed_graph_goes(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(graphs_module, "MAX_GRAPHS", 2)

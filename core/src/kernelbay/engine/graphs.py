@@ -261,8 +261,10 @@ class DecodeGraphs:
                 self.refused[batch] = reason
                 return None
             if not self.failed:
-                low = (graph_batch(batch - 1) + 1 if self.scratch_page is not None and batch > 4
-                       else batch)  # the real batch sizes this graph size takes
+                low = batch  # the smallest real batch this graph size takes
+                while self.scratch_page is not None and low > 1 and \
+                        graph_batch(low - 1) == batch:
+                    low -= 1
                 sizes = f"{low}-{batch}" if low < batch else f"{batch}"
                 warnings.warn(f"kernelbay: decode steps of {sizes} sequences run eagerly (no "
                               f"CUDA graph): capturing one failed: {reason}",
