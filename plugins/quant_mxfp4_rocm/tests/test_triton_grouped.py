@@ -186,7 +186,7 @@ def test_the_moe_layer_gives_one_result_from_either_expert_layout(
     """The layer with its experts stored as this machine stores them and as the other layout
     (``prepare_experts`` told the PTX decode does or does not apply), K not a multiple of the
     K tile: the same products, summed in another order at most."""
-    from kernelbay_quant_mxfp4_rocm import triton_grouped
+    from kernelbay_quant_mxfp4_rocm import triton_gemm
 
     experts, hidden, inter = 4, 160, 96
     request = _request(mx(activation), experts, hidden, inter)
@@ -196,8 +196,8 @@ def test_the_moe_layer_gives_one_result_from_either_expert_layout(
     args = (x.to(DEVICE), ids.to(DEVICE), topk.to(DEVICE))
     method = Mxfp4MoETriton(request)
     native = _load(method, weights).to(DEVICE)
-    here = triton_grouped._asm_target()
-    monkeypatch.setattr(triton_grouped, "_asm_target", lambda: not here)
+    here = triton_gemm._asm_target()
+    monkeypatch.setattr(triton_gemm, "_asm_target", lambda: not here)
     other = _load(method, weights).to(DEVICE)
     layouts = {expert_layout(layer.w13.data) for layer in (native, other)}
     assert layouts == set(EXPERT_LAYOUTS)

@@ -32,9 +32,17 @@ import triton.language as tl
 from kernelbay.formats.e2m1_words_triton import weight_dot
 
 from kernelbay_quant_mxfp4_rocm.triton_decode import decode_e2m1, decode_e2m1_fragment
-from kernelbay_quant_mxfp4_rocm.triton_gemm import FAST_SCALE_MAX_BYTE, _asm_target, _bf16_bits_rne
+from kernelbay_quant_mxfp4_rocm.triton_gemm import (
+    FAST_SCALE_MAX_BYTE,
+    _asm_target,
+    _bf16_bits_rne,
+    layout_weight,
+    prepare_weight,
+)
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
     from kernelbay.layers.expert_blocks import ExpertBlocks
 
@@ -111,25 +119,28 @@ def expert_layout(weight: torch.Tensor) -> str:
                      f"{tuple(weight.shape)}")
 
 
+def _per_row(convert: Callable[[torch.Tensor], torch.Tensor],
+             weight: torch.Tensor) -> torch.Tensor:
+    """``convert`` (a dense weight's layout change, row by row) applied to the stacked
+    checkpoint bytes uint8 [E, N, K/2] as one [E * N, K/2] weight, restacked per expert."""
+    experts, rows, half_k = weight.shape
+    out = convert(weight.reshape(experts * rows, half_k))
+    return out.view(experts, rows, *out.shape[1:])
+
+
 def layout_experts(weight: torch.Tensor, layout: str) -> torch.Tensor:
     """The stacked checkpoint bytes uint8 [E, N, K/2] in ``layout`` (``EXPERT_LAYOUTS``)."""
     if layout not in EXPERT_LAYOUTS:
         raise ValueError(f"grouped_mxfp4_gemm: expert layout {layout!r}; valid: "
                          f"{EXPERT_LAYOUTS}")
-    if layout == "checkpoint":
-        return weight
-    from kernelbay.formats import repack_e2m1_words
-
-    experts, rows, half_k = weight.shape
-    words = repack_e2m1_words(weight.reshape(experts * rows, half_k).contiguous(), "fragment")
-    return words.view(experts, rows, half_k // 16, 4)
+    return _per_row(lambda w: layout_weight(w, layout), weight)
 
 
 def prepare_experts(weight: torch.Tensor) -> torch.Tensor:
-    """The stacked experts in the layout this machine's kernels read best: fragment-order
-    words where the PTX decode runs (the transposed product, the decoded tile the register
-    operand of the dot, as the dense GEMM's default), the checkpoint bytes elsewhere."""
-    return layout_experts(weight, "fragment" if _asm_target() else "checkpoint")
+    """The stacked experts in the layout the dense GEMM's ``prepare_weight`` chooses on this
+    machine: fragment-order words where the PTX decode runs (the decoded tile the register
+    operand of a transposed product), the checkpoint bytes elsewhere."""
+    return _per_row(prepare_weight, weight)
 
 
 def block_rows(num_slots: int, num_experts: int) -> int:
@@ -147,15 +158,16 @@ def _weight_tile(w_rows, s_rows, x_tile, acc, k0, n_ok, K, BLOCK_N: tl.constexpr
     """``acc + x_tile @ W[rows, k0:k0 + BLOCK_K]^T``, the weight tile decoded in registers;
     ``FRAGMENT``: the weight is fragment-order words and ``acc`` the transposed product
     ([BLOCK_N, rows]: the decoded tile is the dot's register operand)."""
-    # words per K tile: halfwords (four codes) or fragment-order int32 words (eight)
-    KW: tl.constexpr = BLOCK_K // 8 if FRAGMENT else BLOCK_K // 4
-    kw = k0 // (BLOCK_K // KW) + tl.arange(0, KW)
+    # codes per word: int16 halfwords hold four, fragment-order int32 words eight
+    CODES: tl.constexpr = 8 if FRAGMENT else 4
+    KW: tl.constexpr = BLOCK_K // CODES
+    kw = k0 // CODES + tl.arange(0, KW)
     ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     if EVEN_K:
         w_ok = n_ok[:, None]
         s_ok = n_ok[:, None]
     else:
-        w_ok = n_ok[:, None] & (kw[None, :] < K // (BLOCK_K // KW))
+        w_ok = n_ok[:, None] & (kw[None, :] < K // CODES)
         s_ok = n_ok[:, None] & (ks[None, :] < K // 32)
     words = tl.load(w_rows + kw[None, :], mask=w_ok, other=0)
     sb = tl.load(s_rows + ks[None, :], mask=s_ok, other=0)
