@@ -1,0 +1,58 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# (Triton kernels are written in its untyped DSL; the Python wrapper is typed.)
+"""``sum_slots`` as one Triton kernel: each program adds one token's ``top_k`` slot rows over
+``BLOCK`` columns, left to right in float32, and stores the rounded result. This module
+imports triton: ``sum_slots`` imports it only when it runs the kernel.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import triton
+import triton.language as tl
+
+from kernelbay.formats.bf16_triton import bf16_bits_rne
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["sum_slots_triton"]
+
+#: Columns per program (eight per thread with four warps).
+_BLOCK = 1024
+
+
+@triton.jit
+def _sum_slots_kernel(y_ptr, out_ptr, N, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
+                      OUT_BF16_BITS: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < N
+    row = y_ptr + token * TOP_K * N + cols
+    acc = tl.load(row, mask=ok, other=0.0)
+    for k in tl.static_range(1, TOP_K):
+        acc += tl.load(row + k * N, mask=ok, other=0.0)
+    dest = out_ptr + token * N + cols
+    if OUT_BF16_BITS:  # the interpreter's bf16 conversion truncates: store the RNE bits
+        tl.store(dest, bf16_bits_rne(acc), mask=ok)
+    else:
+        tl.store(dest, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def sum_slots_triton(y: torch.Tensor, top_k: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """``kernelbay.layers.slot_sum.sum_slots`` by the Triton kernel (arguments checked
+    there): one launch, no host sync, so a captured decode step can hold it."""
+    import torch
+
+    tokens, n = y.shape[0] // top_k, y.shape[1]
+    out = torch.empty(tokens, n, dtype=out_dtype, device=y.device)
+    if tokens == 0 or n == 0:
+        return out
+    y = y if y.is_contiguous() else y.contiguous()
+    bits = os.environ.get("TRITON_INTERPRET") == "1" and out_dtype == torch.bfloat16
+    grid = (tokens, triton.cdiv(n, _BLOCK))
+    _sum_slots_kernel[grid](y, out.view(torch.int16) if bits else out, n, TOP_K=top_k,
+                            BLOCK=_BLOCK, OUT_BF16_BITS=bits, num_warps=4)
+    return out
