@@ -27,7 +27,7 @@ output's largest magnitude (far below what a wrong expert, scale or routing weig
 mismatch makes the script exit 1 after writing what it measured.
 
     python bench/mxfp4/moe.py --out bench/results/mxfp4-moe-h200       # about 2 minutes
-    TRITON_INTERPRET=1 python bench/mxfp4/moe.py --device cpu --experts 4 --hidden 256 \\
+    TRITON_INTERPRET=1 python bench/mxfp4/moe.py --device cpu --experts 4 --top-k 2 --hidden 256 \\
         --inter 128 --tokens 1,5 --out DIR                               # no GPU
 """
 
@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     from kernelbay.formats import dequantize_mx, quantize_mx, unpack_e2m1_words
     from kernelbay.layers.expert_blocks import expert_blocks
     from kernelbay.layers.moe import MOE_EXPERTS_ROLE, combine_experts, expert_tensor, swiglu
+    from kernelbay.layers.slot_sum import sum_slots
     from kernelbay.requests import LinearRequest, QuantScheme
     from kernelbay_quant_mxfp4_rocm.emulation import MX_ACTIVATIONS, fake_quantize_mx
     from kernelbay_quant_mxfp4_rocm.triton_gemm import mxfp4_gemm
@@ -182,6 +183,14 @@ def main(argv: list[str] | None = None) -> int:
         row["weight_gbps"] = row["routed_experts"] * expert_bytes / row["grouped_graph_us"] / 1e3
         blocks = expert_blocks(ids, E, block_rows(ids.numel(), E))
         h = torch.randn(ids.numel(), inter, generator=gen, device=dev).bfloat16()
+        # the layer's steps besides the GEMMs, each alone: the routing, the slot sum with its
+        # rounding (one launch), and the tensor sum + cast it replaced (two)
+        y = torch.randn(ids.numel(), H, generator=gen, device=dev)
+        row["routing_graph_us"] = timed(
+            lambda: expert_blocks(ids, E, block_rows(ids.numel(), E)), True)
+        row["slot_sum_graph_us"] = timed(lambda: sum_slots(y, K, torch.bfloat16), True)
+        row["sum_cast_graph_us"] = timed(
+            lambda: y.view(t, K, H).sum(1).to(torch.bfloat16), True)
         for c in dict.fromkeys([GroupedConfig(), *configs]):
             # each GEMM timed alone: the two projections may prefer different launch shapes
             row[f"gateup_{c.name}_graph_us"] = timed(lambda c=c: grouped_mxfp4_gemm(
@@ -205,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": name, "torch": torch.__version__, "triton": triton.__version__,
         "experts": E, "top_k": K, "hidden": H, "inter": inter,
         "activation": args.activation or "bf16", "settle_s": args.settle_s,
-        "layout": expert_layout(q13),
+        "layout": expert_layout(q13), "default_config": GroupedConfig().name,
         "rows": rows, "failures": failures, "notes": sorted(notes),
     }
     return write_results(args.out, result, markdown(result), failures)
@@ -252,6 +261,22 @@ def markdown(result: dict[str, Any]) -> str:
                   "| ---: |" + " ---: |" * len(parts)]
         lines += [f"| {r['tokens']} | " + " | ".join(f"{r[k]:.1f}" for k in parts) + " |"
                   for r in result["rows"]]
+    if result["rows"] and "routing_graph_us" in result["rows"][0]:
+        lines += ["", "Where the layer's time goes (W4A16, each step alone from a CUDA graph, "
+                  "us; rest = the layer minus its steps: launch gaps and allocations). "
+                  "Slot sum = `kernelbay.layers.slot_sum` (sum and rounding in one launch); "
+                  "sum + cast = the two tensor kernels it replaced:", "",
+                  "| tokens | layer | gate/up | down | routing | slot sum | rest | "
+                  "sum + cast |", "| ---: |" + " ---: |" * 7]
+        for r in result["rows"]:
+            tile = result["default_config"]
+            gu, dn = r[f"gateup_{tile}_graph_us"], r[f"down_{tile}_graph_us"]
+            rest = (r["grouped_graph_us"] - gu - dn - r["routing_graph_us"]
+                    - r["slot_sum_graph_us"])
+            lines.append(f"| {r['tokens']} | {r['grouped_graph_us']:.1f} | {gu:.1f} | "
+                         f"{dn:.1f} | {r['routing_graph_us']:.1f} | "
+                         f"{r['slot_sum_graph_us']:.1f} | {rest:.1f} | "
+                         f"{r['sum_cast_graph_us']:.1f} |")
     lines += [f"Note: {n}" for n in result["notes"]]
     if result["failures"]:
         lines += ["", "Wrong results:", *[f"- {f}" for f in result["failures"]]]

@@ -12,8 +12,9 @@ exact bf16), multiplies the block's bf16 activation rows gathered by slot (row `
 top_k`` of x for gate/up, row ``slot`` of h for down) with float32 accumulation, and stores
 row ``slot`` of the output. The gate/up GEMM can take gate and up rows in one program and
 store ``SiLU(gate) * up`` (``gated``), the down GEMM each row times its slot's routing
-weight (``routing_weights``): the weight-only layer is then five launches (routing, two
-GEMMs, the float32 sum over each token's slots, its cast). Pad rows (slot ``num_slots``) are
+weight (``routing_weights``): the weight-only layer is then four launches on CUDA (routing,
+two GEMMs, ``kernelbay.layers.slot_sum``'s float32 sum over each token's slots with its
+rounding). Pad rows (slot ``num_slots``) are
 masked; blocks past the used ones (expert ``-1``) return at once, so the grid depends on the
 shapes alone and nothing is read on the host: a decode step that runs these GEMMs can be
 captured in a CUDA graph.
@@ -29,13 +30,13 @@ from typing import TYPE_CHECKING
 
 import triton
 import triton.language as tl
+from kernelbay.formats.bf16_triton import bf16_bits_rne
 from kernelbay.formats.e2m1_words_triton import weight_dot
 
 from kernelbay_quant_mxfp4_rocm.triton_decode import decode_e2m1, decode_e2m1_fragment
 from kernelbay_quant_mxfp4_rocm.triton_gemm import (
     FAST_SCALE_MAX_BYTE,
     _asm_target,
-    _bf16_bits_rne,
     layout_weight,
     prepare_weight,
 )
@@ -53,12 +54,12 @@ __all__ = ["EXPERT_LAYOUTS", "GroupedConfig", "block_rows", "expert_layout", "gr
 @dataclass(frozen=True)
 class GroupedConfig:
     """Launch shape of one grouped GEMM: weight rows and K elements per program, warps,
-    pipeline stages (rows per block come from the ``ExpertBlocks``). The default was the
-    fastest of six from 1 to 256 tokens and within 1% of the fastest at 1024 on an H100
-    in the checkpoint layout, measured before the gate/up GEMM took both halves (``gated``)
-    and before the fragment layout: to be swept again on the current kernels
-    (``bench/mxfp4/moe.py --configs``; current timings in
-    ``bench/results/mxfp4-moe-h100.md``)."""
+    pipeline stages (rows per block come from the ``ExpertBlocks``). The default is the
+    fastest of 13 shapes (or within 1% of it) for both projections from 1 to 256 tokens on an
+    H100 with the gated, fragment-layout kernels
+    (``bench/results/mxfp4-moe-sweep-h100.md``, ``bench/mxfp4/moe.py --configs``): fewer
+    than 64 weight rows per program leave most of each wgmma idle (1.9-4.6x slower), and
+    128-element K steps lose 1.2-1.7x."""
 
     block_n: int = 64
     block_k: int = 256
@@ -231,7 +232,7 @@ def _grouped_kernel(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, rw_ptr, out_ptr, 
             acc = acc * tl.load(rw_ptr + slots, mask=m_ok, other=0.0)[:, None]
         o_ptr = out_ptr + slots.to(tl.int64)[:, None] * stride_om + rn64[None, :]
         if OUT_BF16_BITS:  # noqa: SIM108 (a constexpr branch, not a runtime select)
-            out = _bf16_bits_rne(acc)
+            out = bf16_bits_rne(acc)
         else:
             out = acc.to(out_ptr.dtype.element_ty)
         tl.store(o_ptr, out, mask=m_ok[:, None] & n_ok[None, :])

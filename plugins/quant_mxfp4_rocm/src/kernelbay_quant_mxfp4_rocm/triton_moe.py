@@ -17,7 +17,8 @@ each block of one expert's slots against that expert's weight. Math
 ``dec`` is ``triton_gemm.decode_activations`` (the MX values, exact in bf16 but for E4M3
 subnormals of blocks with X < -118, rounded once as the reference rounds them) and ``w[s]``
 the slot's routing weight; then ``out[t] = sum_k y[t * K + k]`` in float32, in slot order,
-cast to x's dtype. (The emulation rounds gate/up to bf16 before SiLU, as ``TorchMoE``
+rounded to x's dtype (``kernelbay.layers.slot_sum``: one launch on CUDA). (The emulation
+rounds gate/up to bf16 before SiLU, as ``TorchMoE``
 does; the fused weight-only path rounds once, after it.) Nothing is read on the host, so the
 layer runs inside a captured CUDA graph as it runs eagerly (the per-expert loop it replaced
 read the routing on the host, and a captured step ran every expert on every token, or was
@@ -117,6 +118,7 @@ class Mxfp4MoETriton(Mxfp4MoEEmulation):
                   topk_weights: torch.Tensor) -> torch.Tensor:
         import torch
         from kernelbay.layers.expert_blocks import expert_blocks
+        from kernelbay.layers.slot_sum import sum_slots
 
         from kernelbay_quant_mxfp4_rocm import triton_mx
         from kernelbay_quant_mxfp4_rocm.triton_gemm import decode_activations
@@ -150,6 +152,6 @@ class Mxfp4MoETriton(Mxfp4MoEEmulation):
                                                                  elem, rule))
         y = grouped_mxfp4_gemm(h, w2, s2, blocks, gather=False, routing_weights=topk_weights,
                                out_dtype=torch.float32, scale_max=top2)
-        # each token's weighted slot outputs added in slot order (float32, deterministic)
-        out = y.view(tokens, top_k, hidden).sum(1)
-        return out.to(x.dtype)
+        # each token's weighted slot outputs added in slot order in float32 and rounded to
+        # x's dtype, in one launch on CUDA
+        return sum_slots(y, top_k, x.dtype)

@@ -17,8 +17,8 @@ gathering its activation rows by slot:
 * down: rows ``slot`` of ``h``, times the down ``weight_scale_2`` and the slot's routing
   weight, stored in float32 at row ``slot`` of ``y`` [T * K, H].
 
-The caller adds ``y`` over each token's K slots in slot order (float32, deterministic) and
-casts. Blocks past the used ones (expert -1) do nothing, so the grid depends on the shapes
+``nvfp4_grouped_experts`` then adds ``y`` over each token's K slots in slot order (float32,
+deterministic) and rounds once (``kernelbay.layers.slot_sum``, one launch on CUDA). Blocks past the used ones (expert -1) do nothing, so the grid depends on the shapes
 alone and nothing is read on the host: the experts run inside a captured CUDA graph exactly
 as eagerly. This module imports triton: the MoE method imports it when it runs.
 """
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import triton
 import triton.language as tl
 from kernelbay.formats import e2m1_words_triton
+from kernelbay.layers.slot_sum import sum_slots
 
 from kernelbay_quant_nvfp4 import triton_halfword
 from kernelbay_quant_nvfp4.cuda_gemv import device_index, sm_count
@@ -274,4 +275,4 @@ def nvfp4_grouped_experts(x: torch.Tensor, blocks: ExpertBlocks, topk_weights: t
     y = torch.empty(blocks.num_slots, down.n, dtype=torch.float32, device=x.device)
     route = topk_weights.reshape(-1).float().contiguous()
     _launch(h, blocks, down, route, y, 1, config)
-    return y.view(tokens, top_k, down.n).sum(1).to(x.dtype)
+    return sum_slots(y, top_k, x.dtype)  # slot order, float32, one rounding
