@@ -143,7 +143,9 @@ def main() -> int:
     parser.add_argument("--out", default=str(HERE), help="folder for results.json/.md")
     parser.add_argument("--configs", default="default",
                         help="'default', 'all' (sweep every candidate) or comma-separated "
-                             "name prefixes of the candidates to sweep (e.g. m16n64k256s4)")
+                             "name prefixes of the candidates to sweep (e.g. m16n64k256s4) "
+                             "and whole config names, candidates or not (e.g. "
+                             "m16n64k256s1w4p6-fragment, m16n64k256s4w4p3r96-fragment)")
     parser.add_argument("--ms", default=",".join(map(str, MS)), help="comma-separated M")
     parser.add_argument("--shapes", default="all", help="'all' or N1xK1,N2xK2")
     parser.add_argument("--sweep-ms", default="16,64,256",
@@ -294,9 +296,11 @@ def sweep(row: dict[str, Any], x: torch.Tensor, packed: torch.Tensor, scales: to
     by_layout = {lay: [layout_weight(p, lay) for _, p in copies]
                  for lay in ("checkpoint", "repacked", "fragment")}
     prefixes = None if args.configs == "all" else tuple(args.configs.split(","))
-    for cfg in candidate_configs(m, n, k):
-        if prefixes and not cfg.describe().startswith(prefixes):
-            continue
+    configs = candidate_configs(m, n, k)
+    if prefixes:
+        configs = [c for c in configs if c.describe().startswith(prefixes)]
+        configs += [c for c in named_configs(prefixes) if c not in configs]
+    for cfg in configs:
         weights = next(by_layout[lay] for lay, paths in READABLE.items() if cfg.path in paths)
         weight = weights[0]
         if time.time() - start > args.budget:
@@ -321,6 +325,21 @@ def sweep(row: dict[str, Any], x: torch.Tensor, packed: torch.Tensor, scales: to
     if timed:
         best = min(timed, key=lambda t: t["us"])
         row["best_config"], row["best_us"] = best["name"], best["us"]
+
+
+def named_configs(names: tuple[str, ...]) -> list[Any]:
+    """The entries of ``--configs`` that are whole config names (``GemmConfig.parse``), so
+    that a sweep can time configs outside ``candidate_configs`` (other splits, stages, a
+    register cap); the other entries are candidate prefixes."""
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import GemmConfig
+
+    out = []
+    for name in names:
+        try:
+            out.append(GemmConfig.parse(name))
+        except ValueError:
+            continue
+    return out
 
 
 def _w4a4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, top: int) -> Any:

@@ -373,6 +373,21 @@ def test_weight_layout_and_config_must_agree() -> None:
         layout_weight(wp, "mma")
 
 
+def test_config_names_round_trip() -> None:
+    """``GemmConfig.parse`` reads what ``describe`` writes (every candidate, a register cap);
+    a malformed name or an unknown path is an error naming the text and the form."""
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import GemmConfig, candidate_configs
+
+    capped = GemmConfig(16, 64, 256, 4, 4, 3, "fragment", max_registers=96)
+    assert capped.describe() == "m16n64k256s4w4p3r96-fragment"
+    for cfg in [capped, *candidate_configs(16, 8192, 8192), *candidate_configs(64, 512, 512)]:
+        assert GemmConfig.parse(cfg.describe()) == cfg
+    for bad in ("m16n64k256s4w4", "m16n64k256s4w4p3-mma", "n64k256w4s3"):
+        with pytest.raises(ValueError, match=rf"config '{bad}'; expected m<M>n<N>k<K>.*"
+                                             r"'fragment'"):
+            GemmConfig.parse(bad)
+
+
 def test_decode_subnormal_scale_in_the_gemm() -> None:
     """Bytes 0 and 1 (2^-127, 2^-126) decode to bf16 subnormals, 252 to 6 * 2^125."""
     from kernelbay_quant_mxfp4_rocm.triton_gemm import mxfp4_gemm
@@ -547,6 +562,28 @@ def _gpu_configs() -> list[tuple[int, Any]]:
                 default_config(m, n, k, layout="fragment"), *candidate_configs(m, n, k)]
         out += [(m, c) for c in dict.fromkeys(cfgs)]
     return out
+
+
+@pytest.mark.gpu
+def test_gpu_gemm_with_a_register_cap() -> None:
+    """A config with ``max_registers`` compiles under the cap and gives the reference's
+    result (the cap reaches the compiler: the kernel's register count is at most it)."""
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import GemmConfig, mxfp4_gemm
+
+    n, k, m = 512, 2048, 5
+    wp, ws = quantize_mx(blocks(n, k // 32, seed=36, lo=-12, hi=-2), "e2m1", "even")
+    w = dequantize_mx(wp, ws, "e2m1").cuda()
+    cfg = GemmConfig(16, 64, 256, 2, 4, 3, "fragment", max_registers=96)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(5)).bfloat16().cuda()
+    y = mxfp4_gemm(x, weight_for(cfg, wp).cuda(), ws.cuda(), out_dtype=torch.float32,
+                   config=cfg)
+    assert ((y.double() - x.double() @ w.double().T).abs() <= gemm_bound(x.float(), w)).all()
+    from kernelbay_quant_mxfp4_rocm import triton_gemm
+
+    # the PTX of the build carries the cap (the directive ptxas allocates under)
+    builds = [c for cache in triton_gemm._mxfp4_gemm_kernel.device_caches.values()
+              for c in cache[0].values()]
+    assert any(".maxnreg 96" in c.asm["ptx"] for c in builds)
 
 
 @pytest.mark.gpu

@@ -50,12 +50,14 @@ on the GEMM's paths synchronizes with the host, so a call can be captured in a C
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import triton
 import triton.language as tl
 from kernelbay import triton_pdl
+from kernelbay.formats.bf16_triton import bf16_bits_rne
 from kernelbay.formats.e2m1_words_triton import weight_dot
 from kernelbay.triton_pdl import grid_release, grid_wait
 
@@ -102,12 +104,32 @@ class GemmConfig:
     #: ``kernelbay.formats.repack_e2m1_words``: the weight must be stored so), ``scaled``
     #: (``tl.dot_scaled``) or ``dequant`` (bf16 weight, then torch's matmul).
     path: str = "decode"
+    #: Register cap per thread for the compiler (Triton's ``maxnreg``), None for its own
+    #: choice: a tuning knob (more resident programs per SM, or spills), in no default.
+    max_registers: int | None = None
 
     def describe(self) -> str:
-        """Compact text, e.g. ``m16n64k256s4w4p4`` (suffix ``-scaled`` / ``-dequant``)."""
+        """Compact text, e.g. ``m16n64k256s4w4p4`` (suffix ``-scaled`` / ``-dequant``; ``r96``
+        before it for a register cap)."""
         tail = "" if self.path == "decode" else f"-{self.path}"
+        cap = "" if self.max_registers is None else f"r{self.max_registers}"
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}"
-                f"w{self.num_warps}p{self.num_stages}{tail}")
+                f"w{self.num_warps}p{self.num_stages}{cap}{tail}")
+
+    @classmethod
+    def parse(cls, text: str) -> GemmConfig:
+        """The config ``describe`` wrote, e.g. ``"m16n64k256s4w4p3r96-fragment"`` (``ValueError``
+        naming the text and the form otherwise)."""
+        found = re.fullmatch(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)p(\d+)(?:r(\d+))?(?:-(\w+))?",
+                             text)
+        if not found or (found.group(8) or "decode") not in PATHS:
+            raise ValueError(f"mxfp4_gemm config {text!r}; expected m<M>n<N>k<K>s<split>"
+                             f"w<warps>p<stages>[r<registers>][-<path>] with a path of "
+                             f"{list(PATHS)}, e.g. m16n64k256s4w4p3-fragment")
+        bm, bn, bk, split, warps, stages = (int(v) for v in found.groups()[:6])
+        cap = found.group(7)
+        return cls(bm, bn, bk, split, warps, stages, found.group(8) or "decode",
+                   None if cap is None else int(cap))
 
 
 @triton.jit
@@ -115,15 +137,6 @@ def _scale_pow2(b):
     """E8M0 bytes (int32) -> 2^(b - 127) as float32 (b = 0: the subnormal 2^-127; 255: NaN)."""
     v = tl.where(b == 0, 0x00400000, b << 23).to(tl.float32, bitcast=True)
     return tl.where(b == 255, float("nan"), v)
-
-
-@triton.jit
-def _bf16_bits_rne(v):
-    """float32 -> bf16 bits (int16), round to nearest even, NaN kept quiet: what a GPU's
-    conversion does; the interpreter's conversion truncates, so it stores these bits."""
-    bits = v.to(tl.int32, bitcast=True)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return tl.where(v != v, (bits >> 16) | 0x40, rounded).to(tl.int16)
 
 
 @triton.jit
@@ -249,7 +262,7 @@ def _mxfp4_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
         acc = tl.trans(acc)
     o_ptr = out_ptr + pid_k.to(tl.int64) * stride_os + rm64[:, None] * stride_om + rn64[None, :]
     if OUT_BF16_BITS:  # noqa: SIM108 (a constexpr branch, not a runtime select)
-        out = _bf16_bits_rne(acc)
+        out = bf16_bits_rne(acc)
     else:
         out = acc.to(out_ptr.dtype.element_ty)
     tl.store(o_ptr, out, mask=m_ok[:, None] & n_ok[None, :])
@@ -267,7 +280,7 @@ def _split_k_reduce_kernel(p_ptr, out_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.
     for s in range(SPLIT_K):  # fixed order: deterministic
         acc += tl.load(p_ptr + s * MN + offs, mask=ok, other=0.0)
     if OUT_BF16_BITS:  # noqa: SIM108 (a constexpr branch, not a runtime select)
-        out = _bf16_bits_rne(acc)
+        out = bf16_bits_rne(acc)
     else:
         out = acc.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + offs, out, mask=ok)
@@ -295,7 +308,7 @@ def _decode_e4m3_kernel(x_ptr, s_ptr, out_ptr, M, K, stride_x, stride_s, stride_
     v = tl.where((b & 0x7F) == 0x7F, float("nan"), half.to(tl.float32) * 256.0 * sx)
     o_ptr = out_ptr + r64[:, None] * stride_o + rk[None, :]
     if OUT_BITS:
-        tl.store(o_ptr, _bf16_bits_rne(v), mask=k_ok)
+        tl.store(o_ptr, bf16_bits_rne(v), mask=k_ok)
     else:
         tl.store(o_ptr, v.to(tl.bfloat16), mask=k_ok)
 
@@ -665,7 +678,8 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
             x, xs, w_arg, weight_scale, target, m, n, k,
             x.stride(0), xs.stride(0), w_arg.stride(0), weight_scale.stride(0),
             n, m * n if split > 1 else 0, **const, PDL=pdl,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **({} if cfg.max_registers is None else {"maxnreg": cfg.max_registers}))
     if split > 1:
         block = 1024
         bits = interpret and out_dtype == torch.bfloat16
