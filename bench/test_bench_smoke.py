@@ -61,3 +61,17 @@ def test_moe_bench_runs_in_the_interpreter(tmp_path: object, script: str, timed:
         result = json.load(f)
     assert [r["tokens"] for r in result["rows"]] == [1, 5]
     assert not result["failures"] and all(r[timed] > 0 for r in result["rows"])
+
+
+def test_routing_bench_runs_in_the_interpreter(tmp_path: object) -> None:
+    """bench/moe_routing/run.py end to end on tiny routings in Triton's interpreter (every way
+    checked against the tensor operations: a wrong block exits 1)."""
+    out = str(tmp_path)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    subprocess.run([sys.executable, os.path.join(HERE, "moe_routing", "run.py"), "--device",
+                    "cpu", "--slots", "8,72", "--experts", "16", "--out", out], check=True,
+                   capture_output=True, timeout=600, env=env)
+    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
+        result = json.load(f)
+    assert [r["slots"] for r in result["rows"]] == [8, 72] and not result["failures"]
+    assert "small_w1_us" in result["rows"][0] and "small_w1_us" not in result["rows"][1]

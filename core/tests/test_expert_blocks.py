@@ -83,7 +83,17 @@ def test_made_without_reading_the_routing_on_the_host() -> None:
 
 _TRITON_CASES = """
 import torch
-from kernelbay.layers.expert_blocks import expert_blocks
+from kernelbay.layers.expert_blocks import expert_blocks, max_blocks
+from kernelbay.layers.expert_blocks_triton import SMALL_SLOTS, fill_expert_blocks
+
+
+def run(ids, experts, block_m, program):
+    blocks = max_blocks(ids.numel(), experts, block_m)
+    slots = torch.empty(blocks * block_m, dtype=torch.int32, device=ids.device)
+    owners = torch.empty(blocks, dtype=torch.int32, device=ids.device)
+    fill_expert_blocks(ids, experts, block_m, slots, owners, program=program)
+    return slots, owners
+
 
 cases = [(1, 1, 1, 16), (1, 8, 256, 16), (7, 2, 3, 16), (40, 2, 8, 16), (33, 4, 5, 4),
          (32, 8, 256, 16), (30, 8, 16, 64), (5, 3, 40, 1), (64, 2, 2, 32), (0, 2, 4, 16),
@@ -98,6 +108,10 @@ for tokens, top_k, experts, block_m in cases:
         got = expert_blocks(ids.int(), experts, block_m, kernel="triton")
         assert torch.equal(got.slots, want.slots), (tokens, top_k, experts, block_m, skew)
         assert torch.equal(got.experts, want.experts), (tokens, top_k, experts, block_m, skew)
+        for program in (["small"] if ids.numel() <= SMALL_SLOTS else []) + ["chunked"]:
+            slots, owners = run(ids, experts, block_m, program)
+            assert torch.equal(slots, want.slots), (program, tokens, top_k, experts, skew)
+            assert torch.equal(owners, want.experts), (program, tokens, top_k, experts, skew)
 # unsigned ids: the same blocks
 ids = torch.randint(0, 200, (20, 8), generator=gen)
 want = expert_blocks(ids, 256, 16, kernel="torch")
@@ -117,6 +131,29 @@ assert sorted(s for s in slots if s != len(flat)) == valid, slots
 for b, e in enumerate(got.experts.tolist()):
     rows = [s for s in slots[b * 4:(b + 1) * 4] if s != len(flat)]
     assert (e == -1) == (not rows) and all(flat[s] == e for s in rows), (b, e, rows)
+# the same with each program
+ids = torch.randint(0, 5, (12, 3), generator=gen)
+ids[::4, 0] = 9
+ids[1, 1] = -2
+ids[2, 2] = 2**32 + 1
+flat = ids.reshape(-1).tolist()
+for program in ("small", "chunked"):
+    slots, owners = run(ids, 5, 4, program)
+    valid = [s for s, e in enumerate(flat) if 0 <= e < 5]
+    assert sorted(s for s in slots.tolist() if s != len(flat)) == valid, (program, slots)
+    for b, e in enumerate(owners.tolist()):
+        rows = [s for s in slots.tolist()[b * 4:(b + 1) * 4] if s != len(flat)]
+        assert (e == -1) == (not rows) and all(flat[s] == e for s in rows), (program, b, e)
+for bad, msg in (({"program": "fast"}, "program='fast'; valid: ('auto', 'chunked', 'small')"),
+                 ({"program": "small"}, "65 routed slots, the one-tile program takes at most "
+                                        "SMALL_SLOTS=64")):
+    ids = torch.zeros(13, 5, dtype=torch.int32)
+    try:
+        run(ids, 4, 16, **bad)
+    except ValueError as exc:
+        assert msg in str(exc), exc
+    else:
+        raise AssertionError(f"{bad} must be refused")
 try:
     expert_blocks(torch.zeros(129, 2, dtype=torch.int32), 4, 16, kernel="triton")
 except ValueError as exc:
@@ -166,25 +203,44 @@ def test_cuda_triton_blocks_equal_the_tensor_operations(tokens: int, top_k: int,
     for kernel in ("triton", "auto"):
         got = expert_blocks(ids, experts, block_m, kernel=kernel)
         assert torch.equal(got.slots, want.slots) and torch.equal(got.experts, want.experts)
+    from kernelbay.layers.expert_blocks import max_blocks
+    from kernelbay.layers.expert_blocks_triton import SMALL_SLOTS, fill_expert_blocks
+
+    blocks = max_blocks(ids.numel(), experts, block_m)
+    for program in (["small"] if ids.numel() <= SMALL_SLOTS else []) + ["chunked"]:
+        for warps in (1, 2, 4, 8):
+            slots = torch.empty(blocks * block_m, dtype=torch.int32, device="cuda")
+            owners = torch.empty(blocks, dtype=torch.int32, device="cuda")
+            fill_expert_blocks(ids, experts, block_m, slots, owners, program=program,
+                               num_warps=warps)
+            assert torch.equal(slots, want.slots) and torch.equal(owners, want.experts)
 
 
-def test_the_triton_program_compiles_for_sm90_with_one_slot() -> None:
+@pytest.mark.parametrize("program", ["chunked", "small"])
+def test_the_triton_program_compiles_for_sm90_with_one_slot(program: str) -> None:
     """Compiled for a CUDA target on the CPU (ptxas, no GPU), with the slot count a
     compile-time 1 as Triton specializes it at one routed slot (the interpreter never does)."""
     triton = pytest.importorskip("triton")
-    from kernelbay.layers.expert_blocks_triton import expert_blocks_kernel
+    from kernelbay.layers.expert_blocks_triton import (
+        expert_blocks_kernel,
+        expert_blocks_small_kernel,
+    )
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    names = expert_blocks_kernel.arg_names
-    values = {"num_slots": 1, "BLOCK_M": 16, "EXPERTS": 256, "CHUNK": 64}
+    kernel = expert_blocks_small_kernel if program == "small" else expert_blocks_kernel
+    names = kernel.arg_names
+    values = ({"num_slots": 1, "BLOCK_M": 16, "SLOTS": 16, "BLOCKS": 16, "CHUNK": 256}
+              if program == "small" else
+              {"num_slots": 1, "BLOCK_M": 16, "EXPERTS": 256, "CHUNK": 64})
     types = {"ids_ptr": "*i64", "slots_ptr": "*i32", "experts_ptr": "*i32",
              "num_experts": "i32", "blocks": "i32"}
     signature = {n: "constexpr" if n in values else types[n] for n in names}
     constexprs = {(names.index(n),): v for n, v in values.items()}
     try:
-        compiled = triton.compile(ASTSource(expert_blocks_kernel, signature, constexprs),
-                                  target=GPUTarget("cuda", 90, 32))
+        compiled = triton.compile(ASTSource(kernel, signature, constexprs),
+                                  target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": 1 if program == "small" else 4})
     except RuntimeError as exc:  # no ptxas for this platform
         if "ptxas" in str(exc).lower():
             pytest.skip(f"no ptxas here: {exc}")

@@ -14,8 +14,14 @@ result, bit for bit:
   slots stay in slot order, as the stable sort leaves them);
 * each block's expert: how many experts' blocks end at or before it, ``-1`` past the last.
 
-The rank is quadratic in the slots, so ``MAX_SLOTS`` bounds where it is used. This module
-imports triton: ``expert_blocks`` imports it only for CUDA tensors.
+The rank is quadratic in the slots, so ``MAX_SLOTS`` bounds where it is used.
+
+Up to ``SMALL_SLOTS`` slots (decode batches) a leaner program does the same in one tile of
+slots, without a tile over the experts: each slot's rank and its expert's count by comparing
+every slot with every slot, the blocks before its expert by adding the block counts of the
+experts with smaller ids (each counted at its first slot), each block's owner by which
+expert's block range holds it. This module imports triton: ``expert_blocks`` imports it only
+for CUDA tensors.
 """
 
 from __future__ import annotations
@@ -28,13 +34,21 @@ import triton.language as tl
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MAX_SLOTS", "expert_blocks_kernel", "fill_expert_blocks"]
+__all__ = ["MAX_SLOTS", "PROGRAMS", "SMALL_SLOTS", "expert_blocks_kernel",
+           "expert_blocks_small_kernel", "fill_expert_blocks"]
 
 #: The most routed slots (tokens x top-k) the one-program kernel takes. Its work grows with
 #: the square of the slots; on the H200 (``bench/results/nvfp4-moe-routing-h200.md``, 256
 #: experts, top-8, in a CUDA graph) it took 7 / 8 / 17 / 88 us for 8 / 32 / 128 / 512 slots
 #: against 48-77 us for the tensor operations (48-127 us up to 8192 slots).
 MAX_SLOTS = 256
+#: The most slots the one-tile program takes (``program="auto"`` runs it up to here). On an
+#: H100 (``bench/results/moe-routing-h100.md``, 8 warps) it made 8 / 32 / 64 slots in 1.7 /
+#: 2.0 / 4.9 us against the chunked program's best 7.5 / 7.5 / 9.2; at 128 slots its
+#: slot-by-slot tiles took 33-75 us against 16.4, and past that it compiles for minutes.
+SMALL_SLOTS = 64
+#: ``program`` choices of ``fill_expert_blocks``.
+PROGRAMS = ("auto", "chunked", "small")
 _CHUNK = 64
 
 
@@ -86,28 +100,74 @@ def expert_blocks_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_experts
         tl.store(experts_ptr + block, owner, mask=block < blocks)
 
 
+@triton.jit
+def expert_blocks_small_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_experts, blocks,
+                               BLOCK_M: tl.constexpr, SLOTS: tl.constexpr,
+                               BLOCKS: tl.constexpr, CHUNK: tl.constexpr):
+    mine = tl.arange(0, SLOTS)
+    ids = _ids(ids_ptr, mine, num_slots, num_experts)
+    valid = ids >= 0
+    same = (ids[:, None] == ids[None, :]) & valid[:, None]  # [slot, other slot]
+    rank = tl.sum((same & (mine[None, :] < mine[:, None])).to(tl.int32), axis=1)
+    count = tl.sum(same.to(tl.int32), axis=1)
+    per_expert = (count + BLOCK_M - 1) // BLOCK_M
+    # each routed expert counted once, at its first slot
+    first = valid & (rank == 0)
+    earlier = first[None, :] & (ids[None, :] < ids[:, None])
+    block_start = tl.sum(tl.where(earlier, per_expert[None, :], 0), axis=1)
+    for p in range(0, blocks * BLOCK_M, CHUNK):
+        lanes = p + tl.arange(0, CHUNK)
+        tl.store(slots_ptr + lanes, tl.zeros((CHUNK,), dtype=tl.int32) + num_slots,
+                 mask=lanes < blocks * BLOCK_M)
+    tl.debug_barrier()  # the padding is written before any slot lands on it
+    tl.store(slots_ptr + block_start * BLOCK_M + rank, mine, mask=valid)
+    block = tl.arange(0, BLOCKS)
+    holds = first[None, :] & (block_start[None, :] <= block[:, None]) \
+        & (block[:, None] < (block_start + per_expert)[None, :])
+    owner = tl.sum(tl.where(holds, ids[None, :], 0), axis=1)
+    owner = tl.where(tl.sum(holds.to(tl.int32), axis=1) > 0, owner, -1)
+    tl.store(experts_ptr + block, owner, mask=block < blocks)
+
+
 def fill_expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int,
-                       slots: torch.Tensor, experts: torch.Tensor) -> None:
+                       slots: torch.Tensor, experts: torch.Tensor, *, program: str = "auto",
+                       num_warps: int | None = None) -> None:
     """Write the blocks of ``topk_ids`` into ``slots`` and ``experts`` (int32, sized by
     ``expert_blocks.max_blocks``) with one program. Ids outside ``[0, num_experts)`` put their
-    slot in no block. ``ValueError`` past ``MAX_SLOTS`` slots or on buffers of another size
-    or dtype."""
+    slot in no block. ``program``: one of ``PROGRAMS`` (``"auto"``: the one-tile program up
+    to ``SMALL_SLOTS`` slots, else the chunked one); ``num_warps``: the program's warps
+    (default 8 for the one-tile program, 4 for the chunked one, the fastest measured). Both
+    are tuning knobs with the same result. ``ValueError`` past ``MAX_SLOTS`` slots
+    (``SMALL_SLOTS`` for the one-tile program), on an unknown program or on buffers of another
+    size or dtype."""
     import torch
 
     from kernelbay.layers.expert_blocks import max_blocks
 
     flat = topk_ids.reshape(-1)  # any integer dtype: the kernel widens each id to int32
-    if flat.numel() > MAX_SLOTS:
-        raise ValueError(f"fill_expert_blocks: {flat.numel()} routed slots, the one-program "
-                         f"kernel takes at most MAX_SLOTS={MAX_SLOTS}")
+    if program not in PROGRAMS:
+        raise ValueError(f"fill_expert_blocks: program={program!r}; valid: {PROGRAMS}")
+    small = program == "small" or (program == "auto" and flat.numel() <= SMALL_SLOTS)
+    limit, which = (SMALL_SLOTS, "SMALL_SLOTS") if small else (MAX_SLOTS, "MAX_SLOTS")
+    if flat.numel() > limit:
+        raise ValueError(f"fill_expert_blocks: {flat.numel()} routed slots, the "
+                         f"{'one-tile' if small else 'chunked'} program takes at most "
+                         f"{which}={limit}")
     blocks = max_blocks(flat.numel(), num_experts, block_m)
     for name, t, size in (("slots", slots, blocks * block_m), ("experts", experts, blocks)):
         if t.dtype != torch.int32 or t.numel() != size or not t.is_contiguous():
             raise ValueError(f"fill_expert_blocks: {name} must be a contiguous int32 tensor of "
                              f"{size} elements for {flat.numel()} slots, {num_experts} experts "
                              f"and block_m={block_m}; got {t.dtype} {tuple(t.shape)}")
+    if small:
+        opts = {"num_warps": num_warps or 8} if topk_ids.is_cuda else {}
+        expert_blocks_small_kernel[(1,)](
+            flat, slots, experts, flat.numel(), num_experts, experts.numel(), BLOCK_M=block_m,
+            SLOTS=max(16, triton.next_power_of_2(flat.numel())),
+            BLOCKS=max(16, triton.next_power_of_2(experts.numel())), CHUNK=256, **opts)
+        return
     width = max(16, triton.next_power_of_2(num_experts))
-    opts = {"num_warps": 4} if topk_ids.is_cuda else {}
+    opts = {"num_warps": num_warps or 4} if topk_ids.is_cuda else {}
     expert_blocks_kernel[(1,)](flat, slots, experts, flat.numel(), num_experts,
                                experts.numel(), BLOCK_M=block_m, EXPERTS=width, CHUNK=_CHUNK,
                                **opts)

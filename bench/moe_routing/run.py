@@ -1,0 +1,120 @@
+"""Benchmark: the MoE routing grouped by expert (``kernelbay.layers.expert_blocks``), each way
+it can be made, against the tensor operations in the same run.
+
+For each routed slot count (tokens x top-k, uniform random distinct experts per token): the
+tensor operations (``kernel="torch"``), the chunked one-program Triton kernel (up to
+``MAX_SLOTS`` slots) and the one-tile program (up to ``SMALL_SLOTS``), each at several warp
+counts, every result checked against the tensor operations' blocks first (a mismatch makes the
+script exit 1 after writing what it measured), then replayed from a CUDA graph
+(microseconds). ``auto`` is what ``expert_blocks`` runs by default.
+
+    python bench/moe_routing/run.py --out DIR                      # about a minute, CUDA
+    TRITON_INTERPRET=1 python bench/moe_routing/run.py --device cpu --slots 8,16 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from moe_common import uniform_routing  # from bench/, put on the path above
+from report import write_results
+from settle import add_timing_args, timed_us
+
+#: (program, warps) variants of the one-program kernels.
+VARIANTS = (("small", 1), ("small", 2), ("small", 4), ("small", 8), ("chunked", 1),
+            ("chunked", 2), ("chunked", 4), ("chunked", 8))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="folder for results.json / results.md")
+    p.add_argument("--slots", default="8,32,64,128,256,512,2048",
+                   help="routed slot counts (multiples of --top-k)")
+    p.add_argument("--experts", type=int, default=256)
+    p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--block-m", type=int, default=16, help="rows per block")
+    add_timing_args(p, rep_ms=20.0)
+    args = p.parse_args(argv)
+    import torch
+    import triton
+    from kernelbay.layers.expert_blocks import expert_blocks, max_blocks
+    from kernelbay.layers.expert_blocks_triton import (
+        MAX_SLOTS,
+        SMALL_SLOTS,
+        fill_expert_blocks,
+    )
+
+    dev = args.device
+    if dev == "cuda" and not torch.cuda.is_available():
+        print("bench/moe_routing/run.py needs a CUDA GPU (or --device cpu under "
+              "TRITON_INTERPRET=1)", file=sys.stderr)
+        return 2
+    gen = torch.Generator().manual_seed(0)
+    rows: list[dict[str, Any]] = []
+    failures: list[str] = []
+    E, bm = args.experts, args.block_m
+    for slots_n in (int(v) for v in args.slots.split(",")):
+        ids, _ = uniform_routing(slots_n // args.top_k, E, args.top_k, gen, dev)
+        want = expert_blocks(ids, E, bm, kernel="torch")
+        row: dict[str, Any] = {"slots": ids.numel()}
+        row["torch_us"] = timed_us(lambda ids=ids: expert_blocks(ids, E, bm, kernel="torch"),
+                                   dev, settle_s=args.settle_s, rep_ms=args.rep_ms)
+        row["auto_us"] = timed_us(lambda ids=ids: expert_blocks(ids, E, bm), dev,
+                                  settle_s=args.settle_s, rep_ms=args.rep_ms)
+        blocks = max_blocks(ids.numel(), E, bm)
+        for program, warps in VARIANTS:
+            if ids.numel() > (SMALL_SLOTS if program == "small" else MAX_SLOTS):
+                continue
+            slots = torch.empty(blocks * bm, dtype=torch.int32, device=dev)
+            owners = torch.empty(blocks, dtype=torch.int32, device=dev)
+
+            def run(ids: torch.Tensor = ids, slots: torch.Tensor = slots,
+                    owners: torch.Tensor = owners, program: str = program,
+                    warps: int = warps) -> None:
+                fill_expert_blocks(ids, E, bm, slots, owners, program=program, num_warps=warps)
+
+            run()
+            key = f"{program}_w{warps}"
+            if not (torch.equal(slots, want.slots) and torch.equal(owners, want.experts)):
+                failures.append(f"{key} at {ids.numel()} slots: blocks differ from the tensor "
+                                "operations'")
+                continue
+            row[f"{key}_us"] = timed_us(run, dev, settle_s=args.settle_s, rep_ms=args.rep_ms)
+        rows.append(row)
+        print(", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                        for k, v in row.items()), flush=True)
+    name = torch.cuda.get_device_name(0) if dev == "cuda" else "cpu (Triton interpreter)"
+    result = {"benchmark": "MoE routing grouped by expert", "device": name,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "torch": torch.__version__, "triton": triton.__version__, "experts": E,
+              "top_k": args.top_k, "block_m": bm, "rows": rows, "failures": failures}
+    return write_results(args.out, result, markdown(result), failures)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """One row per slot count, one column per way (us, CUDA-graph replays)."""
+    keys = ["torch_us", "auto_us"] + [f"{p}_w{w}_us" for p, w in VARIANTS]
+    lines = [f"# MoE routing grouped by expert ({result['device']})", "",
+             f"{result['date']}, torch {result['torch']}, triton {result['triton']}; "
+             f"{result['experts']} experts, top-{result['top_k']}, {result['block_m']}-row "
+             "blocks, uniform random routing; microseconds per call replayed from a CUDA graph; "
+             "`small_wN` / `chunked_wN`: the one-tile / chunked program with N warps, `auto` "
+             "what `expert_blocks` runs; - where a program does not take that many slots. "
+             "`python bench/moe_routing/run.py`.", "",
+             "| slots | " + " | ".join(k.removesuffix("_us") for k in keys) + " |",
+             "| ---: |" + " ---: |" * len(keys)]
+    for r in result["rows"]:
+        lines.append(f"| {r['slots']} | " + " | ".join(
+            f"{r[k]:.1f}" if k in r else "-" for k in keys) + " |")
+    if result["failures"]:
+        lines += ["", "Wrong results:", *[f"- {f}" for f in result["failures"]]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
