@@ -61,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     for slots_n in (int(v) for v in args.slots.split(",")):
         ids, _ = uniform_routing(slots_n // args.top_k, E, args.top_k, gen, dev)
         want = expert_blocks(ids, E, bm, kernel="torch")
+        auto = expert_blocks(ids, E, bm)
+        if not (torch.equal(auto.slots, want.slots) and torch.equal(auto.experts, want.experts)):
+            failures.append(f"auto at {ids.numel()} slots: blocks differ from the tensor "
+                            "operations'")
         row: dict[str, Any] = {"slots": ids.numel()}
         row["torch_us"] = timed_us(lambda ids=ids: expert_blocks(ids, E, bm, kernel="torch"),
                                    dev, settle_s=args.settle_s, rep_ms=args.rep_ms)

@@ -261,7 +261,9 @@ def markdown(result: dict[str, Any]) -> str:
                   "| ---: |" + " ---: |" * len(parts)]
         lines += [f"| {r['tokens']} | " + " | ".join(f"{r[k]:.1f}" for k in parts) + " |"
                   for r in result["rows"]]
-    if result["rows"] and "routing_graph_us" in result["rows"][0]:
+    # W4A16 only: the GEMMs timed alone are the weight-only ones
+    if result["rows"] and "routing_graph_us" in result["rows"][0] \
+            and result["activation"] == "bf16":
         lines += ["", "Where the layer's time goes (W4A16, each step alone from a CUDA graph, "
                   "us; rest = the layer minus its steps: launch gaps and allocations). "
                   "Slot sum = `kernelbay.layers.slot_sum` (sum and rounding in one launch); "

@@ -298,8 +298,13 @@ def sweep(row: dict[str, Any], x: torch.Tensor, packed: torch.Tensor, scales: to
     prefixes = None if args.configs == "all" else tuple(args.configs.split(","))
     configs = candidate_configs(m, n, k)
     if prefixes:
+        named = named_configs(prefixes)
+        for entry in prefixes:  # a typo would time nothing, silently
+            if not any(c.describe().startswith(entry) for c in [*configs, *named]):
+                print(f"--configs {entry!r}: no candidate starts with it and it is no whole "
+                      "config name (GemmConfig.parse); skipped", file=sys.stderr, flush=True)
         configs = [c for c in configs if c.describe().startswith(prefixes)]
-        configs += [c for c in named_configs(prefixes) if c not in configs]
+        configs += [c for c in named if c not in configs]
     for cfg in configs:
         weights = next(by_layout[lay] for lay, paths in READABLE.items() if cfg.path in paths)
         weight = weights[0]

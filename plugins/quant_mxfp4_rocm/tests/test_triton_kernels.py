@@ -386,6 +386,14 @@ def test_config_names_round_trip() -> None:
         with pytest.raises(ValueError, match=rf"config '{bad}'; expected m<M>n<N>k<K>.*"
                                              r"'fragment'"):
             GemmConfig.parse(bad)
+    # the cap is a compile option of the CUDA backend alone: refused here, named
+    from kernelbay_quant_mxfp4_rocm.triton_gemm import mxfp4_gemm
+
+    wp, ws = random_weight(16, 64, seed=4)
+    with pytest.raises(ValueError, match=r"max_registers=96 applies to NVIDIA GPUs only, "
+                                         r"between 24 and 255; the activations are on cpu"):
+        mxfp4_gemm(torch.zeros(2, 64, dtype=torch.bfloat16), wp, ws,
+                   config=GemmConfig(16, 16, 64, 1, 4, 3, "decode", max_registers=96))
 
 
 def test_decode_subnormal_scale_in_the_gemm() -> None:
@@ -566,8 +574,8 @@ def _gpu_configs() -> list[tuple[int, Any]]:
 
 @pytest.mark.gpu
 def test_gpu_gemm_with_a_register_cap() -> None:
-    """A config with ``max_registers`` compiles under the cap and gives the reference's
-    result (the cap reaches the compiler: the kernel's register count is at most it)."""
+    """A config with ``max_registers`` gives the reference's result, and the cap reaches the
+    compiler (the build's PTX carries the ``.maxnreg`` directive ptxas allocates under)."""
     from kernelbay_quant_mxfp4_rocm.triton_gemm import GemmConfig, mxfp4_gemm
 
     n, k, m = 512, 2048, 5

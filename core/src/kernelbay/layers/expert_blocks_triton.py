@@ -43,9 +43,10 @@ __all__ = ["MAX_SLOTS", "PROGRAMS", "SMALL_SLOTS", "expert_blocks_kernel",
 #: against 48-77 us for the tensor operations (48-127 us up to 8192 slots).
 MAX_SLOTS = 256
 #: The most slots the one-tile program takes (``program="auto"`` runs it up to here). On an
-#: H100 (``bench/results/moe-routing-h100.md``, 8 warps) it made 8 / 32 / 64 slots in 1.7 /
-#: 2.0 / 4.9 us against the chunked program's best 7.5 / 7.5 / 9.2; at 128 slots its
-#: slot-by-slot tiles took 33-75 us against 16.4, and past that it compiles for minutes.
+#: H100 (``bench/results/moe-routing-h100.md``, 8 warps) it made 8 / 32 / 64 slots in 1.8 /
+#: 2.1 / 5.1 us against the chunked program's best 7.6 / 7.7 / 9.4; at 128 slots its
+#: slot-by-slot tiles took 33-75 us against 16.4, and at 256 its compile had not finished
+#: after 100 s.
 SMALL_SLOTS = 64
 #: ``program`` choices of ``fill_expert_blocks``.
 PROGRAMS = ("auto", "chunked", "small")
@@ -104,6 +105,9 @@ def expert_blocks_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_experts
 def expert_blocks_small_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_experts, blocks,
                                BLOCK_M: tl.constexpr, SLOTS: tl.constexpr,
                                BLOCKS: tl.constexpr, CHUNK: tl.constexpr):
+    """``expert_blocks_kernel``'s result from one tile of slots (one program): ``SLOTS`` and
+    ``BLOCKS`` powers of two at least ``num_slots`` and ``blocks`` (``fill_expert_blocks``
+    chooses them; smaller ones would drop slots)."""
     mine = tl.arange(0, SLOTS)
     ids = _ids(ids_ptr, mine, num_slots, num_experts)
     valid = ids >= 0

@@ -51,7 +51,8 @@ def sum_slots_triton(y: torch.Tensor, top_k: int, out_dtype: torch.dtype) -> tor
     if tokens == 0 or n == 0:
         return out
     y = y if y.is_contiguous() else y.contiguous()
-    bits = os.environ.get("TRITON_INTERPRET") == "1" and out_dtype == torch.bfloat16
+    interpreting = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    bits = interpreting and out_dtype == torch.bfloat16
     grid = (tokens, triton.cdiv(n, _BLOCK))
     _sum_slots_kernel[grid](y, out.view(torch.int16) if bits else out, n, TOP_K=top_k,
                             BLOCK=_BLOCK, OUT_BF16_BITS=bits, num_warps=4)

@@ -104,8 +104,9 @@ class GemmConfig:
     #: ``kernelbay.formats.repack_e2m1_words``: the weight must be stored so), ``scaled``
     #: (``tl.dot_scaled``) or ``dequant`` (bf16 weight, then torch's matmul).
     path: str = "decode"
-    #: Register cap per thread for the compiler (Triton's ``maxnreg``), None for its own
-    #: choice: a tuning knob (more resident programs per SM, or spills), in no default.
+    #: Register cap per thread for the compiler (Triton's ``maxnreg``, NVIDIA GPUs only,
+    #: 24-255), None for its own choice: a tuning knob (more resident programs per SM, or
+    #: spills), in no default.
     max_registers: int | None = None
 
     def describe(self) -> str:
@@ -634,6 +635,13 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
                          f"{layout} layout; paths for it: {list(READABLE[layout])}")
     if cfg.block_k % 32 or cfg.block_k < 32:
         raise ValueError(f"mxfp4_gemm: block_k={cfg.block_k} must be a multiple of 32")
+    if cfg.max_registers is not None and (not x.is_cuda or torch.version.hip is not None
+                                          or os.environ.get("TRITON_INTERPRET") == "1"
+                                          or not 24 <= cfg.max_registers <= 255):
+        # a compile option of Triton's CUDA backend alone (ptxas's register bound)
+        raise ValueError(f"mxfp4_gemm: max_registers={cfg.max_registers} applies to NVIDIA "
+                         f"GPUs only, between 24 and 255; the activations are on {x.device}"
+                         f"{' (ROCm)' if torch.version.hip else ''}")
     weight_scale = weight_scale if weight_scale.stride(-1) == 1 else weight_scale.contiguous()
     scaled = cfg.path == "scaled"
     if x_scale is not None and not scaled:

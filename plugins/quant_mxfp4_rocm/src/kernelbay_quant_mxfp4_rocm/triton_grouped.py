@@ -14,10 +14,9 @@ row ``slot`` of the output. The gate/up GEMM can take gate and up rows in one pr
 store ``SiLU(gate) * up`` (``gated``), the down GEMM each row times its slot's routing
 weight (``routing_weights``): the weight-only layer is then four launches on CUDA (routing,
 two GEMMs, ``kernelbay.layers.slot_sum``'s float32 sum over each token's slots with its
-rounding). Pad rows (slot ``num_slots``) are
-masked; blocks past the used ones (expert ``-1``) return at once, so the grid depends on the
-shapes alone and nothing is read on the host: a decode step that runs these GEMMs can be
-captured in a CUDA graph.
+rounding). Pad rows (slot ``num_slots``) are masked; blocks past the used ones (expert
+``-1``) return at once, so the grid depends on the shapes alone and nothing is read on the
+host: a decode step that runs these GEMMs can be captured in a CUDA graph.
 Imported lazily by the MoE method (this module imports triton).
 """
 
