@@ -65,6 +65,17 @@ def _ids(ids_ptr, offsets, num_slots, num_experts):
 
 
 @triton.jit
+def _pad_slots(slots_ptr, size, num_slots, CHUNK: tl.constexpr):
+    """Every one of the ``size`` block rows set to the padding value ``num_slots``, visible to
+    the whole program before it returns (the slots are written over it afterwards)."""
+    for p in range(0, size, CHUNK):
+        lanes = p + tl.arange(0, CHUNK)
+        tl.store(slots_ptr + lanes, tl.zeros((CHUNK,), dtype=tl.int32) + num_slots,
+                 mask=lanes < size)
+    tl.debug_barrier()
+
+
+@triton.jit
 def expert_blocks_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_experts, blocks,
                          BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
     e_idx = tl.arange(0, EXPERTS)
@@ -76,10 +87,7 @@ def expert_blocks_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_experts
     per_expert = (counts + BLOCK_M - 1) // BLOCK_M
     block_end = tl.cumsum(per_expert, 0)
     block_start = block_end - per_expert
-    for p in range(0, blocks * BLOCK_M, CHUNK):
-        tl.store(slots_ptr + p + lanes, tl.zeros((CHUNK,), dtype=tl.int32) + num_slots,
-                 mask=p + lanes < blocks * BLOCK_M)
-    tl.debug_barrier()  # the padding is written before any slot lands on it
+    _pad_slots(slots_ptr, blocks * BLOCK_M, num_slots, CHUNK)
     for i in range(0, num_slots, CHUNK):
         mine = i + lanes
         my_ids = _ids(ids_ptr, mine, num_slots, num_experts)
@@ -119,11 +127,7 @@ def expert_blocks_small_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_e
     first = valid & (rank == 0)
     earlier = first[None, :] & (ids[None, :] < ids[:, None])
     block_start = tl.sum(tl.where(earlier, per_expert[None, :], 0), axis=1)
-    for p in range(0, blocks * BLOCK_M, CHUNK):
-        lanes = p + tl.arange(0, CHUNK)
-        tl.store(slots_ptr + lanes, tl.zeros((CHUNK,), dtype=tl.int32) + num_slots,
-                 mask=lanes < blocks * BLOCK_M)
-    tl.debug_barrier()  # the padding is written before any slot lands on it
+    _pad_slots(slots_ptr, blocks * BLOCK_M, num_slots, CHUNK)
     tl.store(slots_ptr + block_start * BLOCK_M + rank, mine, mask=valid)
     block = tl.arange(0, BLOCKS)
     holds = first[None, :] & (block_start[None, :] <= block[:, None]) \

@@ -635,9 +635,9 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
                          f"{layout} layout; paths for it: {list(READABLE[layout])}")
     if cfg.block_k % 32 or cfg.block_k < 32:
         raise ValueError(f"mxfp4_gemm: block_k={cfg.block_k} must be a multiple of 32")
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
     if cfg.max_registers is not None and (not x.is_cuda or torch.version.hip is not None
-                                          or os.environ.get("TRITON_INTERPRET") == "1"
-                                          or not 24 <= cfg.max_registers <= 255):
+                                          or interpret or not 24 <= cfg.max_registers <= 255):
         # a compile option of Triton's CUDA backend alone (ptxas's register bound)
         raise ValueError(f"mxfp4_gemm: max_registers={cfg.max_registers} applies to NVIDIA "
                          f"GPUs only, between 24 and 255; the activations are on {x.device}"
@@ -666,7 +666,6 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     target = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32,
                                                 device=x.device)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
     out_bits = interpret and split == 1 and out_dtype == torch.bfloat16
     if out_bits:
         target = out.view(torch.int16)

@@ -18,8 +18,8 @@ each block of one expert's slots against that expert's weight. Math
 subnormals of blocks with X < -118, rounded once as the reference rounds them) and ``w[s]``
 the slot's routing weight; then ``out[t] = sum_k y[t * K + k]`` in float32, in slot order,
 rounded to x's dtype (``kernelbay.layers.slot_sum``: one launch on CUDA). (The emulation
-rounds gate/up to bf16 before SiLU, as ``TorchMoE``
-does; the fused weight-only path rounds once, after it.) Nothing is read on the host, so the
+rounds gate/up to bf16 before SiLU, as ``TorchMoE`` does; the fused weight-only path rounds
+once, after it.) Nothing is read on the host, so the
 layer runs inside a captured CUDA graph as it runs eagerly (the per-expert loop it replaced
 read the routing on the host, and a captured step ran every expert on every token, or was
 refused). The fused SwiGLU kernel computes ``silu * up`` in

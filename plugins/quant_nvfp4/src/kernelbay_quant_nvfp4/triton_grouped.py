@@ -20,7 +20,8 @@ gathering its activation rows by slot:
 ``nvfp4_grouped_experts`` then adds ``y`` over each token's K slots in slot order (float32,
 deterministic) and rounds once (``kernelbay.layers.slot_sum``, one launch on CUDA). Blocks
 past the used ones (expert -1) do nothing, so the grid depends on the shapes alone and nothing
-is read on the host: the experts run inside a captured CUDA graph exactly as eagerly. This module imports triton: the MoE method imports it when it runs.
+is read on the host: the experts run inside a captured CUDA graph exactly as eagerly. This
+module imports triton: the MoE method imports it when it runs.
 """
 
 from __future__ import annotations
