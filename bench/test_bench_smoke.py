@@ -75,3 +75,5 @@ def test_routing_bench_runs_in_the_interpreter(tmp_path: object) -> None:
         result = json.load(f)
     assert [r["slots"] for r in result["rows"]] == [8, 72] and not result["failures"]
     assert "small_w1_us" in result["rows"][0] and "small_w1_us" not in result["rows"][1]
+    # 72 slots in chunks of 64: the multi-program routing's two chunks were checked and timed
+    assert "multi_c64_w4_us" in result["rows"][1]

@@ -3,8 +3,9 @@ it can be made, against the tensor operations in the same run.
 
 For each routed slot count (tokens x top-k, uniform random distinct experts per token): the
 tensor operations (``kernel="torch"``), the chunked one-program Triton kernel (up to
-``MAX_SLOTS`` slots) and the one-tile program (up to ``SMALL_SLOTS``), each at several warp
-counts, every result checked against the tensor operations' blocks first (a mismatch makes the
+``MAX_SLOTS`` slots), the one-tile program (up to ``SMALL_SLOTS``) and the multi-program
+routing (any count; three launches of one program per chunk of slots), each at several warp
+counts (and chunk sizes), every result checked against the tensor operations' blocks first (a mismatch makes the
 script exit 1 after writing what it measured), then replayed from a CUDA graph
 (microseconds). ``auto`` is what ``expert_blocks`` runs by default.
 
@@ -25,15 +26,22 @@ from moe_common import uniform_routing  # from bench/, put on the path above
 from report import write_results
 from settle import add_timing_args, timed_us
 
-#: (program, warps) variants of the one-program kernels.
-VARIANTS = (("small", 1), ("small", 2), ("small", 4), ("small", 8), ("chunked", 1),
-            ("chunked", 2), ("chunked", 4), ("chunked", 8))
+#: (program, warps, slots per program) variants of the Triton programs; the chunk applies to
+#: the multi-program routing only.
+VARIANTS = (("small", 1, 0), ("small", 2, 0), ("small", 4, 0), ("small", 8, 0),
+            ("chunked", 2, 0), ("chunked", 4, 0), ("multi", 4, 64), ("multi", 4, 128),
+            ("multi", 8, 128), ("multi", 4, 256), ("multi", 8, 256))
+
+
+def variant_key(program: str, warps: int, chunk: int) -> str:
+    """The column name of one variant: ``small_w8``, ``multi_c128_w4``."""
+    return f"{program}_c{chunk}_w{warps}" if program == "multi" else f"{program}_w{warps}"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for results.json / results.md")
-    p.add_argument("--slots", default="8,32,64,128,256,512,2048",
+    p.add_argument("--slots", default="8,32,64,128,256,512,2048,8192",
                    help="routed slot counts (multiples of --top-k)")
     p.add_argument("--experts", type=int, default=256)
     p.add_argument("--top-k", type=int, default=8)
@@ -71,19 +79,21 @@ def main(argv: list[str] | None = None) -> int:
         row["auto_us"] = timed_us(lambda ids=ids: expert_blocks(ids, E, bm), dev,
                                   settle_s=args.settle_s, rep_ms=args.rep_ms)
         blocks = max_blocks(ids.numel(), E, bm)
-        for program, warps in VARIANTS:
-            if ids.numel() > (SMALL_SLOTS if program == "small" else MAX_SLOTS):
+        for program, warps, chunk in VARIANTS:
+            limit = {"small": SMALL_SLOTS, "chunked": MAX_SLOTS}.get(program)
+            if limit is not None and ids.numel() > limit:
                 continue
             slots = torch.empty(blocks * bm, dtype=torch.int32, device=dev)
             owners = torch.empty(blocks, dtype=torch.int32, device=dev)
 
             def run(ids: torch.Tensor = ids, slots: torch.Tensor = slots,
                     owners: torch.Tensor = owners, program: str = program,
-                    warps: int = warps) -> None:
-                fill_expert_blocks(ids, E, bm, slots, owners, program=program, num_warps=warps)
+                    warps: int = warps, chunk: int = chunk) -> None:
+                fill_expert_blocks(ids, E, bm, slots, owners, program=program, num_warps=warps,
+                                   **({"chunk": chunk} if chunk else {}))
 
             run()
-            key = f"{program}_w{warps}"
+            key = variant_key(program, warps, chunk)
             if not (torch.equal(slots, want.slots) and torch.equal(owners, want.experts)):
                 failures.append(f"{key} at {ids.numel()} slots: blocks differ from the tensor "
                                 "operations'")
@@ -102,12 +112,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def markdown(result: dict[str, Any]) -> str:
     """One row per slot count, one column per way (us, CUDA-graph replays)."""
-    keys = ["torch_us", "auto_us"] + [f"{p}_w{w}_us" for p, w in VARIANTS]
+    keys = ["torch_us", "auto_us"] + [f"{variant_key(*v)}_us" for v in VARIANTS]
     lines = [f"# MoE routing grouped by expert ({result['device']})", "",
              f"{result['date']}, torch {result['torch']}, triton {result['triton']}; "
              f"{result['experts']} experts, top-{result['top_k']}, {result['block_m']}-row "
              "blocks, uniform random routing; microseconds per call replayed from a CUDA graph; "
-             "`small_wN` / `chunked_wN`: the one-tile / chunked program with N warps, `auto` "
+             "`small_wN` / `chunked_wN`: the one-tile / chunked program with N warps, "
+             "`multi_cC_wN`: the multi-program routing with C slots and N warps per program, `auto` "
              "what `expert_blocks` runs; - where a program does not take that many slots. "
              "`python bench/moe_routing/run.py`.", "",
              "| slots | " + " | ".join(k.removesuffix("_us") for k in keys) + " |",

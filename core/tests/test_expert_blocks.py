@@ -87,17 +87,24 @@ from kernelbay.layers.expert_blocks import expert_blocks, max_blocks
 from kernelbay.layers.expert_blocks_triton import SMALL_SLOTS, fill_expert_blocks
 
 
-def run(ids, experts, block_m, program):
+def run(ids, experts, block_m, program, **knobs):
     blocks = max_blocks(ids.numel(), experts, block_m)
     slots = torch.empty(blocks * block_m, dtype=torch.int32, device=ids.device)
     owners = torch.empty(blocks, dtype=torch.int32, device=ids.device)
-    fill_expert_blocks(ids, experts, block_m, slots, owners, program=program)
+    fill_expert_blocks(ids, experts, block_m, slots, owners, program=program, **knobs)
     return slots, owners
+
+
+def programs(n):
+    # every program that takes n slots, the multi-program one with several chunk sizes (16:
+    # many programs, the last one part-full)
+    return ([("small", {})] if n <= SMALL_SLOTS else []) + [("chunked", {})] * (n <= 256) \
+        + [("multi", {"chunk": c}) for c in (16, 64, 128)]
 
 
 cases = [(1, 1, 1, 16), (1, 8, 256, 16), (7, 2, 3, 16), (40, 2, 8, 16), (33, 4, 5, 4),
          (32, 8, 256, 16), (30, 8, 16, 64), (5, 3, 40, 1), (64, 2, 2, 32), (0, 2, 4, 16),
-         (85, 3, 300, 8), (8, 8, 256, 16), (32, 2, 3, 16)]
+         (85, 3, 300, 8), (8, 8, 256, 16), (32, 2, 3, 16), (70, 8, 256, 16), (150, 4, 9, 32)]
 gen = torch.Generator().manual_seed(0)
 for tokens, top_k, experts, block_m in cases:
     for skew in (False, True):
@@ -108,11 +115,12 @@ for tokens, top_k, experts, block_m in cases:
         got = expert_blocks(ids.int(), experts, block_m, kernel="triton")
         assert torch.equal(got.slots, want.slots), (tokens, top_k, experts, block_m, skew)
         assert torch.equal(got.experts, want.experts), (tokens, top_k, experts, block_m, skew)
-        for program in (["small"] if ids.numel() <= SMALL_SLOTS else []) + ["chunked"]:
-            slots, owners = run(ids, experts, block_m, program)
-            assert torch.equal(slots, want.slots), (program, tokens, top_k, experts, skew)
-            assert torch.equal(owners, want.experts), (program, tokens, top_k, experts, skew)
-# unsigned ids: the same blocks (160 slots: the chunked program; 56: the one-tile one)
+        for program, knobs in programs(ids.numel()):
+            slots, owners = run(ids, experts, block_m, program, **knobs)
+            assert torch.equal(slots, want.slots), (program, knobs, tokens, top_k, experts, skew)
+            assert torch.equal(owners, want.experts), (program, knobs, tokens, top_k, experts,
+                                                       skew)
+# unsigned ids: the same blocks (160 slots: the multi-program routing; 56: the one-tile one)
 for shape in ((20, 8), (7, 8)):
     ids = torch.randint(0, 200, shape, generator=gen)
     want = expert_blocks(ids, 256, 16, kernel="torch")
@@ -138,16 +146,19 @@ ids[::4, 0] = 9
 ids[1, 1] = -2
 ids[2, 2] = 2**32 + 1
 flat = ids.reshape(-1).tolist()
-for program in ("small", "chunked"):
-    slots, owners = run(ids, 5, 4, program)
+for program, knobs in programs(ids.numel()):
+    slots, owners = run(ids, 5, 4, program, **knobs)
     valid = [s for s, e in enumerate(flat) if 0 <= e < 5]
     assert sorted(s for s in slots.tolist() if s != len(flat)) == valid, (program, slots)
     for b, e in enumerate(owners.tolist()):
         rows = [s for s in slots.tolist()[b * 4:(b + 1) * 4] if s != len(flat)]
         assert (e == -1) == (not rows) and all(flat[s] == e for s in rows), (program, b, e)
-for bad, msg in (({"program": "fast"}, "program='fast'; valid: ('auto', 'chunked', 'small')"),
+for bad, msg in (({"program": "fast"},
+                  "program='fast'; valid: ('auto', 'chunked', 'multi', 'small')"),
                  ({"program": "small"}, "65 routed slots, the one-tile program takes at most "
-                                        "SMALL_SLOTS=64")):
+                                        "SMALL_SLOTS=64"),
+                 ({"program": "multi", "chunk": 48}, "chunk=48; expected a power of two >= 16"),
+                 ({"program": "multi", "chunk": 8}, "chunk=8; expected a power of two >= 16")):
     ids = torch.zeros(13, 5, dtype=torch.int32)
     try:
         run(ids, 4, 16, **bad)
@@ -156,11 +167,11 @@ for bad, msg in (({"program": "fast"}, "program='fast'; valid: ('auto', 'chunked
     else:
         raise AssertionError(f"{bad} must be refused")
 try:
-    expert_blocks(torch.zeros(129, 2, dtype=torch.int32), 4, 16, kernel="triton")
+    run(torch.zeros(129, 2, dtype=torch.int32), 4, 16, "chunked")
 except ValueError as exc:
     assert "258 routed slots" in str(exc) and "MAX_SLOTS=256" in str(exc), exc
 else:
-    raise AssertionError("past MAX_SLOTS the Triton program must refuse")
+    raise AssertionError("past MAX_SLOTS the chunked program must refuse")
 print("ok", len(cases))
 """
 
@@ -192,11 +203,12 @@ def test_an_unknown_kernel_is_named() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens, top_k, experts, block_m", [
     (1, 8, 256, 16), (16, 8, 256, 16), (32, 8, 256, 16), (20, 8, 300, 64), (100, 2, 8, 32),
-    (7, 3, 5, 16)])
+    (7, 3, 5, 16), (1000, 8, 256, 16), (513, 6, 64, 64)])
 def test_cuda_triton_blocks_equal_the_tensor_operations(tokens: int, top_k: int, experts: int,
                                                         block_m: int) -> None:
-    """The one-program kernel on the GPU (up to its 256 slots; 300 experts, 64-row blocks)
-    against the tensor operations; ``auto`` takes it there."""
+    """Every Triton program on the GPU (300 experts, 64-row blocks, up to 8000 slots: the
+    multi-program routing with 63 chunks, the last part-full) against the tensor operations;
+    ``auto`` takes them there."""
     gen = torch.Generator().manual_seed(tokens)
     ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k]
                        for _ in range(tokens)]).cuda()
@@ -205,39 +217,50 @@ def test_cuda_triton_blocks_equal_the_tensor_operations(tokens: int, top_k: int,
         got = expert_blocks(ids, experts, block_m, kernel=kernel)
         assert torch.equal(got.slots, want.slots) and torch.equal(got.experts, want.experts)
     from kernelbay.layers.expert_blocks import max_blocks
-    from kernelbay.layers.expert_blocks_triton import SMALL_SLOTS, fill_expert_blocks
+    from kernelbay.layers.expert_blocks_triton import MAX_SLOTS, SMALL_SLOTS, fill_expert_blocks
 
     blocks = max_blocks(ids.numel(), experts, block_m)
-    for program in (["small"] if ids.numel() <= SMALL_SLOTS else []) + ["chunked"]:
+    variants = ([("small", {})] if ids.numel() <= SMALL_SLOTS else []) \
+        + [("chunked", {})] * (ids.numel() <= MAX_SLOTS) \
+        + [("multi", {"chunk": c}) for c in (16, 128, 256)]
+    for program, knobs in variants:
         for warps in (1, 2, 4, 8):
             slots = torch.empty(blocks * block_m, dtype=torch.int32, device="cuda")
             owners = torch.empty(blocks, dtype=torch.int32, device="cuda")
             fill_expert_blocks(ids, experts, block_m, slots, owners, program=program,
-                               num_warps=warps)
-            assert torch.equal(slots, want.slots) and torch.equal(owners, want.experts)
+                               num_warps=warps, **knobs)
+            assert torch.equal(slots, want.slots), (program, knobs, warps)
+            assert torch.equal(owners, want.experts), (program, knobs, warps)
 
 
-@pytest.mark.parametrize("program", ["chunked", "small"])
+@pytest.mark.parametrize("program", ["chunked", "small", "counts", "bases", "scatter"])
 def test_the_triton_program_compiles_for_sm90_with_one_slot(program: str) -> None:
     """Compiled for a CUDA target on the CPU (ptxas, no GPU), with the slot count a
-    compile-time 1 as Triton specializes it at one routed slot (the interpreter never does)."""
+    compile-time 1 as Triton specializes it at one routed slot (the interpreter never does);
+    the multi-program routing's three kernels at their default widths."""
     triton = pytest.importorskip("triton")
-    from kernelbay.layers.expert_blocks_triton import (
-        expert_blocks_kernel,
-        expert_blocks_small_kernel,
-    )
+    from kernelbay.layers import expert_blocks_triton as ebt
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernel = expert_blocks_small_kernel if program == "small" else expert_blocks_kernel
+    kernel, values = {
+        "small": (ebt.expert_blocks_small_kernel,
+                  {"num_slots": 1, "blocks": 1, "BLOCK_M": 16, "SLOTS": 16, "BLOCKS": 16,
+                   "CHUNK": 256}),
+        # at one slot Triton also specializes blocks = 1 (one partial block)
+        "chunked": (ebt.expert_blocks_kernel,
+                    {"num_slots": 1, "blocks": 1, "BLOCK_M": 16, "EXPERTS": 256, "CHUNK": 64}),
+        "counts": (ebt.chunk_counts_kernel,
+                   {"num_slots": 1, "EXPERTS": 256, "CHUNK": ebt.MULTI_CHUNK, "PAD": 256}),
+        "bases": (ebt.chunk_bases_kernel,
+                  {"chunks": 1, "BLOCK_M": 16, "EXPERTS": 256, "ROWS": 16, "LANES": 64}),
+        "scatter": (ebt.chunk_scatter_kernel,
+                    {"num_slots": 1, "EXPERTS": 256, "CHUNK": ebt.MULTI_CHUNK}),
+    }[program]
     names = kernel.arg_names
-    # at one slot Triton also specializes blocks = 1 (one partial block)
-    values = ({"num_slots": 1, "blocks": 1, "BLOCK_M": 16, "SLOTS": 16, "BLOCKS": 16,
-               "CHUNK": 256} if program == "small" else
-              {"num_slots": 1, "blocks": 1, "BLOCK_M": 16, "EXPERTS": 256, "CHUNK": 64})
-    types = {"ids_ptr": "*i64", "slots_ptr": "*i32", "experts_ptr": "*i32",
-             "num_experts": "i32", "blocks": "i32"}
-    signature = {n: "constexpr" if n in values else types[n] for n in names}
+    types = {"ids_ptr": "*i64", "slots_ptr": "*i32", "experts_ptr": "*i32", "counts_ptr": "*i32",
+             "bases_ptr": "*i32"}
+    signature = {n: "constexpr" if n in values else types.get(n, "i32") for n in names}
     constexprs = {(names.index(n),): v for n, v in values.items()}
     try:
         compiled = triton.compile(ASTSource(kernel, signature, constexprs),

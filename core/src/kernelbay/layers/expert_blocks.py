@@ -15,11 +15,12 @@ known on the host; the grid covers the most there can be (``max_blocks``: the sl
 blocks plus one partial block per routed expert, at most ``min(E, T * K)`` of them), and the
 blocks past the used ones have expert ``-1``: their programs return at once.
 
-Two implementations with the same result: tensor operations (any device, and routings of any
-size), and for CUDA routings of up to ``expert_blocks_triton.MAX_SLOTS`` slots one Triton
-program (``kernel="auto"`` picks it there; up to ``SMALL_SLOTS`` a one-tile program, 1.8-5.1
-us on an H100 for 8-64 slots): the torch version is about fifteen small kernels (53-56 us),
-which inside a captured one-token step cost more than the program.
+Two implementations with the same result: tensor operations (any device), and Triton programs
+for CUDA routings (``kernel="auto"`` picks them there): up to ``SMALL_SLOTS`` slots one
+program over one tile of slots (1.8-5.1 us on an H100 for 8-64 slots), above it three
+launches of one program per chunk of slots (per-chunk expert counts, one program turning them
+into each chunk's offsets, a scatter; ``expert_blocks_triton``). The torch version is about
+fifteen small kernels (53-89 us), which inside a captured step cost more than the programs.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int, *,
                   kernel: str = "auto") -> ExpertBlocks:
     """The blocks of ``topk_ids`` [T, K] (expert ids in ``[0, num_experts)``, each token's
     distinct or not) for kernels with ``block_m``-row blocks. ``kernel``: one of ``KERNELS``
-    (``"auto"``: the Triton program for CUDA routings it takes, else tensor operations).
+    (``"auto"``: the Triton programs for CUDA routings, else tensor operations).
     ``ValueError`` on a bad shape, ``block_m`` or ``kernel``. Ids outside the range are not
     checked (that would read them on the host): the tensor operations fail on them (an index
     error, on CUDA a device-side assert), the Triton program leaves their slots out of every
@@ -112,14 +113,10 @@ def expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int, *,
 
 
 def _triton_takes(topk_ids: torch.Tensor) -> bool:
-    """Whether ``kernel="auto"`` runs the one-program Triton kernel: CUDA ids, at most its
-    ``MAX_SLOTS`` slots, Triton installed."""
+    """Whether ``kernel="auto"`` runs the Triton programs: CUDA ids, at least one slot,
+    Triton installed."""
     if not topk_ids.is_cuda or topk_ids.numel() == 0:
         return False
     import importlib.util
 
-    if importlib.util.find_spec("triton") is None:
-        return False
-    from kernelbay.layers.expert_blocks_triton import MAX_SLOTS
-
-    return topk_ids.numel() <= MAX_SLOTS
+    return importlib.util.find_spec("triton") is not None

@@ -16,6 +16,19 @@ result, bit for bit:
 
 The rank is quadratic in the slots, so ``MAX_SLOTS`` bounds where it is used.
 
+Any number of slots: the multi-program routing (``program="multi"``), three launches, each
+slot's work done by the program of its chunk of ``MULTI_CHUNK`` slots:
+
+* ``chunk_counts_kernel``: each chunk's count per expert (a [chunks, experts] table), and a
+  share of ``slots`` set to the padding value;
+* ``chunk_bases_kernel`` (one program): each expert's blocks from its total, and the table
+  turned in place into each (chunk, expert)'s first row: the expert's first block times
+  ``block_m`` plus its slots in earlier chunks; each block's expert;
+* ``chunk_scatter_kernel``: each slot written at its chunk's base for its expert plus its rank
+  among the chunk's earlier slots of that expert.
+
+The rank stays quadratic in the chunk only, and the result is the same, bit for bit.
+
 Up to ``SMALL_SLOTS`` slots (decode batches) a leaner program does the same in one tile of
 slots, without a tile over the experts: each slot's rank and its expert's count by comparing
 every slot with every slot, the blocks before its expert by adding the block counts of the
@@ -34,7 +47,8 @@ import triton.language as tl
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MAX_SLOTS", "PROGRAMS", "SMALL_SLOTS", "expert_blocks_kernel",
+__all__ = ["MAX_SLOTS", "MULTI_CHUNK", "PROGRAMS", "SMALL_SLOTS", "chunk_bases_kernel",
+           "chunk_counts_kernel", "chunk_scatter_kernel", "expert_blocks_kernel",
            "expert_blocks_small_kernel", "fill_expert_blocks"]
 
 #: The most routed slots (tokens x top-k) the one-program kernel takes. Its work grows with
@@ -49,7 +63,9 @@ MAX_SLOTS = 256
 #: after 100 s.
 SMALL_SLOTS = 64
 #: ``program`` choices of ``fill_expert_blocks``.
-PROGRAMS = ("auto", "chunked", "small")
+PROGRAMS = ("auto", "chunked", "multi", "small")
+#: Slots per program of the multi-program routing (``program="multi"``).
+MULTI_CHUNK = 128
 _CHUNK = 64
 
 
@@ -110,6 +126,69 @@ def expert_blocks_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_experts
 
 
 @triton.jit
+def chunk_counts_kernel(ids_ptr, counts_ptr, slots_ptr, num_slots, num_experts, size, pad,
+                        EXPERTS: tl.constexpr, CHUNK: tl.constexpr, PAD: tl.constexpr):
+    """Program p: how many of slots ``[p * CHUNK, (p + 1) * CHUNK)`` route to each expert
+    (``counts`` row p), and block rows ``[p * pad, (p + 1) * pad)`` set to the padding value
+    (the scatter, a later launch, writes the slots over it)."""
+    p = tl.program_id(0)
+    ids = _ids(ids_ptr, p * CHUNK + tl.arange(0, CHUNK), num_slots, num_experts)
+    e_idx = tl.arange(0, EXPERTS)
+    counts = tl.sum((ids[:, None] == e_idx[None, :]).to(tl.int32), axis=0)
+    tl.store(counts_ptr + p * EXPERTS + e_idx, counts)
+    for q in range(0, pad, PAD):
+        rows = p * pad + q + tl.arange(0, PAD)
+        tl.store(slots_ptr + rows, tl.zeros((PAD,), dtype=tl.int32) + num_slots,
+                 mask=(rows < size) & (q + tl.arange(0, PAD) < pad))
+
+
+@triton.jit
+def chunk_bases_kernel(counts_ptr, experts_ptr, chunks, num_experts, blocks,
+                       BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, ROWS: tl.constexpr,
+                       LANES: tl.constexpr):
+    """One program: each expert's blocks from its total count, then ``counts`` turned in place
+    into each (chunk, expert)'s first block row, ``expert's first block * BLOCK_M`` plus the
+    expert's slots in earlier chunks; and each block's expert, ``-1`` past the used ones."""
+    e_idx = tl.arange(0, EXPERTS)
+    total = tl.zeros((EXPERTS,), dtype=tl.int32)
+    for r in range(0, chunks, ROWS):
+        rows = r + tl.arange(0, ROWS)
+        at = counts_ptr + rows[:, None] * EXPERTS + e_idx[None, :]
+        total += tl.sum(tl.load(at, mask=rows[:, None] < chunks, other=0), axis=0)
+    per_expert = (total + BLOCK_M - 1) // BLOCK_M
+    block_end = tl.cumsum(per_expert, 0)
+    carry = (block_end - per_expert) * BLOCK_M
+    for r in range(0, chunks, ROWS):
+        rows = r + tl.arange(0, ROWS)
+        at = counts_ptr + rows[:, None] * EXPERTS + e_idx[None, :]
+        counts = tl.load(at, mask=rows[:, None] < chunks, other=0)
+        before = tl.cumsum(counts, 0) - counts  # this tile's earlier chunks
+        tl.store(at, carry[None, :] + before, mask=rows[:, None] < chunks)
+        carry += tl.sum(counts, axis=0)
+    # as in expert_blocks_kernel: lanes past num_experts end where the last expert ends
+    for b in range(0, blocks, LANES):
+        block = b + tl.arange(0, LANES)
+        owner = tl.sum((block_end[None, :] <= block[:, None]).to(tl.int32), axis=1)
+        owner = tl.where(owner < num_experts, owner, -1)
+        tl.store(experts_ptr + block, owner, mask=block < blocks)
+
+
+@triton.jit
+def chunk_scatter_kernel(ids_ptr, bases_ptr, slots_ptr, num_slots, num_experts,
+                         EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
+    """Program p: each of its chunk's slots written at its (chunk, expert) base plus its rank
+    among the chunk's earlier slots of the same expert."""
+    p = tl.program_id(0)
+    lanes = tl.arange(0, CHUNK)
+    ids = _ids(ids_ptr, p * CHUNK + lanes, num_slots, num_experts)
+    valid = ids >= 0
+    same = (ids[:, None] == ids[None, :]) & (lanes[None, :] < lanes[:, None])
+    rank = tl.sum(same.to(tl.int32), axis=1)
+    base = tl.load(bases_ptr + p * EXPERTS + ids, mask=valid, other=0)
+    tl.store(slots_ptr + base + rank, p * CHUNK + lanes, mask=valid)
+
+
+@triton.jit
 def expert_blocks_small_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_experts, blocks,
                                BLOCK_M: tl.constexpr, SLOTS: tl.constexpr,
                                BLOCKS: tl.constexpr, CHUNK: tl.constexpr):
@@ -139,43 +218,65 @@ def expert_blocks_small_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_e
 
 def fill_expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int,
                        slots: torch.Tensor, experts: torch.Tensor, *, program: str = "auto",
-                       num_warps: int | None = None) -> None:
+                       num_warps: int | None = None, chunk: int = MULTI_CHUNK) -> None:
     """Write the blocks of ``topk_ids`` into ``slots`` and ``experts`` (int32, sized by
-    ``expert_blocks.max_blocks``) with one program. Ids outside ``[0, num_experts)`` put their
-    slot in no block. ``program``: one of ``PROGRAMS`` (``"auto"``: the one-tile program up
-    to ``SMALL_SLOTS`` slots, else the chunked one); ``num_warps``: the program's warps
-    (default 8 for the one-tile program, 4 for the chunked one, the fastest measured). Both
-    are tuning knobs with the same result. ``ValueError`` past ``MAX_SLOTS`` slots
-    (``SMALL_SLOTS`` for the one-tile program), on an unknown program or on buffers of another
-    size or dtype."""
+    ``expert_blocks.max_blocks``). Ids outside ``[0, num_experts)`` put their slot in no
+    block. ``program``: one of ``PROGRAMS`` (``"auto"``: the one-tile program up to
+    ``SMALL_SLOTS`` slots, else the multi-program one); ``num_warps``: each program's warps
+    (default 8 for the one-tile program, 4 for the others, the fastest measured); ``chunk``:
+    the slots per program of the multi-program routing (a power of two from 16). All three
+    are tuning knobs with the same result. ``ValueError`` past a program's slot limit
+    (``SMALL_SLOTS`` for the one-tile program, ``MAX_SLOTS`` for the chunked one), on an
+    unknown program, a bad chunk or buffers of another size or dtype."""
     import torch
 
     from kernelbay.layers.expert_blocks import max_blocks
 
     flat = topk_ids.reshape(-1)  # any integer dtype: the kernel widens each id to int32
+    n = flat.numel()
     if program not in PROGRAMS:
         raise ValueError(f"fill_expert_blocks: program={program!r}; valid: {PROGRAMS}")
-    small = program == "small" or (program == "auto" and flat.numel() <= SMALL_SLOTS)
-    limit, which = (SMALL_SLOTS, "SMALL_SLOTS") if small else (MAX_SLOTS, "MAX_SLOTS")
-    if flat.numel() > limit:
-        raise ValueError(f"fill_expert_blocks: {flat.numel()} routed slots, the "
-                         f"{'one-tile' if small else 'chunked'} program takes at most "
-                         f"{which}={limit}")
-    blocks = max_blocks(flat.numel(), num_experts, block_m)
+    if program == "auto":
+        program = "small" if n <= SMALL_SLOTS else "multi"
+    limits = {"small": ("one-tile", "SMALL_SLOTS", SMALL_SLOTS),
+              "chunked": ("chunked", "MAX_SLOTS", MAX_SLOTS)}
+    if program in limits and n > limits[program][2]:
+        what, name, limit = limits[program]
+        raise ValueError(f"fill_expert_blocks: {n} routed slots, the {what} program takes at "
+                         f"most {name}={limit}")
+    if chunk < 16 or chunk & (chunk - 1):
+        raise ValueError(f"fill_expert_blocks: chunk={chunk}; expected a power of two >= 16")
+    blocks = max_blocks(n, num_experts, block_m)
+    if blocks * block_m >= 2**31:  # the programs index slots and block rows in int32
+        raise ValueError(f"fill_expert_blocks: {n} routed slots in {blocks} blocks of "
+                         f"{block_m} rows; the programs take fewer than 2**31 block rows")
     for name, t, size in (("slots", slots, blocks * block_m), ("experts", experts, blocks)):
         if t.dtype != torch.int32 or t.numel() != size or not t.is_contiguous():
             raise ValueError(f"fill_expert_blocks: {name} must be a contiguous int32 tensor of "
-                             f"{size} elements for {flat.numel()} slots, {num_experts} experts "
+                             f"{size} elements for {n} slots, {num_experts} experts "
                              f"and block_m={block_m}; got {t.dtype} {tuple(t.shape)}")
-    if small:
-        opts = {"num_warps": num_warps or 8} if topk_ids.is_cuda else {}
-        expert_blocks_small_kernel[(1,)](
-            flat, slots, experts, flat.numel(), num_experts, experts.numel(), BLOCK_M=block_m,
-            SLOTS=max(16, triton.next_power_of_2(flat.numel())),
-            BLOCKS=max(16, triton.next_power_of_2(experts.numel())), CHUNK=256, **opts)
-        return
     width = max(16, triton.next_power_of_2(num_experts))
-    opts = {"num_warps": num_warps or 4} if topk_ids.is_cuda else {}
-    expert_blocks_kernel[(1,)](flat, slots, experts, flat.numel(), num_experts,
-                               experts.numel(), BLOCK_M=block_m, EXPERTS=width, CHUNK=_CHUNK,
-                               **opts)
+
+    def opts(default: int) -> dict[str, int]:
+        return {"num_warps": num_warps or default} if topk_ids.is_cuda else {}
+
+    if program == "small":
+        expert_blocks_small_kernel[(1,)](
+            flat, slots, experts, n, num_experts, blocks, BLOCK_M=block_m,
+            SLOTS=max(16, triton.next_power_of_2(n)),
+            BLOCKS=max(16, triton.next_power_of_2(blocks)), CHUNK=256, **opts(8))
+    elif program == "chunked":
+        expert_blocks_kernel[(1,)](flat, slots, experts, n, num_experts, blocks,
+                                   BLOCK_M=block_m, EXPERTS=width, CHUNK=_CHUNK, **opts(4))
+    else:
+        chunks = max(1, triton.cdiv(n, chunk))
+        size = blocks * block_m
+        bases = torch.empty(chunks * width, dtype=torch.int32, device=flat.device)
+        chunk_counts_kernel[(chunks,)](flat, bases, slots, n, num_experts, size,
+                                       triton.cdiv(size, chunks), EXPERTS=width, CHUNK=chunk,
+                                       PAD=256, **opts(4))
+        chunk_bases_kernel[(1,)](bases, experts, chunks, num_experts, blocks, BLOCK_M=block_m,
+                                 EXPERTS=width, ROWS=max(1, 4096 // width), LANES=_CHUNK,
+                                 **opts(4))
+        chunk_scatter_kernel[(chunks,)](flat, bases, slots, n, num_experts, EXPERTS=width,
+                                        CHUNK=chunk, **opts(4))
