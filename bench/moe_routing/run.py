@@ -2,10 +2,9 @@
 it can be made, against the tensor operations in the same run.
 
 For each routed slot count (tokens x top-k, uniform random distinct experts per token): the
-tensor operations (``kernel="torch"``), the chunked one-program Triton kernel (up to
-``MAX_SLOTS`` slots), the one-tile program (up to ``SMALL_SLOTS``) and the multi-program
-routing (any count; three launches of one program per chunk of slots), each at several warp
-counts (and chunk sizes), every result checked against the tensor operations' blocks first (a mismatch makes the
+tensor operations (``kernel="torch"``), the one-tile Triton program (up to ``SMALL_SLOTS``)
+and the multi-program routing (any count; three launches of one program per chunk of slots),
+each at several warp counts (and chunk sizes), every result checked against the tensor operations' blocks first (a mismatch makes the
 script exit 1 after writing what it measured), then replayed from a CUDA graph
 (microseconds). ``auto`` is what ``expert_blocks`` runs by default.
 
@@ -29,7 +28,7 @@ from settle import add_timing_args, timed_us
 #: (program, warps, slots per program) variants of the Triton programs; the chunk applies to
 #: the multi-program routing only.
 VARIANTS = (("small", 1, 0), ("small", 2, 0), ("small", 4, 0), ("small", 8, 0),
-            ("chunked", 2, 0), ("chunked", 4, 0), ("multi", 4, 64), ("multi", 4, 128),
+            ("multi", 4, 64), ("multi", 4, 128),
             ("multi", 8, 128), ("multi", 4, 256), ("multi", 8, 256))
 
 
@@ -52,7 +51,6 @@ def main(argv: list[str] | None = None) -> int:
     import triton
     from kernelbay.layers.expert_blocks import expert_blocks, max_blocks
     from kernelbay.layers.expert_blocks_triton import (
-        MAX_SLOTS,
         SMALL_SLOTS,
         fill_expert_blocks,
     )
@@ -80,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                                   settle_s=args.settle_s, rep_ms=args.rep_ms)
         blocks = max_blocks(ids.numel(), E, bm)
         for program, warps, chunk in VARIANTS:
-            limit = {"small": SMALL_SLOTS, "chunked": MAX_SLOTS}.get(program)
-            if limit is not None and ids.numel() > limit:
+            if program == "small" and ids.numel() > SMALL_SLOTS:
                 continue
             slots = torch.empty(blocks * bm, dtype=torch.int32, device=dev)
             owners = torch.empty(blocks, dtype=torch.int32, device=dev)
@@ -117,7 +114,7 @@ def markdown(result: dict[str, Any]) -> str:
              f"{result['date']}, torch {result['torch']}, triton {result['triton']}; "
              f"{result['experts']} experts, top-{result['top_k']}, {result['block_m']}-row "
              "blocks, uniform random routing; microseconds per call replayed from a CUDA graph; "
-             "`small_wN` / `chunked_wN`: the one-tile / chunked program with N warps, "
+             "`small_wN`: the one-tile program with N warps, "
              "`multi_cC_wN`: the multi-program routing with C slots and N warps per program, `auto` "
              "what `expert_blocks` runs; - where a program does not take that many slots. "
              "`python bench/moe_routing/run.py`.", "",

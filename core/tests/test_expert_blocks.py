@@ -98,7 +98,7 @@ def run(ids, experts, block_m, program, **knobs):
 def programs(n):
     # every program that takes n slots, the multi-program one with several chunk sizes (16:
     # many programs, the last one part-full)
-    return ([("small", {})] if n <= SMALL_SLOTS else []) + [("chunked", {})] * (n <= 256) \
+    return ([("small", {})] if n <= SMALL_SLOTS else []) \
         + [("multi", {"chunk": c}) for c in (16, 64, 128)]
 
 
@@ -154,7 +154,7 @@ for program, knobs in programs(ids.numel()):
         rows = [s for s in slots.tolist()[b * 4:(b + 1) * 4] if s != len(flat)]
         assert (e == -1) == (not rows) and all(flat[s] == e for s in rows), (program, b, e)
 for bad, msg in (({"program": "fast"},
-                  "program='fast'; valid: ('auto', 'chunked', 'multi', 'small')"),
+                  "program='fast'; valid: ('auto', 'multi', 'small')"),
                  ({"program": "small"}, "65 routed slots, the one-tile program takes at most "
                                         "SMALL_SLOTS=64"),
                  ({"program": "multi", "chunk": 48}, "chunk=48; expected a power of two >= 16"),
@@ -166,12 +166,6 @@ for bad, msg in (({"program": "fast"},
         assert msg in str(exc), exc
     else:
         raise AssertionError(f"{bad} must be refused")
-try:
-    run(torch.zeros(129, 2, dtype=torch.int32), 4, 16, "chunked")
-except ValueError as exc:
-    assert "258 routed slots" in str(exc) and "MAX_SLOTS=256" in str(exc), exc
-else:
-    raise AssertionError("past MAX_SLOTS the chunked program must refuse")
 print("ok", len(cases))
 """
 
@@ -217,11 +211,10 @@ def test_cuda_triton_blocks_equal_the_tensor_operations(tokens: int, top_k: int,
         got = expert_blocks(ids, experts, block_m, kernel=kernel)
         assert torch.equal(got.slots, want.slots) and torch.equal(got.experts, want.experts)
     from kernelbay.layers.expert_blocks import max_blocks
-    from kernelbay.layers.expert_blocks_triton import MAX_SLOTS, SMALL_SLOTS, fill_expert_blocks
+    from kernelbay.layers.expert_blocks_triton import SMALL_SLOTS, fill_expert_blocks
 
     blocks = max_blocks(ids.numel(), experts, block_m)
     variants = ([("small", {})] if ids.numel() <= SMALL_SLOTS else []) \
-        + [("chunked", {})] * (ids.numel() <= MAX_SLOTS) \
         + [("multi", {"chunk": c}) for c in (16, 128, 256)]
     for program, knobs in variants:
         for warps in (1, 2, 4, 8):
@@ -233,7 +226,7 @@ def test_cuda_triton_blocks_equal_the_tensor_operations(tokens: int, top_k: int,
             assert torch.equal(owners, want.experts), (program, knobs, warps)
 
 
-@pytest.mark.parametrize("program", ["chunked", "small", "counts", "bases", "scatter"])
+@pytest.mark.parametrize("program", ["small", "counts", "bases", "scatter"])
 def test_the_triton_program_compiles_for_sm90_with_one_slot(program: str) -> None:
     """Compiled for a CUDA target on the CPU (ptxas, no GPU), with the slot count a
     compile-time 1 as Triton specializes it at one routed slot (the interpreter never does);
@@ -247,15 +240,12 @@ def test_the_triton_program_compiles_for_sm90_with_one_slot(program: str) -> Non
         "small": (ebt.expert_blocks_small_kernel,
                   {"num_slots": 1, "blocks": 1, "BLOCK_M": 16, "SLOTS": 16, "BLOCKS": 16,
                    "CHUNK": 256}),
-        # at one slot Triton also specializes blocks = 1 (one partial block)
-        "chunked": (ebt.expert_blocks_kernel,
-                    {"num_slots": 1, "blocks": 1, "BLOCK_M": 16, "EXPERTS": 256, "CHUNK": 64}),
         "counts": (ebt.chunk_counts_kernel,
-                   {"num_slots": 1, "EXPERTS": 256, "CHUNK": ebt.MULTI_CHUNK, "PAD": 256}),
+                   {"num_slots": 1, "EXPERTS": 256, "CHUNK": 64, "PAD": 256}),
         "bases": (ebt.chunk_bases_kernel,
                   {"chunks": 1, "BLOCK_M": 16, "EXPERTS": 256, "ROWS": 16, "LANES": 64}),
         "scatter": (ebt.chunk_scatter_kernel,
-                    {"num_slots": 1, "EXPERTS": 256, "CHUNK": ebt.MULTI_CHUNK}),
+                    {"num_slots": 1, "EXPERTS": 256, "CHUNK": 64}),
     }[program]
     names = kernel.arg_names
     types = {"ids_ptr": "*i64", "slots_ptr": "*i32", "experts_ptr": "*i32", "counts_ptr": "*i32",

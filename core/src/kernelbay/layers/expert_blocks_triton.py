@@ -1,40 +1,36 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
 # (Triton kernels are written in its untyped DSL; the Python wrapper is typed.)
-"""``expert_blocks`` in one Triton program, for decode-sized routings.
+"""``expert_blocks`` in Triton programs, with the tensor operations' result bit for bit.
 
-The torch version is about fifteen small kernels (a sort among them); inside a captured
-decode step each still costs a few microseconds, which at one token is a large part of a
-layer's expert time. Here one program does it all, in the same order and with the same
-result, bit for bit:
+The torch version is about fifteen small kernels (a stable sort among them); inside a
+captured step each still costs a few microseconds, 53-131 us in all on an H100 for 8-8192
+slots. Every slot keeps its place as the stable sort leaves it: in its expert's blocks at
+``rank``, the number of earlier slots routed to the same expert, so each expert's slots stay
+in slot order.
 
-* count each expert's slots (compare every slot with every expert, chunk by chunk);
-* blocks per expert, and where each expert's blocks end (a cumulative sum);
-* fill ``slots`` with the padding value, then write every slot at ``block start * block_m +
-  rank``, its rank being how many earlier slots route to the same expert (so each expert's
-  slots stay in slot order, as the stable sort leaves them);
-* each block's expert: how many experts' blocks end at or before it, ``-1`` past the last.
-
-The rank is quadratic in the slots, so ``MAX_SLOTS`` bounds where it is used.
+Up to ``SMALL_SLOTS`` slots (decode batches) one program over one tile of slots
+(``expert_blocks_small_kernel``): each slot's rank and its expert's count by comparing every
+slot with every slot, the blocks before its expert by adding the block counts of the experts
+with smaller ids (each counted at its first slot), each block's owner by which expert's block
+range holds it.
 
 Any number of slots: the multi-program routing (``program="multi"``), three launches, each
-slot's work done by the program of its chunk of ``MULTI_CHUNK`` slots:
+slot's work done by the program of its chunk of slots (``multi_chunk``):
 
 * ``chunk_counts_kernel``: each chunk's count per expert (a [chunks, experts] table), and a
   share of ``slots`` set to the padding value;
 * ``chunk_bases_kernel`` (one program): each expert's blocks from its total, and the table
   turned in place into each (chunk, expert)'s first row: the expert's first block times
-  ``block_m`` plus its slots in earlier chunks; each block's expert;
+  ``block_m`` plus its slots in earlier chunks; each block's expert (how many experts' blocks
+  end at or before it, ``-1`` past the last);
 * ``chunk_scatter_kernel``: each slot written at its chunk's base for its expert plus its rank
-  among the chunk's earlier slots of that expert.
+  among the chunk's earlier slots of that expert, so the pairwise comparison stays within a
+  chunk.
 
-The rank stays quadratic in the chunk only, and the result is the same, bit for bit.
-
-Up to ``SMALL_SLOTS`` slots (decode batches) a leaner program does the same in one tile of
-slots, without a tile over the experts: each slot's rank and its expert's count by comparing
-every slot with every slot, the blocks before its expert by adding the block counts of the
-experts with smaller ids (each counted at its first slot), each block's owner by which
-expert's block range holds it. This module imports triton: ``expert_blocks`` imports it only
-for CUDA tensors.
+It replaced a single program that did the same over every slot (its rank quadratic in all
+the slots, so bounded to 256 of them): 16.5 and 33.5 us at 128 and 256 slots against 11.7
+and 14.6 (``bench/results/moe-routing-multi-h100.md``). This module imports triton:
+``expert_blocks`` imports it only for CUDA tensors.
 """
 
 from __future__ import annotations
@@ -47,25 +43,21 @@ import triton.language as tl
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MAX_SLOTS", "MULTI_CHUNK", "PROGRAMS", "SMALL_SLOTS", "chunk_bases_kernel",
-           "chunk_counts_kernel", "chunk_scatter_kernel", "expert_blocks_kernel",
-           "expert_blocks_small_kernel", "fill_expert_blocks"]
+__all__ = ["MULTI_CHUNKS", "PROGRAMS", "SMALL_SLOTS", "chunk_bases_kernel",
+           "chunk_counts_kernel", "chunk_scatter_kernel", "expert_blocks_small_kernel",
+           "fill_expert_blocks", "multi_chunk"]
 
-#: The most routed slots (tokens x top-k) the one-program kernel takes. Its work grows with
-#: the square of the slots; on the H200 (``bench/results/nvfp4-moe-routing-h200.md``, 256
-#: experts, top-8, in a CUDA graph) it took 7 / 8 / 17 / 88 us for 8 / 32 / 128 / 512 slots
-#: against 48-77 us for the tensor operations (48-127 us up to 8192 slots).
-MAX_SLOTS = 256
 #: The most slots the one-tile program takes (``program="auto"`` runs it up to here). On an
-#: H100 (``bench/results/moe-routing-h100.md``, 8 warps) it made 8 / 32 / 64 slots in 1.8 /
-#: 2.1 / 5.1 us against the chunked program's best 7.6 / 7.7 / 9.4; at 128 slots its
-#: slot-by-slot tiles took 33-75 us against 16.4, and at 256 its compile had not finished
-#: after 100 s.
+#: H100 (``bench/results/moe-routing-multi-h100.md``, 8 warps) it made 8 / 32 / 64 slots in
+#: 1.7 / 2.0 / 5.0 us against 8.8 / 7.9 / 9.5 for the multi-program routing; at 128 slots its
+#: slot-by-slot tiles took 33-75 us (``moe-routing-h100.md``), and at 256 its compile had not
+#: finished after 100 s.
 SMALL_SLOTS = 64
 #: ``program`` choices of ``fill_expert_blocks``.
-PROGRAMS = ("auto", "chunked", "multi", "small")
-#: Slots per program of the multi-program routing (``program="multi"``).
-MULTI_CHUNK = 128
+PROGRAMS = ("auto", "multi", "small")
+#: Most programs per launch the multi-program routing's default chunk aims for: its one-program
+#: offsets step walks the [chunks, experts] table serially.
+MULTI_CHUNKS = 64
 _CHUNK = 64
 
 
@@ -89,40 +81,6 @@ def _pad_slots(slots_ptr, size, num_slots, CHUNK: tl.constexpr):
         tl.store(slots_ptr + lanes, tl.zeros((CHUNK,), dtype=tl.int32) + num_slots,
                  mask=lanes < size)
     tl.debug_barrier()
-
-
-@triton.jit
-def expert_blocks_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_experts, blocks,
-                         BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
-    e_idx = tl.arange(0, EXPERTS)
-    lanes = tl.arange(0, CHUNK)
-    counts = tl.zeros((EXPERTS,), dtype=tl.int32)
-    for j in range(0, num_slots, CHUNK):
-        ids = _ids(ids_ptr, j + lanes, num_slots, num_experts)
-        counts += tl.sum((ids[:, None] == e_idx[None, :]).to(tl.int32), axis=0)
-    per_expert = (counts + BLOCK_M - 1) // BLOCK_M
-    block_end = tl.cumsum(per_expert, 0)
-    block_start = block_end - per_expert
-    _pad_slots(slots_ptr, blocks * BLOCK_M, num_slots, CHUNK)
-    for i in range(0, num_slots, CHUNK):
-        mine = i + lanes
-        my_ids = _ids(ids_ptr, mine, num_slots, num_experts)
-        rank = tl.zeros((CHUNK,), dtype=tl.int32)
-        for j in range(0, i + CHUNK, CHUNK):
-            theirs = j + lanes
-            their_ids = _ids(ids_ptr, theirs, num_slots, num_experts)
-            same = (their_ids[None, :] == my_ids[:, None]) & (theirs[None, :] < mine[:, None])
-            rank += tl.sum(same.to(tl.int32), axis=1)
-        hit = e_idx[None, :] == my_ids[:, None]
-        start = tl.sum(tl.where(hit, block_start[None, :], 0), axis=1)
-        tl.store(slots_ptr + start * BLOCK_M + rank, mine, mask=my_ids >= 0)
-    # Lanes past num_experts count no slots, so their ends equal the last expert's: they add
-    # to a block's count only past the used blocks, whose count is already >= num_experts.
-    for b in range(0, blocks, CHUNK):
-        block = b + lanes
-        owner = tl.sum((block_end[None, :] <= block[:, None]).to(tl.int32), axis=1)
-        owner = tl.where(owner < num_experts, owner, -1)
-        tl.store(experts_ptr + block, owner, mask=block < blocks)
 
 
 @triton.jit
@@ -165,7 +123,8 @@ def chunk_bases_kernel(counts_ptr, experts_ptr, chunks, num_experts, blocks,
         before = tl.cumsum(counts, 0) - counts  # this tile's earlier chunks
         tl.store(at, carry[None, :] + before, mask=rows[:, None] < chunks)
         carry += tl.sum(counts, axis=0)
-    # as in expert_blocks_kernel: lanes past num_experts end where the last expert ends
+    # Lanes past num_experts count no slots, so their ends equal the last expert's: they add
+    # to a block's count only past the used blocks, whose count is already >= num_experts.
     for b in range(0, blocks, LANES):
         block = b + tl.arange(0, LANES)
         owner = tl.sum((block_end[None, :] <= block[:, None]).to(tl.int32), axis=1)
@@ -192,7 +151,7 @@ def chunk_scatter_kernel(ids_ptr, bases_ptr, slots_ptr, num_slots, num_experts,
 def expert_blocks_small_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_experts, blocks,
                                BLOCK_M: tl.constexpr, SLOTS: tl.constexpr,
                                BLOCKS: tl.constexpr, CHUNK: tl.constexpr):
-    """``expert_blocks_kernel``'s result from one tile of slots (one program): ``SLOTS`` and
+    """The blocks from one tile of slots (one program): ``SLOTS`` and
     ``BLOCKS`` powers of two at least ``num_slots`` and ``blocks`` (``fill_expert_blocks``
     chooses them; smaller ones would drop slots)."""
     mine = tl.arange(0, SLOTS)
@@ -216,17 +175,28 @@ def expert_blocks_small_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_e
     tl.store(experts_ptr + block, owner, mask=block < blocks)
 
 
+def multi_chunk(num_slots: int) -> int:
+    """The multi-program routing's default slots per program: 64, or the least power of two
+    that keeps the chunks at most ``MULTI_CHUNKS``, at most 256 (the scatter compares a chunk's
+    slots pairwise). On an H100 (256 experts, top-8,
+    ``bench/results/moe-routing-multi-h100.md``) 64-slot chunks were the fastest from 128 to
+    2048 slots (11.7-17.4 us against 12.3-17.5 for 128) and 128-slot ones at 8192 slots
+    (30.1 us against 33.9)."""
+    return min(256, max(64, int(triton.next_power_of_2(triton.cdiv(num_slots, MULTI_CHUNKS)))))
+
+
 def fill_expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int,
                        slots: torch.Tensor, experts: torch.Tensor, *, program: str = "auto",
-                       num_warps: int | None = None, chunk: int = MULTI_CHUNK) -> None:
+                       num_warps: int | None = None, chunk: int | None = None) -> None:
     """Write the blocks of ``topk_ids`` into ``slots`` and ``experts`` (int32, sized by
     ``expert_blocks.max_blocks``). Ids outside ``[0, num_experts)`` put their slot in no
     block. ``program``: one of ``PROGRAMS`` (``"auto"``: the one-tile program up to
     ``SMALL_SLOTS`` slots, else the multi-program one); ``num_warps``: each program's warps
     (default 8 for the one-tile program, 4 for the others, the fastest measured); ``chunk``:
-    the slots per program of the multi-program routing (a power of two from 16). All three
+    the slots per program of the multi-program routing (a power of two from 16; default
+    ``multi_chunk``). All three
     are tuning knobs with the same result. ``ValueError`` past a program's slot limit
-    (``SMALL_SLOTS`` for the one-tile program, ``MAX_SLOTS`` for the chunked one), on an
+    (``SMALL_SLOTS`` for the one-tile program), on an
     unknown program, a bad chunk or buffers of another size or dtype."""
     import torch
 
@@ -238,12 +208,10 @@ def fill_expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int,
         raise ValueError(f"fill_expert_blocks: program={program!r}; valid: {PROGRAMS}")
     if program == "auto":
         program = "small" if n <= SMALL_SLOTS else "multi"
-    limits = {"small": ("one-tile", "SMALL_SLOTS", SMALL_SLOTS),
-              "chunked": ("chunked", "MAX_SLOTS", MAX_SLOTS)}
-    if program in limits and n > limits[program][2]:
-        what, name, limit = limits[program]
-        raise ValueError(f"fill_expert_blocks: {n} routed slots, the {what} program takes at "
-                         f"most {name}={limit}")
+    if program == "small" and n > SMALL_SLOTS:
+        raise ValueError(f"fill_expert_blocks: {n} routed slots, the one-tile program takes at "
+                         f"most SMALL_SLOTS={SMALL_SLOTS}")
+    chunk = multi_chunk(n) if chunk is None else chunk
     if chunk < 16 or chunk & (chunk - 1):
         raise ValueError(f"fill_expert_blocks: chunk={chunk}; expected a power of two >= 16")
     blocks = max_blocks(n, num_experts, block_m)
@@ -265,9 +233,6 @@ def fill_expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int,
             flat, slots, experts, n, num_experts, blocks, BLOCK_M=block_m,
             SLOTS=max(16, triton.next_power_of_2(n)),
             BLOCKS=max(16, triton.next_power_of_2(blocks)), CHUNK=256, **opts(8))
-    elif program == "chunked":
-        expert_blocks_kernel[(1,)](flat, slots, experts, n, num_experts, blocks,
-                                   BLOCK_M=block_m, EXPERTS=width, CHUNK=_CHUNK, **opts(4))
     else:
         chunks = max(1, triton.cdiv(n, chunk))
         size = blocks * block_m
