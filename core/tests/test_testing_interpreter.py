@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from kernelbay.testing import interpreter
@@ -52,3 +53,23 @@ def test_marker_skips_with_the_reason(tmp_path: object) -> None:
                           timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 skipped" in proc.stdout and "no interpreter here" in proc.stdout
+
+
+def test_mixed_processes_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder that asked for the interpreter, and tests collected outside it in the same
+    process: the warning names both; tests inside it alone, or no such folder: no warning."""
+    monkeypatch.setattr(interpreter, "_DIRS", [])
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    inside, outside = tmp_path / "mx" / "tests", tmp_path / "nv" / "tests"
+    assert interpreter.mixed_interpreter_warning([outside / "test_a.py"]) is None
+    interpreter.interpret_kernels_in(inside)
+    interpreter.interpret_kernels_in(inside)  # once per folder
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    assert interpreter.interpreted_dirs() == (inside.resolve(),)
+    assert interpreter.mixed_interpreter_warning([inside / "test_a.py",
+                                                  inside / "sub" / "test_b.py"]) is None
+    message = interpreter.mixed_interpreter_warning([inside / "test_a.py",
+                                                     outside / "test_b.py"])
+    assert message is not None
+    assert str(inside.resolve()) in message and str(outside.resolve()) in message
+    assert "own pytest process" in message

@@ -7,8 +7,9 @@ import os
 import sys
 
 import torch
+from kernelbay.testing.interpreter import interpret_kernels_in
 
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    interpret_kernels_in(os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "core", "tests"))

@@ -16,8 +16,10 @@ import functools
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-__all__ = ["PROBE", "triton_interpreter_problem"]
+__all__ = ["PROBE", "interpret_kernels_in", "interpreted_dirs", "mixed_interpreter_warning",
+           "triton_interpreter_problem"]
 
 #: The probe's source: a loop whose bound is loaded, run under the interpreter on CPU.
 PROBE = """
@@ -59,3 +61,42 @@ def triton_interpreter_problem(timeout_s: float = 120.0) -> str | None:
     last = lines[-1] if lines else f"exit status {proc.returncode}"
     return (f"Triton {triton.__version__}'s interpreter cannot run a kernel whose loop bound "
             f"is loaded from memory ({last[:200]}); Triton 3.7 or newer can")
+
+
+_DIRS: list[Path] = []
+
+
+def interpret_kernels_in(tests_dir: str | os.PathLike[str]) -> None:
+    """Run the Triton kernels of the tests under ``tests_dir`` in Triton's interpreter: set
+    ``TRITON_INTERPRET=1`` (unless already set) before any kernel module is imported (a
+    conftest calls this), and remember the folder. ``triton.jit`` reads the variable once,
+    when it decorates a kernel or helper, so the whole process interprets from then on; the
+    ``kernelbay`` pytest plugin warns when the same process also collects tests outside such
+    folders, whose compile-for-a-GPU-target checks then fail (run each package's tests in its
+    own process, as ``make test`` does)."""
+    path = Path(tests_dir).resolve()
+    if path not in _DIRS:
+        _DIRS.append(path)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def interpreted_dirs() -> tuple[Path, ...]:
+    """The folders ``interpret_kernels_in`` registered in this process."""
+    return tuple(_DIRS)
+
+
+def mixed_interpreter_warning(paths: list[str | os.PathLike[str]]) -> str | None:
+    """Why tests at ``paths`` may fail here, or None: some folders asked for the interpreter
+    and some of ``paths`` lie outside them."""
+    if not _DIRS:
+        return None
+    outside = sorted({str(Path(p).resolve().parent) for p in paths
+                      if not any(d == Path(p).resolve() or d in Path(p).resolve().parents
+                                 for d in _DIRS)})
+    if not outside:
+        return None
+    return (f"Triton's interpreter is on for this whole process (TRITON_INTERPRET=1, asked for "
+            f"by {', '.join(str(d) for d in _DIRS)}); the tests in {', '.join(outside[:3])}"
+            f"{' ...' if len(outside) > 3 else ''} run in the same process, so their kernels "
+            "and the helpers they share are interpreted too and checks that compile for a GPU "
+            "target fail. Run each package's tests in its own pytest process (make test does).")

@@ -5,7 +5,10 @@ Fixtures: ``kb_registry`` (a fresh registry with the core's backends and no entr
 inline; unregistered after the test). Markers: ``gpu`` (needs CUDA),
 ``cpu_isa("amx_bf16", ...)`` (needs those CPU flags) and ``triton_interpreter`` (runs kernels
 under Triton's interpreter: needs one that can, ``kernelbay.testing.interpreter``); tests
-whose hardware or tools are absent are skipped with the reason, never silently passed.
+whose hardware or tools are absent are skipped with the reason, never silently passed. A
+process that collects tests both inside and outside folders whose conftest asked for Triton's
+interpreter (``kernelbay.testing.interpreter.interpret_kernels_in``) gets a warning naming them:
+the interpreter is chosen once per process.
 """
 
 from __future__ import annotations
@@ -28,7 +31,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    del config
+    from kernelbay.testing.interpreter import mixed_interpreter_warning
+
+    mixed = mixed_interpreter_warning([item.path for item in items])
+    if mixed:
+        config.issue_config_time_warning(pytest.PytestWarning(mixed), stacklevel=2)
     gpu_items = [i for i in items if i.get_closest_marker("gpu")]
     if gpu_items:
         import torch
