@@ -230,7 +230,8 @@ def test_cuda_triton_blocks_equal_the_tensor_operations(tokens: int, top_k: int,
 def test_the_triton_program_compiles_for_sm90_with_one_slot(program: str) -> None:
     """Compiled for a CUDA target on the CPU (ptxas, no GPU), with the slot count a
     compile-time 1 as Triton specializes it at one routed slot (the interpreter never does);
-    the multi-program routing's three kernels at their default widths."""
+    the multi-program routing's three kernels at their default widths; with programmatic
+    launches where this Triton has them."""
     triton = pytest.importorskip("triton")
     from kernelbay.layers import expert_blocks_triton as ebt
     from triton.backends.compiler import GPUTarget
@@ -247,6 +248,9 @@ def test_the_triton_program_compiles_for_sm90_with_one_slot(program: str) -> Non
         "scatter": (ebt.chunk_scatter_kernel,
                     {"num_slots": 1, "EXPERTS": 256, "CHUNK": 64}),
     }[program]
+    from kernelbay.triton_pdl import SUPPORTED
+
+    values["PDL"] = SUPPORTED  # built as CUDA runs them: waiting and releasing
     names = kernel.arg_names
     types = {"ids_ptr": "*i64", "slots_ptr": "*i32", "experts_ptr": "*i32", "counts_ptr": "*i32",
              "bases_ptr": "*i32"}
@@ -261,3 +265,29 @@ def test_the_triton_program_compiles_for_sm90_with_one_slot(program: str) -> Non
             pytest.skip(f"no ptxas here: {exc}")
         raise
     assert "ptx" in compiled.asm
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [4, 64, 1000])
+def test_cuda_routing_as_programmatic_dependents(tokens: int, monkeypatch: pytest.MonkeyPatch
+                                                 ) -> None:
+    """Inside a CUDA graph the multi-program routing's second and third launches depend
+    programmatically on the one before (two edges; the one-tile program at 32 slots: none),
+    with the bits of plain launches for fresh routings on every replay."""
+    from kernelbay.cuda_jit import programmatic_launch
+    from kernelbay.testing.programmatic import check_programmatic_chain
+
+    monkeypatch.setenv("KERNELBAY_PDL", "1")
+    if not programmatic_launch():
+        pytest.skip("programmatic launches need compute capability 9.0 or newer")
+    gen = torch.Generator().manual_seed(tokens)
+    inputs = [torch.stack([torch.randperm(256, generator=gen)[:8] for _ in range(tokens)]).cuda()
+              for _ in range(3)]
+
+    def routing(ids: torch.Tensor) -> torch.Tensor:
+        blocks = expert_blocks(ids, 256, 16)
+        return torch.cat([blocks.slots, blocks.experts]) + 1  # > 0: the check wants a sum
+
+    check_programmatic_chain(monkeypatch, [routing], inputs, edges=0 if tokens * 8 <= 64 else 2)
+    want = expert_blocks(inputs[0], 256, 16, kernel="torch")
+    assert torch.equal(routing(inputs[0]) - 1, torch.cat([want.slots, want.experts]))

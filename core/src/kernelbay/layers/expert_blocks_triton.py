@@ -35,10 +35,13 @@ and 14.6 (``bench/results/moe-routing-multi-h100.md``). This module imports trit
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import triton
 import triton.language as tl
+
+from kernelbay import triton_pdl
+from kernelbay.triton_pdl import grid_release, grid_wait
 
 if TYPE_CHECKING:
     import torch
@@ -73,6 +76,16 @@ def _ids(ids_ptr, offsets, num_slots, num_experts):
 
 
 @triton.jit
+def _wait_then_release(PDL: tl.constexpr):
+    """With ``PDL`` (``kernelbay.triton_pdl``): wait for the kernel before (its writes
+    visible) before touching memory, then let the next launch start its programs, which only
+    wait too: the three launches of the multi-program routing follow each other."""
+    if PDL:
+        grid_wait()
+        grid_release()
+
+
+@triton.jit
 def _pad_slots(slots_ptr, size, num_slots, CHUNK: tl.constexpr):
     """Every one of the ``size`` block rows set to the padding value ``num_slots``, visible to
     the whole program before it returns (the slots are written over it afterwards)."""
@@ -85,10 +98,12 @@ def _pad_slots(slots_ptr, size, num_slots, CHUNK: tl.constexpr):
 
 @triton.jit
 def chunk_counts_kernel(ids_ptr, counts_ptr, slots_ptr, num_slots, num_experts, size, pad,
-                        EXPERTS: tl.constexpr, CHUNK: tl.constexpr, PAD: tl.constexpr):
+                        EXPERTS: tl.constexpr, CHUNK: tl.constexpr, PAD: tl.constexpr,
+                        PDL: tl.constexpr = False):
     """Program p: how many of slots ``[p * CHUNK, (p + 1) * CHUNK)`` route to each expert
     (``counts`` row p), and block rows ``[p * pad, (p + 1) * pad)`` set to the padding value
     (the scatter, a later launch, writes the slots over it)."""
+    _wait_then_release(PDL)
     p = tl.program_id(0)
     ids = _ids(ids_ptr, p * CHUNK + tl.arange(0, CHUNK), num_slots, num_experts)
     e_idx = tl.arange(0, EXPERTS)
@@ -103,10 +118,11 @@ def chunk_counts_kernel(ids_ptr, counts_ptr, slots_ptr, num_slots, num_experts, 
 @triton.jit
 def chunk_bases_kernel(counts_ptr, experts_ptr, chunks, num_experts, blocks,
                        BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, ROWS: tl.constexpr,
-                       LANES: tl.constexpr):
+                       LANES: tl.constexpr, PDL: tl.constexpr = False):
     """One program: each expert's blocks from its total count, then ``counts`` turned in place
     into each (chunk, expert)'s first block row, ``expert's first block * BLOCK_M`` plus the
     expert's slots in earlier chunks; and each block's expert, ``-1`` past the used ones."""
+    _wait_then_release(PDL)
     e_idx = tl.arange(0, EXPERTS)
     total = tl.zeros((EXPERTS,), dtype=tl.int32)
     for r in range(0, chunks, ROWS):
@@ -134,9 +150,10 @@ def chunk_bases_kernel(counts_ptr, experts_ptr, chunks, num_experts, blocks,
 
 @triton.jit
 def chunk_scatter_kernel(ids_ptr, bases_ptr, slots_ptr, num_slots, num_experts,
-                         EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
+                         EXPERTS: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
     """Program p: each of its chunk's slots written at its (chunk, expert) base plus its rank
     among the chunk's earlier slots of the same expert."""
+    _wait_then_release(PDL)
     p = tl.program_id(0)
     lanes = tl.arange(0, CHUNK)
     ids = _ids(ids_ptr, p * CHUNK + lanes, num_slots, num_experts)
@@ -150,10 +167,12 @@ def chunk_scatter_kernel(ids_ptr, bases_ptr, slots_ptr, num_slots, num_experts,
 @triton.jit
 def expert_blocks_small_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_experts, blocks,
                                BLOCK_M: tl.constexpr, SLOTS: tl.constexpr,
-                               BLOCKS: tl.constexpr, CHUNK: tl.constexpr):
+                               BLOCKS: tl.constexpr, CHUNK: tl.constexpr,
+                               PDL: tl.constexpr = False):
     """The blocks from one tile of slots (one program): ``SLOTS`` and
     ``BLOCKS`` powers of two at least ``num_slots`` and ``blocks`` (``fill_expert_blocks``
     chooses them; smaller ones would drop slots)."""
+    _wait_then_release(PDL)
     mine = tl.arange(0, SLOTS)
     ids = _ids(ids_ptr, mine, num_slots, num_experts)
     valid = ids >= 0
@@ -225,23 +244,29 @@ def fill_expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int,
                              f"and block_m={block_m}; got {t.dtype} {tuple(t.shape)}")
     width = max(16, triton.next_power_of_2(num_experts))
 
-    def opts(default: int) -> dict[str, int]:
-        return {"num_warps": num_warps or default} if topk_ids.is_cuda else {}
+    pdl = triton_pdl.enabled(flat.device)
+
+    def opts(default: int) -> dict[str, Any]:
+        return {"num_warps": num_warps or default, "PDL": pdl} if topk_ids.is_cuda else {}
 
     if program == "small":
-        expert_blocks_small_kernel[(1,)](
-            flat, slots, experts, n, num_experts, blocks, BLOCK_M=block_m,
-            SLOTS=max(16, triton.next_power_of_2(n)),
-            BLOCKS=max(16, triton.next_power_of_2(blocks)), CHUNK=256, **opts(8))
-    else:
-        chunks = max(1, triton.cdiv(n, chunk))
-        size = blocks * block_m
-        bases = torch.empty(chunks * width, dtype=torch.int32, device=flat.device)
+        with triton_pdl.dependent(flat.device, pdl):
+            expert_blocks_small_kernel[(1,)](
+                flat, slots, experts, n, num_experts, blocks, BLOCK_M=block_m,
+                SLOTS=max(16, triton.next_power_of_2(n)),
+                BLOCKS=max(16, triton.next_power_of_2(blocks)), CHUNK=256, **opts(8))
+        return
+    chunks = max(1, triton.cdiv(n, chunk))
+    size = blocks * block_m
+    bases = torch.empty(chunks * width, dtype=torch.int32, device=flat.device)
+    with triton_pdl.dependent(flat.device, pdl):
         chunk_counts_kernel[(chunks,)](flat, bases, slots, n, num_experts, size,
                                        triton.cdiv(size, chunks), EXPERTS=width, CHUNK=chunk,
                                        PAD=256, **opts(4))
+    with triton_pdl.dependent(flat.device, pdl):
         chunk_bases_kernel[(1,)](bases, experts, chunks, num_experts, blocks, BLOCK_M=block_m,
                                  EXPERTS=width, ROWS=max(1, 4096 // width), LANES=_CHUNK,
                                  **opts(4))
+    with triton_pdl.dependent(flat.device, pdl):
         chunk_scatter_kernel[(chunks,)](flat, bases, slots, n, num_experts, EXPERTS=width,
                                         CHUNK=chunk, **opts(4))
