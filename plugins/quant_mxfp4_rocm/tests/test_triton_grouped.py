@@ -212,3 +212,29 @@ def test_config_text_round_trips_and_bad_text_is_named() -> None:
         GroupedConfig.parse("n64w4s3")
     with pytest.raises(ValueError, match="block_k=48; valid: a power of two >= 32"):
         GroupedConfig.parse("n64k48w4s3")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 40])
+def test_the_moe_layer_as_programmatic_dependents(tokens: int,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """W4A16 inside a CUDA graph: the gate/up GEMM depends programmatically on the routing's
+    last launch, the down GEMM on the gate/up one and the slot sum on the down one (plus the
+    multi-program routing's own two edges from 80 slots on), with the bits of plain launches
+    for fresh activations on every replay."""
+    from kernelbay.cuda_jit import programmatic_launch
+    from kernelbay.testing.programmatic import check_programmatic_chain
+
+    monkeypatch.setenv("KERNELBAY_PDL", "1")
+    if not programmatic_launch():
+        pytest.skip("programmatic launches need compute capability 9.0 or newer")
+    experts, hidden, inter = 8, 256, 128
+    method = Mxfp4MoETriton(_request(mx(), experts, hidden, inter))
+    layer = _load(method, _weights(experts, hidden, inter, 31)).to(DEVICE)
+    ids, topk = _routing(tokens, experts, 2, 32)
+    ids, topk = ids.to(DEVICE), topk.to(DEVICE)  # float32 weights: no conversion kernel
+    gen = torch.Generator().manual_seed(33)
+    inputs = [torch.randn(tokens, hidden, generator=gen).bfloat16().to(DEVICE)
+              for _ in range(3)]
+    check_programmatic_chain(monkeypatch, [lambda x: method.apply_moe(layer, x, ids, topk)],
+                             inputs, edges=3 + (2 if tokens * 2 > 64 else 0))

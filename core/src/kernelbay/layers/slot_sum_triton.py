@@ -1,8 +1,10 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
 # (Triton kernels are written in its untyped DSL; the Python wrapper is typed.)
 """``sum_slots`` as one Triton kernel: each program adds one token's ``top_k`` slot rows over
-``BLOCK`` columns, left to right in float32, and stores the rounded result. This module
-imports triton: ``sum_slots`` imports it only when it runs the kernel.
+``BLOCK`` columns, left to right in float32, and stores the rounded result. On compute
+capability 9.0+ it waits and releases as a programmatic launch (``kernelbay.triton_pdl``), so
+in a CUDA graph it may depend on the grouped GEMM before it. This module imports triton:
+``sum_slots`` imports it only when it runs the kernel.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
+from kernelbay import triton_pdl
 from kernelbay.formats.bf16_triton import bf16_bits_rne
+from kernelbay.triton_pdl import grid_release, grid_wait
 
 if TYPE_CHECKING:
     import torch
@@ -26,7 +30,10 @@ _BLOCK = 1024
 
 @triton.jit
 def _sum_slots_kernel(y_ptr, out_ptr, N, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
-                      OUT_BF16_BITS: tl.constexpr):
+                      OUT_BF16_BITS: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # the slot rows are the kernel before's output; the next launch may start now
+        grid_wait()
+        grid_release()
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < N
@@ -54,6 +61,8 @@ def sum_slots_triton(y: torch.Tensor, top_k: int, out_dtype: torch.dtype) -> tor
     interpreting = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     bits = interpreting and out_dtype == torch.bfloat16
     grid = (tokens, triton.cdiv(n, _BLOCK))
-    _sum_slots_kernel[grid](y, out.view(torch.int16) if bits else out, n, TOP_K=top_k,
-                            BLOCK=_BLOCK, OUT_BF16_BITS=bits, num_warps=4)
+    pdl = triton_pdl.enabled(y.device)
+    with triton_pdl.dependent(y.device, pdl):
+        _sum_slots_kernel[grid](y, out.view(torch.int16) if bits else out, n, TOP_K=top_k,
+                                BLOCK=_BLOCK, OUT_BF16_BITS=bits, PDL=pdl, num_warps=4)
     return out

@@ -29,8 +29,10 @@ from typing import TYPE_CHECKING
 
 import triton
 import triton.language as tl
+from kernelbay import triton_pdl
 from kernelbay.formats.bf16_triton import bf16_bits_rne
 from kernelbay.formats.e2m1_words_triton import weight_dot
+from kernelbay.triton_pdl import grid_release, grid_wait
 
 from kernelbay_quant_mxfp4_rocm.triton_decode import decode_e2m1, decode_e2m1_fragment
 from kernelbay_quant_mxfp4_rocm.triton_gemm import (
@@ -185,13 +187,17 @@ def _grouped_kernel(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, rw_ptr, out_ptr, 
                     WEIGHTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr,
                     FAST: tl.constexpr, FRAGMENT: tl.constexpr, INTERPRET: tl.constexpr,
-                    OUT_BF16_BITS: tl.constexpr):
+                    OUT_BF16_BITS: tl.constexpr, PDL: tl.constexpr = False):
     # x_ptr: bf16 activation rows, gathered at slot // ROW_DIV; slot_ptr / expert_ptr: the
     # ExpertBlocks tensors; w_ptr: int16 halfwords [E, N (GATED: 2N), K/4] (FRAGMENT: the
     # fragment-order int32 words [E, N, K/8], accumulated transposed); s_ptr: E8M0
     # bytes alike; rw_ptr (WEIGHTED): float32 routing weights [num_slots]; out_ptr:
     # [num_slots, N], row slot. GATED: rows n and N + n of the expert's weight are gate and
     # up, and the tile stored is SiLU(gate) * up (float32, then the store's rounding).
+    # PDL (kernelbay.triton_pdl): wait for the kernel before (the routing, the gate/up GEMM)
+    # before the first load; let the next launch start once the K loop is done
+    if PDL:
+        grid_wait()
     pid_n = tl.program_id(0)
     pid_b = tl.program_id(1)
     expert = tl.load(expert_ptr + pid_b)
@@ -223,6 +229,8 @@ def _grouped_kernel(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, rw_ptr, out_ptr, 
                 up = _weight_tile(w_rows + N * stride_wn, s_rows + N * stride_sn, xa, up, k0,
                                   n_ok, K, BLOCK_N, BLOCK_K, EVEN_K, ASM, FAST, FRAGMENT,
                                   INTERPRET)
+        if PDL:
+            grid_release()
         if GATED:  # SiLU(gate) * up in float32, as the fused SwiGLU kernels compute it
             acc = acc / (1.0 + tl.exp(-acc)) * up
         if FRAGMENT:
@@ -295,15 +303,17 @@ def grouped_mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
                else routing_weights.reshape(-1).to(torch.float32).contiguous())
     out_bits = interpret and out_dtype == torch.bfloat16
     grid = (triton.cdiv(n, cfg.block_n), blocks.max_blocks)
-    _grouped_kernel[grid](
-        x, blocks.slots, blocks.experts, words, scales, weights,
-        out.view(torch.int16) if out_bits else out, n, k, blocks.num_slots,
-        x.stride(0), words.stride(0), words.stride(1), scales.stride(0), scales.stride(1),
-        out.stride(0), ROW_DIV=blocks.top_k if gather else 1, GATED=gated,
-        WEIGHTED=routing_weights is not None, BLOCK_M=blocks.block_m,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
-        ASM=not interpret and _asm_target(),
-        FAST=scale_max is not None and scale_max <= FAST_SCALE_MAX_BYTE, FRAGMENT=fragment,
-        INTERPRET=interpret, OUT_BF16_BITS=out_bits, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+    pdl = triton_pdl.enabled(x.device)
+    with triton_pdl.dependent(x.device, pdl):
+        _grouped_kernel[grid](
+            x, blocks.slots, blocks.experts, words, scales, weights,
+            out.view(torch.int16) if out_bits else out, n, k, blocks.num_slots,
+            x.stride(0), words.stride(0), words.stride(1), scales.stride(0), scales.stride(1),
+            out.stride(0), ROW_DIV=blocks.top_k if gather else 1, GATED=gated,
+            WEIGHTED=routing_weights is not None, BLOCK_M=blocks.block_m,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
+            ASM=not interpret and _asm_target(),
+            FAST=scale_max is not None and scale_max <= FAST_SCALE_MAX_BYTE, FRAGMENT=fragment,
+            INTERPRET=interpret, OUT_BF16_BITS=out_bits, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages, PDL=pdl)
     return out
