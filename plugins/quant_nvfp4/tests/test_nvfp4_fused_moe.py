@@ -179,6 +179,34 @@ def test_cuda_triton_moe_matches_emulation(tokens: int, top_k: int, hidden: int)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 40])
+def test_cuda_triton_moe_as_programmatic_dependents(tokens: int,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside a CUDA graph the gate/up GEMM depends programmatically on the routing's last
+    launch, the down GEMM on the gate/up one and the slot sum on the down one (plus the
+    multi-program routing's own two edges at 80 slots), with the bits of plain launches for
+    fresh activations on every replay (hidden 512: no split of K)."""
+    from kernelbay.cuda_jit import programmatic_launch
+    from kernelbay.testing.programmatic import check_programmatic_chain
+
+    monkeypatch.setenv("KERNELBAY_PDL", "1")
+    if not programmatic_launch():
+        pytest.skip("programmatic launches need compute capability 9.0 or newer")
+    experts, hidden, inter = 8, 512, 256
+    req = LinearRequest(hidden, inter, W4A16, "bfloat16", False, MOE_EXPERTS_ROLE,
+                        num_experts=experts)
+    method = Nvfp4MoETriton(req)
+    tensors = quantized_experts(experts, hidden, inter, 5, w4a4=False)
+    layer = load_moe(method, {k: v.cuda() for k, v in tensors.items()}, "cuda")
+    ids, weights = routing(tokens, experts, 2, 6)
+    ids, weights = ids.cuda(), weights.float().contiguous().cuda()  # no conversion kernel
+    gen = torch.Generator().manual_seed(7)
+    inputs = [torch.randn(tokens, hidden, generator=gen).bfloat16().cuda() for _ in range(3)]
+    check_programmatic_chain(monkeypatch, [lambda x: method.apply_moe(layer, x, ids, weights)],
+                             inputs, edges=3 + (2 if tokens * 2 > 64 else 0))
+
+
+@pytest.mark.gpu
 def test_cuda_triton_moe_replays_from_a_cuda_graph_with_new_routing() -> None:
     """The grouped experts are captured as they run: a graph captured with one routing,
     replayed with another written into the same tensors, gives the eager result of the new
@@ -225,6 +253,9 @@ def test_grouped_kernel_compiles_for_sm90_with_one_slot(mode: str) -> None:
               "INTERPRET": False, "REPACKED": True, "SWAP": True, "TILED": True,
               "SPLIT": 2 if "split" in mode or "finish" in mode else 1,
               "FINISH": mode == "gate_up_finish"}
+    from kernelbay.triton_pdl import SUPPORTED
+
+    values["PDL"] = SUPPORTED  # built as CUDA runs it: waiting and releasing
     pointers = {"x_ptr": "*bf16", "slot_ptr": "*i32", "expert_ptr": "*i32", "w_ptr": "*i32",
                 "s_ptr": "*u8", "g_ptr": "*fp32", "ug_ptr": "*fp32", "rw_ptr": "*fp32",
                 "out_ptr": "*bf16" if mode != "down" else "*fp32", "part_ptr": "*fp32"}

@@ -34,8 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 import triton
 import triton.language as tl
+from kernelbay import triton_pdl
 from kernelbay.formats import e2m1_words_triton
 from kernelbay.layers.slot_sum import sum_slots
+from kernelbay.triton_pdl import grid_release, grid_wait
 
 from kernelbay_quant_nvfp4 import triton_halfword
 from kernelbay_quant_nvfp4.cuda_gemv import device_index, sm_count
@@ -100,7 +102,7 @@ def nvfp4_grouped_gemm(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, g_ptr, ug_ptr,
                        BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr,
                        INTERPRET: tl.constexpr, REPACKED: tl.constexpr, SWAP: tl.constexpr,
                        TILED: tl.constexpr, SPLIT: tl.constexpr = 1,
-                       FINISH: tl.constexpr = False):
+                       FINISH: tl.constexpr = False, PDL: tl.constexpr = False):
     # x_ptr: activation rows, gathered at slot // TOP_K; slot_ptr / expert_ptr: the
     # ExpertBlocks tensors; w_ptr / s_ptr: the stacked stored weight (ROWS rows per expert,
     # stride_we / stride_se elements apart); g_ptr fp32 [E] weight_scale_2 (ug_ptr: the up
@@ -110,6 +112,10 @@ def nvfp4_grouped_gemm(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, g_ptr, ug_ptr,
     # tile, float32, in part_ptr [SPLIT, T * TOP_K, ROWS] (part_stride = T * TOP_K * ROWS
     # apart: from the host, as num_slots may be 1 and then a compile-time constant); FINISH
     # adds the SPLIT parts in order instead of reading the weight, then finishes as unsplit.
+    # PDL (kernelbay.triton_pdl): wait for the kernel before (the routing, the other GEMM, the
+    # split parts) before the first load; let the next launch start once the tile is made.
+    if PDL:
+        grid_wait()
     pid_n = tl.program_id(0)
     pid_b = tl.program_id(1)
     expert = tl.load(expert_ptr + pid_b)
@@ -143,6 +149,8 @@ def nvfp4_grouped_gemm(x_ptr, slot_ptr, expert_ptr, w_ptr, s_ptr, g_ptr, ug_ptr,
                                 REPACKED, SWAP, TILED)
             if SWAP:
                 acc = tl.trans(acc)
+        if PDL:
+            grid_release()
         # The decoded weight is e2m1 * S * 2^-8: weight_scale_2 * 2^8 finishes it (after the
         # splits are added, for a split GEMM).
         if SPLIT > 1 and not FINISH:
@@ -213,19 +221,23 @@ def _launch(x: torch.Tensor, blocks: ExpertBlocks, weight: ExpertWeight,
     part = (torch.empty(splits, blocks.num_slots, weight.rows, dtype=torch.float32,
                         device=x.device) if splits > 1 else out)
 
+    pdl = triton_pdl.enabled(x.device)
+
     def run(grid: tuple[int, ...], finish: bool) -> None:
-        grouped_kernel()[grid](
-            x, blocks.slots, blocks.experts, weight.words, weight.scales, weight.global_scale,
-            weight.up_scale if weight.up_scale is not None else weight.global_scale,
-            route if route is not None else out, out, part, weight.n, weight.rows, weight.k,
-            blocks.num_slots, per_split, blocks.num_slots * weight.rows, x.stride(0),
-            weight.words.stride(0), weight.scales.stride(0), stride_wn, stride_sn,
-            out.stride(0), TOP_K=top_k,
-            GATED=weight.turn > 0, BLOCK_M=blocks.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-            EVEN_K=weight.k % block_k == 0,
-            ASM=ptx_decodes(x), INTERPRET=interp,
-            REPACKED=weight.layout in ("repacked", "fragment", "tiles"), SWAP=swap,
-            TILED=weight.layout == "tiles", SPLIT=splits, FINISH=finish, **opts)
+        with triton_pdl.dependent(x.device, pdl):
+            grouped_kernel()[grid](
+                x, blocks.slots, blocks.experts, weight.words, weight.scales, weight.global_scale,
+                weight.up_scale if weight.up_scale is not None else weight.global_scale,
+                route if route is not None else out, out, part, weight.n, weight.rows, weight.k,
+                blocks.num_slots, per_split, blocks.num_slots * weight.rows, x.stride(0),
+                weight.words.stride(0), weight.scales.stride(0), stride_wn, stride_sn,
+                out.stride(0), TOP_K=top_k,
+                GATED=weight.turn > 0, BLOCK_M=blocks.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                EVEN_K=weight.k % block_k == 0,
+                ASM=ptx_decodes(x), INTERPRET=interp,
+                REPACKED=weight.layout in ("repacked", "fragment", "tiles"), SWAP=swap,
+                TILED=weight.layout == "tiles", SPLIT=splits, FINISH=finish,
+                PDL=pdl, **opts)
 
     if splits > 1:
         run((*grid, splits), False)
