@@ -5,4 +5,4 @@ gfx950 come next).
 Discovery imports only ``kernelbay_quant_mxfp4_rocm.plugin``; nothing here imports torch.
 """
 
-__version__ = "0.1.5"
+__version__ = "0.1.6"

@@ -5,4 +5,4 @@ its FP8 and FP8 per-block layers) and llm-compressor's compressed-tensors
 Discovery imports only ``kernelbay_quant_nvfp4.plugin``; nothing here imports torch.
 """
 
-__version__ = "0.1.4"
+__version__ = "0.1.5"
