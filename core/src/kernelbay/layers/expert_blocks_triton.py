@@ -213,10 +213,9 @@ def fill_expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int,
     ``SMALL_SLOTS`` slots, else the multi-program one); ``num_warps``: each program's warps
     (default 8 for the one-tile program, 4 for the others, the fastest measured); ``chunk``:
     the slots per program of the multi-program routing (a power of two from 16; default
-    ``multi_chunk``). All three
-    are tuning knobs with the same result. ``ValueError`` past a program's slot limit
-    (``SMALL_SLOTS`` for the one-tile program), on an
-    unknown program, a bad chunk or buffers of another size or dtype."""
+    ``multi_chunk``). All three are tuning knobs with the same result. ``ValueError`` past
+    ``SMALL_SLOTS`` slots for the one-tile program, on an unknown program, a bad chunk, more
+    than 2**31 block rows or buffers of another size or dtype."""
     import torch
 
     from kernelbay.layers.expert_blocks import max_blocks
