@@ -4,9 +4,9 @@ it can be made, against the tensor operations in the same run.
 For each routed slot count (tokens x top-k, uniform random distinct experts per token): the
 tensor operations (``kernel="torch"``), the one-tile Triton program (up to ``SMALL_SLOTS``)
 and the multi-program routing (any count; three launches of one program per chunk of slots),
-each at several warp counts (and chunk sizes), every result checked against the tensor operations' blocks first (a mismatch makes the
-script exit 1 after writing what it measured), then replayed from a CUDA graph
-(microseconds). ``auto`` is what ``expert_blocks`` runs by default.
+each at several warp counts (and chunk sizes), every result checked against the tensor
+operations' blocks first (a mismatch makes the script exit 1 after writing what it measured),
+then replayed from a CUDA graph (microseconds). ``auto`` is what ``expert_blocks`` runs by default.
 
     python bench/moe_routing/run.py --out DIR                      # about a minute, CUDA
     TRITON_INTERPRET=1 python bench/moe_routing/run.py --device cpu --slots 8,16 --out DIR

@@ -189,8 +189,8 @@ def markdown(result: dict[str, Any]) -> str:
         if result["rows"] else []
     if parts:
         lines += ["", "Parts, each replayed from a CUDA graph (us): the routing grouped by "
-                  "expert (`expert_blocks`: tensor operations, and `auto`: the one-program "
-                  "Triton kernel on CUDA up to 256 slots), and the two grouped GEMMs alone "
+                  "expert (`expert_blocks`: tensor operations, and `auto`: its Triton programs "
+                  "on CUDA), and the two grouped GEMMs alone "
                   "with each launch shape (`n` the down GEMM's block_n, `w` warps, `s` "
                   "stages; the gate/up GEMM takes two turns of its paired weight).", "",
                   "| tokens | " + " | ".join(k.removesuffix("_graph_us") for k in parts) + " |",

@@ -157,8 +157,10 @@ for bad, msg in (({"program": "fast"},
                   "program='fast'; valid: ('auto', 'multi', 'small')"),
                  ({"program": "small"}, "65 routed slots, the one-tile program takes at most "
                                         "SMALL_SLOTS=64"),
-                 ({"program": "multi", "chunk": 48}, "chunk=48; expected a power of two >= 16"),
-                 ({"program": "multi", "chunk": 8}, "chunk=8; expected a power of two >= 16")):
+                 ({"program": "multi", "chunk": 48},
+                  "chunk=48; valid: (16, 32, 64, 128, 256)"),
+                 ({"program": "multi", "chunk": 512},
+                  "chunk=512; valid: (16, 32, 64, 128, 256)")):
     ids = torch.zeros(13, 5, dtype=torch.int32)
     try:
         run(ids, 4, 16, **bad)
@@ -171,7 +173,7 @@ print("ok", len(cases))
 
 
 def test_the_triton_program_makes_the_same_blocks() -> None:
-    """The one-program Triton kernel == the tensor operations, bit for bit, in Triton's
+    """Every Triton program == the tensor operations, bit for bit, in Triton's
     interpreter (a child process: the interpreter is chosen when ``triton.jit`` decorates)."""
     pytest.importorskip("triton")
     import os
@@ -244,7 +246,8 @@ def test_the_triton_program_compiles_for_sm90_with_one_slot(program: str) -> Non
         "counts": (ebt.chunk_counts_kernel,
                    {"num_slots": 1, "EXPERTS": 256, "CHUNK": 64, "PAD": 256}),
         "bases": (ebt.chunk_bases_kernel,
-                  {"chunks": 1, "BLOCK_M": 16, "EXPERTS": 256, "ROWS": 16, "LANES": 64}),
+                  {"chunks": 1, "blocks": 1, "BLOCK_M": 16, "EXPERTS": 256, "ROWS": 16,
+                   "LANES": 64}),
         "scatter": (ebt.chunk_scatter_kernel,
                     {"num_slots": 1, "EXPERTS": 256, "CHUNK": 64}),
     }[program]
@@ -291,3 +294,16 @@ def test_cuda_routing_as_programmatic_dependents(tokens: int, monkeypatch: pytes
     check_programmatic_chain(monkeypatch, [routing], inputs, edges=0 if tokens * 8 <= 64 else 2)
     want = expert_blocks(inputs[0], 256, 16, kernel="torch")
     assert torch.equal(routing(inputs[0]) - 1, torch.cat([want.slots, want.experts]))
+
+
+def test_routings_past_int32_indices_are_refused() -> None:
+    """Block rows the programs could not index in int32 are refused on the host, naming the
+    sizes, before anything is launched."""
+    pytest.importorskip("triton")
+    from kernelbay.layers.expert_blocks_triton import fill_expert_blocks
+
+    unused = torch.empty(0, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"1 routed slots in 1 blocks of 2147483648 rows over 4 "
+                                         r"experts.*fewer than 2\*\*31"):
+        fill_expert_blocks(torch.zeros(1, 1, dtype=torch.int32), 4, 2**31, unused, unused,
+                           program="multi")

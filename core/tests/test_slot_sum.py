@@ -130,3 +130,28 @@ def test_gpu_kernel_gives_the_tensor_paths_bits(tokens: int, top_k: int, n: int)
             nan = want.isnan()
             assert torch.equal(got.isnan(), nan)  # NaN payloads are each conversion's own
             assert torch.equal(got.view(ints)[~nan], want.view(ints)[~nan])  # -0 kept
+
+
+def test_the_triton_kernel_compiles_for_sm90_as_a_programmatic_launch() -> None:
+    """Compiled for sm_90 on the CPU (ptxas, no GPU) as CUDA builds it there: waiting for the
+    kernel before it and releasing the next (``kernelbay.triton_pdl``)."""
+    triton = pytest.importorskip("triton")
+    from kernelbay.layers.slot_sum_triton import _sum_slots_kernel
+    from kernelbay.triton_pdl import SUPPORTED
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = _sum_slots_kernel.arg_names
+    values = {"TOP_K": 8, "BLOCK": 1024, "OUT_BF16_BITS": False, "PDL": SUPPORTED}
+    types = {"y_ptr": "*fp32", "out_ptr": "*bf16", "N": "i32"}
+    signature = {n: "constexpr" if n in values else types[n] for n in names}
+    try:
+        compiled = triton.compile(
+            ASTSource(_sum_slots_kernel, signature, {(names.index(n),): v
+                                                     for n, v in values.items()}),
+            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    except RuntimeError as exc:  # no ptxas for this platform
+        if "ptxas" in str(exc).lower():
+            pytest.skip(f"no ptxas here: {exc}")
+        raise
+    assert ("griddepcontrol.wait" in compiled.asm["ptx"]) == SUPPORTED

@@ -59,7 +59,9 @@ def test_mixed_processes_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     """A folder that asked for the interpreter, and tests collected outside it in the same
     process: the warning names both; tests inside it alone, or no such folder: no warning."""
     monkeypatch.setattr(interpreter, "_DIRS", [])
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    # set, then removed: monkeypatch restores the process's own state afterwards
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.delenv("TRITON_INTERPRET")
     inside, outside = tmp_path / "mx" / "tests", tmp_path / "nv" / "tests"
     assert interpreter.mixed_interpreter_warning([outside / "test_a.py"]) is None
     interpreter.interpret_kernels_in(inside)

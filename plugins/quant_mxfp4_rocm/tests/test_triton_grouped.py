@@ -218,9 +218,9 @@ def test_config_text_round_trips_and_bad_text_is_named() -> None:
 @pytest.mark.parametrize("tokens", [1, 40])
 def test_the_moe_layer_as_programmatic_dependents(tokens: int,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """W4A16 inside a CUDA graph: the gate/up GEMM depends programmatically on the routing's
-    last launch, the down GEMM on the gate/up one and the slot sum on the down one (plus the
-    multi-program routing's own two edges from 80 slots on), with the bits of plain launches
+    """W4A16 inside a CUDA graph, bf16 routing weights (converted before the routing): the
+    gate/up GEMM depends programmatically on the routing's last launch, the down GEMM on the gate/up one and the slot sum on the down one (plus the
+    multi-program routing's own two edges above 64 slots), with the bits of plain launches
     for fresh activations on every replay."""
     from kernelbay.cuda_jit import programmatic_launch
     from kernelbay.testing.programmatic import check_programmatic_chain
@@ -232,9 +232,53 @@ def test_the_moe_layer_as_programmatic_dependents(tokens: int,
     method = Mxfp4MoETriton(_request(mx(), experts, hidden, inter))
     layer = _load(method, _weights(experts, hidden, inter, 31)).to(DEVICE)
     ids, topk = _routing(tokens, experts, 2, 32)
-    ids, topk = ids.to(DEVICE), topk.to(DEVICE)  # float32 weights: no conversion kernel
+    ids, topk = ids.to(DEVICE), topk.bfloat16().to(DEVICE)  # converted before the routing
     gen = torch.Generator().manual_seed(33)
     inputs = [torch.randn(tokens, hidden, generator=gen).bfloat16().to(DEVICE)
               for _ in range(3)]
     check_programmatic_chain(monkeypatch, [lambda x: method.apply_moe(layer, x, ids, topk)],
                              inputs, edges=3 + (2 if tokens * 2 > 64 else 0))
+
+
+_COMPILE_SM90 = """
+import sys
+import triton
+from kernelbay.triton_pdl import SUPPORTED
+from kernelbay_quant_mxfp4_rocm.triton_grouped import _grouped_kernel
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+gated = sys.argv[1] == "gated"
+names = _grouped_kernel.arg_names
+values = {"ROW_DIV": 8 if gated else 1, "GATED": gated, "WEIGHTED": not gated,
+          "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "EVEN_K": True, "ASM": True,
+          "FAST": True, "FRAGMENT": True, "INTERPRET": False, "OUT_BF16_BITS": False,
+          "PDL": SUPPORTED}
+types = {"x_ptr": "*bf16", "slot_ptr": "*i32", "expert_ptr": "*i32", "w_ptr": "*i32",
+         "s_ptr": "*u8", "rw_ptr": "*fp32", "out_ptr": "*bf16" if gated else "*fp32"}
+signature = {n: "constexpr" if n in values else types.get(n, "i32") for n in names}
+compiled = triton.compile(
+    ASTSource(_grouped_kernel, signature, {(names.index(n),): v for n, v in values.items()}),
+    target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+assert ("griddepcontrol.wait" in compiled.asm["ptx"]) == SUPPORTED
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_the_grouped_kernel_compiles_for_sm90_as_a_programmatic_launch(gated: bool) -> None:
+    """Compiled for sm_90 on the CPU (ptxas, no GPU) as CUDA builds it there: fragment words,
+    the PTX decode, waiting for the launch before it and releasing the next after the K loop
+    (``kernelbay.triton_pdl``); gate/up (bf16 out) and down (weighted, float32 out). In a
+    child process without ``TRITON_INTERPRET``, which this folder's tests set."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_SM90, "gated" if gated else "down"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode and "ptxas" in proc.stderr.lower() and "not found" in proc.stderr.lower():
+        pytest.skip(f"no ptxas here: {proc.stderr[-300:]}")
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout + proc.stderr[-3000:]

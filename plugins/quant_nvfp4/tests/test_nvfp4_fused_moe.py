@@ -179,31 +179,34 @@ def test_cuda_triton_moe_matches_emulation(tokens: int, top_k: int, hidden: int)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens", [1, 40])
-def test_cuda_triton_moe_as_programmatic_dependents(tokens: int,
+@pytest.mark.parametrize("tokens, hidden, edges", [
+    (1, 512, 3), (40, 512, 5),  # no split of K; 80 slots: the routing's own two edges
+    (1, 1024, 4)])  # the gate/up GEMM splits K in two: its finish depends on it
+def test_cuda_triton_moe_as_programmatic_dependents(tokens: int, hidden: int, edges: int,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Inside a CUDA graph the gate/up GEMM depends programmatically on the routing's last
-    launch, the down GEMM on the gate/up one and the slot sum on the down one (plus the
-    multi-program routing's own two edges at 80 slots), with the bits of plain launches for
-    fresh activations on every replay (hidden 512: no split of K)."""
+    launch (its split-K finish on it), the down GEMM on the gate/up one and the slot sum on
+    the down one, plus the multi-program routing's own two edges above 64 slots, with the bits
+    of plain launches for fresh activations on every replay; bf16 routing weights, converted
+    before the routing."""
     from kernelbay.cuda_jit import programmatic_launch
     from kernelbay.testing.programmatic import check_programmatic_chain
 
     monkeypatch.setenv("KERNELBAY_PDL", "1")
     if not programmatic_launch():
         pytest.skip("programmatic launches need compute capability 9.0 or newer")
-    experts, hidden, inter = 8, 512, 256
+    experts, inter = 8, 256
     req = LinearRequest(hidden, inter, W4A16, "bfloat16", False, MOE_EXPERTS_ROLE,
                         num_experts=experts)
     method = Nvfp4MoETriton(req)
     tensors = quantized_experts(experts, hidden, inter, 5, w4a4=False)
     layer = load_moe(method, {k: v.cuda() for k, v in tensors.items()}, "cuda")
     ids, weights = routing(tokens, experts, 2, 6)
-    ids, weights = ids.cuda(), weights.float().contiguous().cuda()  # no conversion kernel
+    ids, weights = ids.cuda(), weights.bfloat16().cuda()
     gen = torch.Generator().manual_seed(7)
     inputs = [torch.randn(tokens, hidden, generator=gen).bfloat16().cuda() for _ in range(3)]
     check_programmatic_chain(monkeypatch, [lambda x: method.apply_moe(layer, x, ids, weights)],
-                             inputs, edges=3 + (2 if tokens * 2 > 64 else 0))
+                             inputs, edges=edges)
 
 
 @pytest.mark.gpu

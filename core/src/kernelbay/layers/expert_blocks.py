@@ -17,10 +17,12 @@ blocks past the used ones have expert ``-1``: their programs return at once.
 
 Two implementations with the same result: tensor operations (any device), and Triton programs
 for CUDA routings (``kernel="auto"`` picks them there): up to ``SMALL_SLOTS`` slots one
-program over one tile of slots (1.8-5.1 us on an H100 for 8-64 slots), above it three
+program over one tile of slots (1.7-5.0 us on an H100 for 8-64 slots), above it three
 launches of one program per chunk of slots (per-chunk expert counts, one program turning them
-into each chunk's offsets, a scatter; ``expert_blocks_triton``). The torch version is about
-fifteen small kernels (53-89 us), which inside a captured step cost more than the programs.
+into each chunk's offsets, a scatter; ``expert_blocks_triton``: 11.7-30.1 us for 128-8192
+slots). The torch version is about fifteen small kernels (52-131 us for 8-8192 slots), which
+inside a captured step cost more than the programs
+(``bench/results/moe-routing-multi-h100.md``).
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 """``expert_blocks`` in Triton programs, with the tensor operations' result bit for bit.
 
 The torch version is about fifteen small kernels (a stable sort among them); inside a
-captured step each still costs a few microseconds, 53-131 us in all on an H100 for 8-8192
-slots. Every slot keeps its place as the stable sort leaves it: in its expert's blocks at
-``rank``, the number of earlier slots routed to the same expert, so each expert's slots stay
-in slot order.
+captured step each still costs a few microseconds, 52-131 us in all on an H100 for 8-8192
+slots (``bench/results/moe-routing-multi-h100.md``). Every slot keeps its place as the stable
+sort leaves it: in its expert's blocks at ``rank``, the number of earlier slots routed to the
+same expert, so each expert's slots stay in slot order.
 
 Up to ``SMALL_SLOTS`` slots (decode batches) one program over one tile of slots
 (``expert_blocks_small_kernel``): each slot's rank and its expert's count by comparing every
@@ -46,7 +46,7 @@ from kernelbay.triton_pdl import grid_release, grid_wait
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MULTI_CHUNKS", "PROGRAMS", "SMALL_SLOTS", "chunk_bases_kernel",
+__all__ = ["MULTI_CHUNKS", "MULTI_CHUNK_SIZES", "PROGRAMS", "SMALL_SLOTS", "chunk_bases_kernel",
            "chunk_counts_kernel", "chunk_scatter_kernel", "expert_blocks_small_kernel",
            "fill_expert_blocks", "multi_chunk"]
 
@@ -61,6 +61,9 @@ PROGRAMS = ("auto", "multi", "small")
 #: Most programs per launch the multi-program routing's default chunk aims for: its one-program
 #: offsets step walks the [chunks, experts] table serially.
 MULTI_CHUNKS = 64
+#: The slots per program the multi-program routing takes (its scatter compares a chunk's slots
+#: pairwise, its counts compare them with every expert: larger tiles compile for minutes).
+MULTI_CHUNK_SIZES = (16, 32, 64, 128, 256)
 _CHUNK = 64
 
 
@@ -196,12 +199,14 @@ def expert_blocks_small_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_e
 
 def multi_chunk(num_slots: int) -> int:
     """The multi-program routing's default slots per program: 64, or the least power of two
-    that keeps the chunks at most ``MULTI_CHUNKS``, at most 256 (the scatter compares a chunk's
-    slots pairwise). On an H100 (256 experts, top-8,
+    that keeps the chunks at most ``MULTI_CHUNKS``, at most 256 (the largest of
+    ``MULTI_CHUNK_SIZES``: a cap, not a measured best; past 8192 slots no size was timed). On
+    an H100 (256 experts, top-8,
     ``bench/results/moe-routing-multi-h100.md``) 64-slot chunks were the fastest from 128 to
     2048 slots (11.7-17.4 us against 12.3-17.5 for 128) and 128-slot ones at 8192 slots
     (30.1 us against 33.9)."""
-    return min(256, max(64, int(triton.next_power_of_2(triton.cdiv(num_slots, MULTI_CHUNKS)))))
+    return min(MULTI_CHUNK_SIZES[-1],
+               max(64, int(triton.next_power_of_2(triton.cdiv(num_slots, MULTI_CHUNKS)))))
 
 
 def fill_expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int,
@@ -212,10 +217,10 @@ def fill_expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int,
     block. ``program``: one of ``PROGRAMS`` (``"auto"``: the one-tile program up to
     ``SMALL_SLOTS`` slots, else the multi-program one); ``num_warps``: each program's warps
     (default 8 for the one-tile program, 4 for the others, the fastest measured); ``chunk``:
-    the slots per program of the multi-program routing (a power of two from 16; default
+    the slots per program of the multi-program routing (one of ``MULTI_CHUNK_SIZES``; default
     ``multi_chunk``). All three are tuning knobs with the same result. ``ValueError`` past
-    ``SMALL_SLOTS`` slots for the one-tile program, on an unknown program, a bad chunk, more
-    than 2**31 block rows or buffers of another size or dtype."""
+    ``SMALL_SLOTS`` slots for the one-tile program, on an unknown program, a chunk outside
+    ``MULTI_CHUNK_SIZES``, indices past int32 or buffers of another size or dtype."""
     import torch
 
     from kernelbay.layers.expert_blocks import max_blocks
@@ -230,19 +235,23 @@ def fill_expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int,
         raise ValueError(f"fill_expert_blocks: {n} routed slots, the one-tile program takes at "
                          f"most SMALL_SLOTS={SMALL_SLOTS}")
     chunk = multi_chunk(n) if chunk is None else chunk
-    if chunk < 16 or chunk & (chunk - 1):
-        raise ValueError(f"fill_expert_blocks: chunk={chunk}; expected a power of two >= 16")
+    if chunk not in MULTI_CHUNK_SIZES:
+        raise ValueError(f"fill_expert_blocks: chunk={chunk}; valid: {MULTI_CHUNK_SIZES}")
     blocks = max_blocks(n, num_experts, block_m)
-    if blocks * block_m >= 2**31:  # the programs index slots and block rows in int32
-        raise ValueError(f"fill_expert_blocks: {n} routed slots in {blocks} blocks of "
-                         f"{block_m} rows; the programs take fewer than 2**31 block rows")
-    for name, t, size in (("slots", slots, blocks * block_m), ("experts", experts, blocks)):
-        if t.dtype != torch.int32 or t.numel() != size or not t.is_contiguous():
-            raise ValueError(f"fill_expert_blocks: {name} must be a contiguous int32 tensor of "
-                             f"{size} elements for {n} slots, {num_experts} experts "
-                             f"and block_m={block_m}; got {t.dtype} {tuple(t.shape)}")
+    chunks = max(1, triton.cdiv(n, chunk))
+    size = blocks * block_m
     width = max(16, triton.next_power_of_2(num_experts))
-
+    # the programs index slots, block rows (padded to whole shares) and the [chunks, experts]
+    # table in int32
+    if max(chunks * triton.cdiv(size, chunks), chunks * width) >= 2**31:
+        raise ValueError(f"fill_expert_blocks: {n} routed slots in {blocks} blocks of "
+                         f"{block_m} rows over {num_experts} experts; the programs index fewer "
+                         "than 2**31 block rows and chunk counts")
+    for name, t, want in (("slots", slots, size), ("experts", experts, blocks)):
+        if t.dtype != torch.int32 or t.numel() != want or not t.is_contiguous():
+            raise ValueError(f"fill_expert_blocks: {name} must be a contiguous int32 tensor of "
+                             f"{want} elements for {n} slots, {num_experts} experts "
+                             f"and block_m={block_m}; got {t.dtype} {tuple(t.shape)}")
     pdl = triton_pdl.enabled(flat.device)
 
     def opts(default: int) -> dict[str, Any]:
@@ -255,8 +264,6 @@ def fill_expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int,
                 SLOTS=max(16, triton.next_power_of_2(n)),
                 BLOCKS=max(16, triton.next_power_of_2(blocks)), CHUNK=256, **opts(8))
         return
-    chunks = max(1, triton.cdiv(n, chunk))
-    size = blocks * block_m
     bases = torch.empty(chunks * width, dtype=torch.int32, device=flat.device)
     with triton_pdl.dependent(flat.device, pdl):
         chunk_counts_kernel[(chunks,)](flat, bases, slots, n, num_experts, size,

@@ -69,15 +69,17 @@ _DIRS: list[Path] = []
 def interpret_kernels_in(tests_dir: str | os.PathLike[str]) -> None:
     """Run the Triton kernels of the tests under ``tests_dir`` in Triton's interpreter: set
     ``TRITON_INTERPRET=1`` (unless already set) before any kernel module is imported (a
-    conftest calls this), and remember the folder. ``triton.jit`` reads the variable once,
+    conftest calls this), and remember the folder (unless the variable was set to ``0``). ``triton.jit`` reads the variable once,
     when it decorates a kernel or helper, so the whole process interprets from then on; the
     ``kernelbay`` pytest plugin warns when the same process also collects tests outside such
     folders, whose compile-for-a-GPU-target checks then fail (run each package's tests in its
     own process, as ``make test`` does)."""
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    if os.environ["TRITON_INTERPRET"] in ("", "0"):  # switched off on purpose: nothing to warn
+        return
     path = Path(tests_dir).resolve()
     if path not in _DIRS:
         _DIRS.append(path)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def interpreted_dirs() -> tuple[Path, ...]:

@@ -137,6 +137,9 @@ class Mxfp4MoETriton(Mxfp4MoEEmulation):
             return torch.zeros(0, hidden, dtype=x.dtype, device=x.device)
         elem = self._activation_elem
         rule = self.request.scheme.option("scale_mode", "even") or "even"
+        # float32 before the first launch, so that no conversion kernel separates the GEMMs
+        # (inside a CUDA graph each launch then depends programmatically on the one before)
+        topk_weights = topk_weights.to(torch.float32).contiguous()
         blocks = expert_blocks(topk_ids, self.num_experts,
                                block_rows(topk_ids.numel(), self.num_experts))
         # MX activations: quantized once for all tokens (blocks lie within a row), decoded to

@@ -242,6 +242,9 @@ class Nvfp4MoETriton(MoEMethod):
         if getattr(layer, "w13_w", None) is None:
             raise RuntimeError(f"{self.name}: call process_weights_after_loading(layer) before "
                                "apply_moe; the stacked experts are made there")
+        # float32 before the first launch, so that no conversion kernel separates the GEMMs
+        # (inside a CUDA graph each launch then depends programmatically on the one before)
+        topk_weights = topk_weights.float().contiguous()
         blocks = expert_blocks(topk_ids, self.num_experts,
                                block_m_for(topk_ids.numel(), self.num_experts))
         return nvfp4_grouped_experts(x, blocks, topk_weights, *self.stored_weights(layer))
