@@ -89,14 +89,13 @@ def _wait_then_release(PDL: tl.constexpr):
 
 
 @triton.jit
-def _pad_slots(slots_ptr, size, num_slots, CHUNK: tl.constexpr):
-    """Every one of the ``size`` block rows set to the padding value ``num_slots``, visible to
-    the whole program before it returns (the slots are written over it afterwards)."""
-    for p in range(0, size, CHUNK):
+def _pad_rows(slots_ptr, start, stop, num_slots, CHUNK: tl.constexpr):
+    """Block rows ``[start, stop)`` set to the padding value ``num_slots``, ``CHUNK`` per store
+    (the slots are written over it afterwards)."""
+    for p in range(start, stop, CHUNK):
         lanes = p + tl.arange(0, CHUNK)
         tl.store(slots_ptr + lanes, tl.zeros((CHUNK,), dtype=tl.int32) + num_slots,
-                 mask=lanes < size)
-    tl.debug_barrier()
+                 mask=lanes < stop)
 
 
 @triton.jit
@@ -112,10 +111,7 @@ def chunk_counts_kernel(ids_ptr, counts_ptr, slots_ptr, num_slots, num_experts, 
     e_idx = tl.arange(0, EXPERTS)
     counts = tl.sum((ids[:, None] == e_idx[None, :]).to(tl.int32), axis=0)
     tl.store(counts_ptr + p * EXPERTS + e_idx, counts)
-    for q in range(0, pad, PAD):
-        rows = p * pad + q + tl.arange(0, PAD)
-        tl.store(slots_ptr + rows, tl.zeros((PAD,), dtype=tl.int32) + num_slots,
-                 mask=(rows < size) & (q + tl.arange(0, PAD) < pad))
+    _pad_rows(slots_ptr, p * pad, tl.minimum((p + 1) * pad, size), num_slots, PAD)
 
 
 @triton.jit
@@ -187,7 +183,8 @@ def expert_blocks_small_kernel(ids_ptr, slots_ptr, experts_ptr, num_slots, num_e
     first = valid & (rank == 0)
     earlier = first[None, :] & (ids[None, :] < ids[:, None])
     block_start = tl.sum(tl.where(earlier, per_expert[None, :], 0), axis=1)
-    _pad_slots(slots_ptr, blocks * BLOCK_M, num_slots, CHUNK)
+    _pad_rows(slots_ptr, 0, blocks * BLOCK_M, num_slots, CHUNK)
+    tl.debug_barrier()  # the padding is written before any slot lands on it
     tl.store(slots_ptr + block_start * BLOCK_M + rank, mine, mask=valid)
     block = tl.arange(0, BLOCKS)
     holds = first[None, :] & (block_start[None, :] <= block[:, None]) \

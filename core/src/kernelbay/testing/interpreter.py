@@ -69,9 +69,9 @@ _DIRS: list[Path] = []
 def interpret_kernels_in(tests_dir: str | os.PathLike[str]) -> None:
     """Run the Triton kernels of the tests under ``tests_dir`` in Triton's interpreter: set
     ``TRITON_INTERPRET=1`` (unless already set) before any kernel module is imported (a
-    conftest calls this), and remember the folder (unless the variable was set to ``0``). ``triton.jit`` reads the variable once,
-    when it decorates a kernel or helper, so the whole process interprets from then on; the
-    ``kernelbay`` pytest plugin warns when the same process also collects tests outside such
+    conftest calls this), and remember the folder (unless the variable was set to ``0``).
+    ``triton.jit`` reads the variable once, when it decorates a kernel or helper, so the whole
+    process interprets from then on; the ``kernelbay`` pytest plugin warns when the same process also collects tests outside such
     folders, whose compile-for-a-GPU-target checks then fail (run each package's tests in its
     own process, as ``make test`` does)."""
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -92,9 +92,9 @@ def mixed_interpreter_warning(paths: list[str | os.PathLike[str]]) -> str | None
     and some of ``paths`` lie outside them."""
     if not _DIRS:
         return None
-    outside = sorted({str(Path(p).resolve().parent) for p in paths
-                      if not any(d == Path(p).resolve() or d in Path(p).resolve().parents
-                                 for d in _DIRS)})
+    files = {Path(p).resolve() for p in paths}  # many tests share a file: resolve each once
+    outside = sorted({str(f.parent) for f in files
+                      if not any(d == f or d in f.parents for d in _DIRS)})
     if not outside:
         return None
     return (f"Triton's interpreter is on for this whole process (TRITON_INTERPRET=1, asked for "
