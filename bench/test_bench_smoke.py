@@ -77,3 +77,20 @@ def test_routing_bench_runs_in_the_interpreter(tmp_path: object) -> None:
     assert "small_w1_us" in result["rows"][0] and "small_w1_us" not in result["rows"][1]
     # 72 slots in chunks of 64: the multi-program routing's two chunks were checked and timed
     assert "multi_c64_w4_us" in result["rows"][1]
+
+
+def test_slot_sum_release_bench_runs_in_the_interpreter(tmp_path: object) -> None:
+    """bench/moe_routing/slot_sum_release.py end to end on a tiny layer in Triton's interpreter
+    (each variant's sum checked bit for bit against the tensor sum: a wrong one exits 1)."""
+    out = str(tmp_path)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    subprocess.run([sys.executable, os.path.join(HERE, "moe_routing", "slot_sum_release.py"),
+                    "--device", "cpu", "--tokens", "2", "--hidden", "64", "--next-n", "32",
+                    "--out", out], check=True, capture_output=True, timeout=600, env=env)
+    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
+        result = json.load(f)
+    (row,) = result["rows"]
+    assert row["tokens"] == 2 and not result["failures"]
+    assert all(f"self_{v}_us" in row for v in ("start", "loads", "end", "plain"))
+    with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
+        assert "| 2 | sums back to back |" in f.read()

@@ -134,15 +134,17 @@ def test_gpu_kernel_gives_the_tensor_paths_bits(tokens: int, top_k: int, n: int)
 
 def test_the_triton_kernel_compiles_for_sm90_as_a_programmatic_launch() -> None:
     """Compiled for sm_90 on the CPU (ptxas, no GPU) as CUDA builds it there: waiting for the
-    kernel before it and releasing the next (``kernelbay.triton_pdl``)."""
+    kernel before it and releasing the next (``kernelbay.triton_pdl``) between its last load
+    and its store, where the benchmark found the release fastest."""
     triton = pytest.importorskip("triton")
-    from kernelbay.layers.slot_sum_triton import _sum_slots_kernel
+    from kernelbay.layers.slot_sum_triton import RELEASE_POINTS, _sum_slots_kernel
     from kernelbay.triton_pdl import SUPPORTED
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     names = _sum_slots_kernel.arg_names
-    values = {"TOP_K": 8, "BLOCK": 1024, "OUT_BF16_BITS": False, "PDL": SUPPORTED}
+    values = {"TOP_K": 8, "BLOCK": 1024, "OUT_BF16_BITS": False, "PDL": SUPPORTED,
+              "RELEASE": RELEASE_POINTS.index("loads")}
     types = {"y_ptr": "*fp32", "out_ptr": "*bf16", "N": "i32"}
     signature = {n: "constexpr" if n in values else types[n] for n in names}
     try:
@@ -154,4 +156,17 @@ def test_the_triton_kernel_compiles_for_sm90_as_a_programmatic_launch() -> None:
         if "ptxas" in str(exc).lower():
             pytest.skip(f"no ptxas here: {exc}")
         raise
-    assert ("griddepcontrol.wait" in compiled.asm["ptx"]) == SUPPORTED
+    ptx = compiled.asm["ptx"]
+    assert ("griddepcontrol.wait" in ptx) == SUPPORTED
+    if SUPPORTED:
+        release = ptx.index("griddepcontrol.launch_dependents")
+        assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
+        assert ptx.rindex("ld.global") < release < ptx.index("st.global")
+
+
+def test_the_triton_launch_refuses_an_unknown_release_point() -> None:
+    pytest.importorskip("triton")
+    from kernelbay.layers.slot_sum_triton import sum_slots_triton
+
+    with pytest.raises(ValueError, match=r"release='middle'.*'start', 'loads', 'end'"):
+        sum_slots_triton(torch.zeros(8, 4), 8, torch.float32, release="middle")
