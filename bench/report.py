@@ -23,3 +23,23 @@ def write_results(out: str | Path, result: dict[str, Any], markdown: str,
         print("WRONG RESULTS:\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1
     return 0
+
+
+def row_line(row: dict[str, Any]) -> str:
+    """One measured row as a progress line: ``key value`` pairs, floats to one decimal."""
+    return ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                     for k, v in row.items())
+
+
+def run_record(benchmark: str, device: str, **fields: Any) -> dict[str, Any]:
+    """The head of a results record: what was measured, on which device (``cuda``: the GPU's
+    name; else the interpreter check), when, with which torch and triton, then ``fields``."""
+    import datetime
+
+    import torch
+    import triton
+
+    name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu (Triton interpreter)"
+    return {"benchmark": benchmark, "device": name,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__, "triton": triton.__version__, **fields}

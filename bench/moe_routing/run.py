@@ -15,14 +15,13 @@ then replayed from a CUDA graph (microseconds). ``auto`` is what ``expert_blocks
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from moe_common import uniform_routing  # from bench/, put on the path above
-from report import write_results
+from report import row_line, run_record, write_results
 from settle import add_timing_args, timed_us
 
 #: (program, warps, slots per program) variants of the Triton programs; the chunk applies to
@@ -48,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     add_timing_args(p, rep_ms=20.0)
     args = p.parse_args(argv)
     import torch
-    import triton
     from kernelbay.layers.expert_blocks import expert_blocks, max_blocks
     from kernelbay.layers.expert_blocks_triton import (
         SMALL_SLOTS,
@@ -97,13 +95,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             row[f"{key}_us"] = timed_us(run, dev, settle_s=args.settle_s, rep_ms=args.rep_ms)
         rows.append(row)
-        print(", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
-                        for k, v in row.items()), flush=True)
-    name = torch.cuda.get_device_name(0) if dev == "cuda" else "cpu (Triton interpreter)"
-    result = {"benchmark": "MoE routing grouped by expert", "device": name,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "torch": torch.__version__, "triton": triton.__version__, "experts": E,
-              "top_k": args.top_k, "block_m": bm, "rows": rows, "failures": failures}
+        print(row_line(row), flush=True)
+    result = run_record("MoE routing grouped by expert", dev, experts=E, top_k=args.top_k,
+                        block_m=bm, rows=rows, failures=failures)
     return write_results(args.out, result, markdown(result), failures)
 
 

@@ -18,14 +18,13 @@ projection alone beside it.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from report import write_results  # from bench/, put on the path above
+from report import row_line, run_record, write_results  # from bench/, put on the path above
 from settle import add_timing_args, timed_us
 
 #: The variants: a release point of ``slot_sum_triton.RELEASE_POINTS``, or plain launches.
@@ -43,7 +42,6 @@ def main(argv: list[str] | None = None) -> int:
     add_timing_args(p, rep_ms=20.0)
     args = p.parse_args(argv)
     import torch
-    import triton
     from kernelbay.layers.slot_sum import sum_slots
     from kernelbay.layers.slot_sum_triton import sum_slots_triton
 
@@ -105,13 +103,9 @@ def main(argv: list[str] | None = None) -> int:
                         scale_max=127))
                     row[f"n{n}_{variant}_us"] = timed(run)
         rows.append(row)
-        print(", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
-                        for k, v in row.items()), flush=True)
-    name = torch.cuda.get_device_name(0) if dev == "cuda" else "cpu (Triton interpreter)"
-    result = {"benchmark": "MoE slot sum release point", "device": name,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "torch": torch.__version__, "triton": triton.__version__, "top_k": K,
-              "hidden": H, "next_n": args.next_n, "rows": rows, "failures": failures}
+        print(row_line(row), flush=True)
+    result = run_record("MoE slot sum release point", dev, top_k=K, hidden=H,
+                        next_n=args.next_n, rows=rows, failures=failures)
     return write_results(args.out, result, markdown(result), failures)
 
 
