@@ -8,9 +8,10 @@ in a CUDA graph it may depend on the grouped GEMM before it, and a kernel of our
 ``sum_slots`` imports it only when it runs the kernel.
 
 Each program lets the next launch start once its loads are done (``RELEASE_POINTS``):
-released at its start, the next launch's blocks take the free SM slots while the sum still
-streams its rows and slow it down. Measured on an H100 (graphs of 20 calls, us per call,
-``bench/moe_routing/slot_sum_release.py``, ``bench/results/moe-slot-sum-release-h100.md``):
+released at its start, the next launch's blocks took the free SM slots while the sum still
+streamed its rows, and it ran slower. Measured on an H100 (graphs of 20 calls, us per call,
+``bench/results/moe-slot-sum-release-h100.md``, from a scratch form of
+``bench/moe_routing/slot_sum_release.py``):
 followed by a dense MXFP4 GEMM (7168 -> 2048) at 16 tokens, 16.5 released at the start,
 10.2 after the loads, 10.4 at the end, 10.9 plain; 128 tokens summed back to back, 10.8,
 5.7, 6.1 and 6.5.
