@@ -6,7 +6,8 @@ tensor operations (``kernel="torch"``), the one-tile Triton program (up to ``SMA
 and the multi-program routing (any count; three launches of one program per chunk of slots),
 each at several warp counts (and chunk sizes), every result checked against the tensor
 operations' blocks first (a mismatch makes the script exit 1 after writing what it measured),
-then replayed from a CUDA graph (microseconds). ``auto`` is what ``expert_blocks`` runs by default.
+then replayed from a CUDA graph (microseconds). ``auto`` is what ``expert_blocks`` runs by
+default.
 
     python bench/moe_routing/run.py --out DIR                      # about a minute, CUDA
     TRITON_INTERPRET=1 python bench/moe_routing/run.py --device cpu --slots 8,16 --out DIR
@@ -109,7 +110,8 @@ def markdown(result: dict[str, Any]) -> str:
              f"{result['experts']} experts, top-{result['top_k']}, {result['block_m']}-row "
              "blocks, uniform random routing; microseconds per call replayed from a CUDA graph; "
              "`small_wN`: the one-tile program with N warps, "
-             "`multi_cC_wN`: the multi-program routing with C slots and N warps per program, `auto` "
+             "`multi_cC_wN`: the multi-program routing with C slots and N warps per program, "
+             "`auto` "
              "what `expert_blocks` runs; - where a program does not take that many slots. "
              "`python bench/moe_routing/run.py`.", "",
              "| slots | " + " | ".join(k.removesuffix("_us") for k in keys) + " |",

@@ -117,8 +117,9 @@ def markdown(result: dict[str, Any]) -> str:
              "replayed from a CUDA graph. `start` / `loads` / `end`: the sum built as a "
              "programmatic launch that lets the next one start at its start, after its loads "
              "or after its store; `plain`: the sum (and the projection after it) built and "
-             "launched without. `self`: sums back to back; `then N`: each sum followed by a dense MXFP4 projection hidden -> N (its "
-             "time alone beside). `python bench/moe_routing/slot_sum_release.py`.", "",
+             "launched without. `self`: sums back to back; `then N`: each sum followed by a "
+             "dense MXFP4 projection hidden -> N (its time alone beside). "
+             "`python bench/moe_routing/slot_sum_release.py`.", "",
              "| tokens | after the sum | " + " | ".join(VARIANTS) + " | projection alone |",
              "| ---: | --- |" + " ---: |" * (len(VARIANTS) + 1)]
     for r in result["rows"]:

@@ -234,10 +234,9 @@ def test_the_triton_program_compiles_for_sm90_with_one_slot(program: str) -> Non
     compile-time 1 as Triton specializes it at one routed slot (the interpreter never does);
     the multi-program routing's three kernels at their default widths; with programmatic
     launches where this Triton has them."""
-    triton = pytest.importorskip("triton")
+    pytest.importorskip("triton")
     from kernelbay.layers import expert_blocks_triton as ebt
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from kernelbay.testing.triton_compile import compile_for_cuda
 
     kernel, values = {
         "small": (ebt.expert_blocks_small_kernel,
@@ -254,19 +253,10 @@ def test_the_triton_program_compiles_for_sm90_with_one_slot(program: str) -> Non
     from kernelbay.triton_pdl import SUPPORTED
 
     values["PDL"] = SUPPORTED  # built as CUDA runs them: waiting and releasing
-    names = kernel.arg_names
     types = {"ids_ptr": "*i64", "slots_ptr": "*i32", "experts_ptr": "*i32", "counts_ptr": "*i32",
              "bases_ptr": "*i32"}
-    signature = {n: "constexpr" if n in values else types.get(n, "i32") for n in names}
-    constexprs = {(names.index(n),): v for n, v in values.items()}
-    try:
-        compiled = triton.compile(ASTSource(kernel, signature, constexprs),
-                                  target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": 8 if program == "small" else 4})
-    except RuntimeError as exc:  # no ptxas for this platform
-        if "ptxas" in str(exc).lower():
-            pytest.skip(f"no ptxas here: {exc}")
-        raise
+    compiled = compile_for_cuda(kernel, values, types,
+                                num_warps=8 if program == "small" else 4)
     assert "ptx" in compiled.asm
 
 

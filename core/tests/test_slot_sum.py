@@ -136,26 +136,15 @@ def test_the_triton_kernel_compiles_for_sm90_as_a_programmatic_launch() -> None:
     """Compiled for sm_90 on the CPU (ptxas, no GPU) as CUDA builds it there: waiting for the
     kernel before it and releasing the next (``kernelbay.triton_pdl``) between its last load
     and its store, where the benchmark found the release fastest."""
-    triton = pytest.importorskip("triton")
+    pytest.importorskip("triton")
     from kernelbay.layers.slot_sum_triton import RELEASE_POINTS, _sum_slots_kernel
+    from kernelbay.testing.triton_compile import compile_for_cuda
     from kernelbay.triton_pdl import SUPPORTED
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
-    names = _sum_slots_kernel.arg_names
     values = {"TOP_K": 8, "BLOCK": 1024, "OUT_BF16_BITS": False, "PDL": SUPPORTED,
               "RELEASE": RELEASE_POINTS.index("loads")}
-    types = {"y_ptr": "*fp32", "out_ptr": "*bf16", "N": "i32"}
-    signature = {n: "constexpr" if n in values else types[n] for n in names}
-    try:
-        compiled = triton.compile(
-            ASTSource(_sum_slots_kernel, signature, {(names.index(n),): v
-                                                     for n, v in values.items()}),
-            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    except RuntimeError as exc:  # no ptxas for this platform
-        if "ptxas" in str(exc).lower():
-            pytest.skip(f"no ptxas here: {exc}")
-        raise
+    compiled = compile_for_cuda(_sum_slots_kernel, values,
+                                {"y_ptr": "*fp32", "out_ptr": "*bf16"}, num_warps=4)
     ptx = compiled.asm["ptx"]
     assert ("griddepcontrol.wait" in ptx) == SUPPORTED
     if SUPPORTED:

@@ -219,9 +219,10 @@ def test_config_text_round_trips_and_bad_text_is_named() -> None:
 def test_the_moe_layer_as_programmatic_dependents(tokens: int,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """W4A16 inside a CUDA graph, bf16 routing weights (converted before the routing): the
-    gate/up GEMM depends programmatically on the routing's last launch, the down GEMM on the gate/up one and the slot sum on the down one (plus the
-    multi-program routing's own two edges above 64 slots), with the bits of plain launches
-    for fresh activations on every replay."""
+    gate/up GEMM depends programmatically on the routing's last launch, the down GEMM on the
+    gate/up one and the slot sum on the down one (plus the multi-program routing's own two
+    edges above 64 slots), with the bits of plain launches for fresh activations on every
+    replay."""
     from kernelbay.cuda_jit import programmatic_launch
     from kernelbay.testing.programmatic import check_programmatic_chain
 
@@ -242,24 +243,18 @@ def test_the_moe_layer_as_programmatic_dependents(tokens: int,
 
 _COMPILE_SM90 = """
 import sys
-import triton
+from kernelbay.testing.triton_compile import compile_for_cuda
 from kernelbay.triton_pdl import SUPPORTED
 from kernelbay_quant_mxfp4_rocm.triton_grouped import _grouped_kernel
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 gated = sys.argv[1] == "gated"
-names = _grouped_kernel.arg_names
 values = {"ROW_DIV": 8 if gated else 1, "GATED": gated, "WEIGHTED": not gated,
           "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "EVEN_K": True, "ASM": True,
           "FAST": True, "FRAGMENT": True, "INTERPRET": False, "OUT_BF16_BITS": False,
           "PDL": SUPPORTED}
 types = {"x_ptr": "*bf16", "slot_ptr": "*i32", "expert_ptr": "*i32", "w_ptr": "*i32",
          "s_ptr": "*u8", "rw_ptr": "*fp32", "out_ptr": "*bf16" if gated else "*fp32"}
-signature = {n: "constexpr" if n in values else types.get(n, "i32") for n in names}
-compiled = triton.compile(
-    ASTSource(_grouped_kernel, signature, {(names.index(n),): v for n, v in values.items()}),
-    target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+compiled = compile_for_cuda(_grouped_kernel, values, types, num_warps=4, num_stages=3)
 assert ("griddepcontrol.wait" in compiled.asm["ptx"]) == SUPPORTED
 print("ok")
 """

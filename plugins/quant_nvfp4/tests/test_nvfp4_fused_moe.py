@@ -245,12 +245,10 @@ def test_grouped_kernel_compiles_for_sm90_with_one_slot(mode: str) -> None:
     """The grouped kernel compiled for sm_90 on the CPU (ptxas, no GPU) in each of its modes,
     with the slot count a compile-time 1 as Triton specializes it at one routed slot (top-1 at
     one token): the interpreter never specializes, so only a compile shows such a failure."""
-    triton = pytest.importorskip("triton")
+    pytest.importorskip("triton")
+    from kernelbay.testing.triton_compile import compile_for_cuda
     from kernelbay_quant_nvfp4.triton_grouped import nvfp4_grouped_gemm
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
-    names = nvfp4_grouped_gemm.arg_names
     values = {"num_slots": 1, "TOP_K": 1, "GATED": mode != "down", "BLOCK_M": 16,
               "BLOCK_N": 128, "BLOCK_K": 256, "EVEN_K": True, "ASM": True,
               "INTERPRET": False, "REPACKED": True, "SWAP": True, "TILED": True,
@@ -262,14 +260,6 @@ def test_grouped_kernel_compiles_for_sm90_with_one_slot(mode: str) -> None:
     pointers = {"x_ptr": "*bf16", "slot_ptr": "*i32", "expert_ptr": "*i32", "w_ptr": "*i32",
                 "s_ptr": "*u8", "g_ptr": "*fp32", "ug_ptr": "*fp32", "rw_ptr": "*fp32",
                 "out_ptr": "*bf16" if mode != "down" else "*fp32", "part_ptr": "*fp32"}
-    signature = {n: "constexpr" if n in values else pointers.get(n, "i32") for n in names}
-    constexprs = {(names.index(n),): v for n, v in values.items()}
-    try:
-        compiled = triton.compile(ASTSource(nvfp4_grouped_gemm, signature, constexprs),
-                                  target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": 4, "num_stages": 3})
-    except RuntimeError as exc:  # no ptxas for this platform
-        if "ptxas" in str(exc).lower():
-            pytest.skip(f"no ptxas here: {exc}")
-        raise
+    compiled = compile_for_cuda(nvfp4_grouped_gemm, values, pointers, num_warps=4,
+                                num_stages=3)
     assert "ptx" in compiled.asm

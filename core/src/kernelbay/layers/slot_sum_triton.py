@@ -11,10 +11,9 @@ Each program lets the next launch start once its loads are done (``RELEASE_POINT
 released at its start, the next launch's blocks took the free SM slots while the sum still
 streamed its rows, and it ran slower. Measured on an H100 (graphs of 20 calls, us per call,
 ``bench/results/moe-slot-sum-release-h100.md``, from a scratch form of
-``bench/moe_routing/slot_sum_release.py``):
-followed by a dense MXFP4 GEMM (7168 -> 2048) at 16 tokens, 16.5 released at the start,
-10.2 after the loads, 10.4 at the end, 10.9 plain; 128 tokens summed back to back, 10.8,
-5.7, 6.1 and 6.5.
+``bench/moe_routing/slot_sum_release.py``): followed by a dense MXFP4 GEMM (7168 -> 2048) at
+16 tokens, 16.5 released at the start, 10.2 after the loads, 10.4 at the end, 10.9 plain;
+128 tokens summed back to back, 10.8, 5.7, 6.1 and 6.5.
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ RELEASE_POINTS = ("start", "loads", "end")
 def _sum_slots_kernel(y_ptr, out_ptr, N, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
                       OUT_BF16_BITS: tl.constexpr, PDL: tl.constexpr = False,
                       RELEASE: tl.constexpr = 1):
+    # RELEASE: the index of the release point in RELEASE_POINTS
     if PDL:  # the slot rows are the kernel before's output
         grid_wait()
         if RELEASE == 0:

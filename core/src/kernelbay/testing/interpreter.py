@@ -71,9 +71,9 @@ def interpret_kernels_in(tests_dir: str | os.PathLike[str]) -> None:
     ``TRITON_INTERPRET=1`` (unless already set) before any kernel module is imported (a
     conftest calls this), and remember the folder (unless the variable was set to ``0``).
     ``triton.jit`` reads the variable once, when it decorates a kernel or helper, so the whole
-    process interprets from then on; the ``kernelbay`` pytest plugin warns when the same process also collects tests outside such
-    folders, whose compile-for-a-GPU-target checks then fail (run each package's tests in its
-    own process, as ``make test`` does)."""
+    process interprets from then on; the ``kernelbay`` pytest plugin warns when the same
+    process also collects tests outside such folders, whose compile-for-a-GPU-target checks
+    then fail (run each package's tests in its own process, as ``make test`` does)."""
     os.environ.setdefault("TRITON_INTERPRET", "1")
     if os.environ["TRITON_INTERPRET"] in ("", "0"):  # switched off on purpose: nothing to warn
         return
