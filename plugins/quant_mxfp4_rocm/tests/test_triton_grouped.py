@@ -274,6 +274,6 @@ def test_the_grouped_kernel_compiles_for_sm90_as_a_programmatic_launch(gated: bo
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", _COMPILE_SM90, "gated" if gated else "down"],
                           env=env, capture_output=True, text=True, timeout=600)
-    if proc.returncode and "ptxas" in proc.stderr.lower() and "not found" in proc.stderr.lower():
-        pytest.skip(f"no ptxas here: {proc.stderr[-300:]}")
+    if proc.returncode and "no ptxas here" in proc.stderr:  # compile_for_cuda's skip, raised
+        pytest.skip(proc.stderr[-300:])
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout + proc.stderr[-3000:]
