@@ -66,6 +66,20 @@ def test_plugins_text_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "plugin" in out.splitlines()[1] and "core" in out
 
 
+def test_quantize_list_without_writers_says_what_to_install(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["quantize", "--list"]) == 0
+    assert "pip install kernelbay-quant-nvfp4" in capsys.readouterr().out
+
+
+def test_quantize_without_its_arguments_names_the_missing_ones(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["quantize", "some/model"])
+    assert exc.value.code == 2
+    assert "required: destination, --format (or --list)" in capsys.readouterr().err
+
+
 def test_doctor_reports_the_device(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", "--json", "--device", "sm_90"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from kernelbay import ConfigError, Policy, Registry, Verdict, hookimpl
 from kernelbay.checkpoint import CheckpointFolder
+from kernelbay.cli.quantize_cmd import writer_rows
 from kernelbay.layers.unquantized_format import UnquantizedFormat
 from kernelbay.quantize import available_writers, quantize_checkpoint
 from kernelbay.testing.checkpoints import write_tiny_llama
@@ -65,6 +66,12 @@ def test_writers_are_discovered(registry: Registry) -> None:
     writers = available_writers(registry)
     assert list(writers) == ["test-broken", "test-fp16"]
     assert writers["test-fp16"] == (HalfPrecisionWriter, "writer")
+
+
+def test_list_rows_name_each_format_its_plugin_and_writer(registry: Registry) -> None:
+    rows = writer_rows(registry)
+    assert [r[:2] for r in rows] == [["test-broken", "writer"], ["test-fp16", "writer"]]
+    assert rows[1][3] == "test-fp16-writer: test writer"
 
 
 def test_writes_and_copies_side_files(registry: Registry, source: str, tmp_path: Any) -> None:

@@ -57,11 +57,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="tokens drafted per step (default 4)")
 
     p = sub.add_parser("quantize", help="write a checkpoint in a producer's exact format")
-    p.add_argument("source", help="an unquantized checkpoint folder")
-    p.add_argument("destination", help="the folder to create")
-    p.add_argument("--format", required=True, dest="output_format",
+    p.add_argument("source", nargs="?", help="an unquantized checkpoint folder")
+    p.add_argument("destination", nargs="?", help="the folder to create")
+    p.add_argument("--format", dest="output_format",
                    help="output format, e.g. modelopt-nvfp4 (kernelbay quantize --list)")
     p.add_argument("--force", action="store_true", help="replace an existing destination")
+    p.add_argument("--list", action="store_true", dest="list_formats",
+                   help="print the output formats the installed plugins write, then exit")
+    # source, destination and --format are required unless --list: checked in main
+    p.set_defaults(quantize_parser=p)
 
     p = sub.add_parser("explain", help="the per-layer plan of a checkpoint with every verdict")
     p.add_argument("model", help="path of a local checkpoint folder")
@@ -105,8 +109,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 speculative=args.speculative,
                                 num_speculative_tokens=args.num_speculative_tokens)
         if args.command == "quantize":
-            from kernelbay.cli.quantize_cmd import run_quantize
+            from kernelbay.cli.quantize_cmd import run_quantize, run_quantize_list
 
+            if args.list_formats:
+                return run_quantize_list(policy)
+            missing = [name for name, value in (("source", args.source),
+                                                ("destination", args.destination),
+                                                ("--format", args.output_format)) if not value]
+            if missing:  # exits 2 with the usage, as argparse does for its own checks
+                args.quantize_parser.error("the following arguments are required: "
+                                           f"{', '.join(missing)} (or --list)")
             return run_quantize(policy, args.source, args.destination, args.output_format,
                                 force=args.force)
         if args.command == "explain":

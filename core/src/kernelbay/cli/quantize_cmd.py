@@ -1,4 +1,5 @@
-"""``kernelbay quantize SRC DST --format F``, and the cached quantized demo of ``run``."""
+"""``kernelbay quantize SRC DST --format F``, ``kernelbay quantize --list``, and the cached
+quantized demo of ``run``."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ import hashlib
 import os
 import sys
 
+from kernelbay._table import render_table
 from kernelbay.cache import cache_dir
 from kernelbay.plugins import Registry
 from kernelbay.policy import Policy
 
-__all__ = ["cached_quantized", "run_quantize"]
+__all__ = ["cached_quantized", "run_quantize", "run_quantize_list", "writer_rows"]
 
 
 def run_quantize(policy: Policy, source: str, destination: str, output_format: str, *,
@@ -22,6 +24,30 @@ def run_quantize(policy: Policy, source: str, destination: str, output_format: s
     path = quantize_checkpoint(source, destination, output_format, registry=registry,
                                force=force, progress=sys.stderr.isatty())
     print(f"wrote {output_format} checkpoint to {path}")
+    return 0
+
+
+def writer_rows(registry: Registry) -> list[list[str]]:
+    """One row per output format the installed plugins write: the format, its plugin, the
+    plugin's version, and the checkpoint format that writes it (name: summary)."""
+    from kernelbay.quantize import available_writers
+
+    rows = []
+    for output_format, (cls, plugin) in available_writers(registry).items():
+        summary = getattr(cls, "summary", "")
+        rows.append([output_format, plugin, registry.record(plugin).version or "-",
+                     f"{cls.name}: {summary}" if summary else cls.name])
+    return rows
+
+
+def run_quantize_list(policy: Policy) -> int:
+    """Print the output formats ``kernelbay quantize --format`` accepts here."""
+    rows = writer_rows(Registry.discover(policy))
+    if not rows:
+        print("no installed plugin writes a checkpoint format; install one, e.g. "
+              "pip install kernelbay-quant-nvfp4 (modelopt-nvfp4)")
+        return 0
+    print(render_table(["format", "plugin", "version", "written by"], rows))
     return 0
 
 
