@@ -47,7 +47,10 @@ def test_target_and_drafter_compile_into_separate_namespaces(tmp_path: Any) -> N
         torch.testing.assert_close(compiled[tag](x), module(x))
     # One compilation per model, each while its own cache folder was in force.
     assert [d for _, d in seen] == [str(tmp_path / "target"), str(tmp_path / "drafter")]
-    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
+    # Neither tag's folder outlives its call (torch 2.6 sets its own default folder
+    # in the environment when it first asks for one, so "unset again" is not the check).
+    after = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    assert after == before or after not in {d for _, d in seen}, after
     # Separate code objects, each holding exactly its own dynamo cache entry.
     codes = {tag: c.code for tag, c in compiled.items()}
     assert codes["target"] is not codes["drafter"]

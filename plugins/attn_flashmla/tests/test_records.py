@@ -25,7 +25,10 @@ FORMATS_DIMS = {"bf16": (512, 64), "fp8": (512, 64), "fp8-e8m0": (448, 64), "mxf
 
 
 def _torch_itemsize(dtype: str) -> int:
-    # An independent source for element sizes: torch's own dtypes.
+    # An independent source for element sizes: torch's own dtypes (torch 2.6 has no
+    # float8_e8m0fnu, a one-byte type in every release that has it).
+    if dtype == "float8_e8m0fnu" and not hasattr(torch, dtype):
+        return 1
     return torch.empty(0, dtype=getattr(torch, dtype)).element_size()
 
 

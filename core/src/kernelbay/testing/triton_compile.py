@@ -25,10 +25,12 @@ def compile_for_cuda(kernel: Any, constexprs: dict[str, Any], types: dict[str, s
     names = kernel.arg_names
     signature = {n: "constexpr" if n in constexprs else types.get(n, default_type)
                  for n in names}
-    fixed = {(names.index(n),): v for n, v in constexprs.items()}
     try:
-        return triton.compile(ASTSource(kernel, signature, fixed),
-                              target=GPUTarget("cuda", arch, 32), options=options)
+        source = ASTSource(kernel, signature, {(names.index(n),): v for n, v in constexprs.items()})
+    except TypeError:  # Triton before 3.3 keys the fixed arguments by name
+        source = ASTSource(kernel, signature, dict(constexprs))
+    try:
+        return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     except RuntimeError as exc:
         if "ptxas" not in str(exc).lower():
             raise
