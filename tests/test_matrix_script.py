@@ -100,7 +100,7 @@ def test_one_plugin_job_per_plugin_directory() -> None:
 def test_shared_requirements_hold_no_package_of_ours_and_no_torch() -> None:
     lines = [
         line.split("#", 1)[0].strip()
-        for line in (ROOT / "scripts" / "requirements-shared.txt").read_text().splitlines()
+        for line in (ROOT / "scripts" / "requirements-shared.txt").read_text(encoding="utf-8").splitlines()
     ]
     names = [ci.normalize(re.split(r"[\s;<>=!~\[]", line, maxsplit=1)[0]) for line in lines if line]
     assert not [n for n in names if n == "kernelbay" or n.startswith("kernelbay-")]
@@ -112,11 +112,11 @@ def test_shared_requirements_hold_no_package_of_ours_and_no_torch() -> None:
 
 
 def test_entry_points_all_run_the_same_commands() -> None:
-    assert re.search(r"^\s*make test\s*$", (ROOT / ".ci" / "run").read_text(), re.MULTILINE)
-    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^\s*make test\s*$", (ROOT / ".ci" / "run").read_text(encoding="utf-8"), re.MULTILINE)
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     assert "$(CI) setup && $(CI) run --all" in makefile
     assert re.search(r"^demo:\n\t\$\(CI\) demo$", makefile, re.MULTILINE)
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "make demo" in readme and "make test" in readme
 
 
@@ -260,7 +260,7 @@ def test_project_reading_with_and_without_tomllib(tree: Path) -> None:
     _pyproject(tree / "p", "Kernelbay_P", '[project.optional-dependencies]\ntest = ["hypothesis"]')
     meta = ci.read_project(tree / "p")
     assert meta.name == "Kernelbay_P" and meta.extras == frozenset({"test"})
-    text = (tree / "p" / "pyproject.toml").read_text()
+    text = (tree / "p" / "pyproject.toml").read_text(encoding="utf-8")
     assert ci._parse_toml_minimal(text) == ("Kernelbay_P", {"test"})
 
 

@@ -156,7 +156,7 @@ def test_readme_draws_the_records_as_the_descriptors_do() -> None:
 
     from kernelbay_attn_flashmla.records import layout_diagram
 
-    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
     drawn = "\n\n".join(layout_diagram(r) for r in RECORDS.values())
     assert f"```text\n{drawn}\n```" in readme
 

@@ -81,7 +81,7 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(7)
     context, anchor = torch.randn(2, 5, 72, generator=gen), torch.tensor([3, 4])
     assert torch.equal(loaded(anchor, context), model(anchor, context))
-    data = json.loads((tmp_path / "drafter" / "config.json").read_text())
+    data = json.loads((tmp_path / "drafter" / "config.json").read_text(encoding="utf-8"))
     assert data["model_type"] == "dflash2" and data["target_layer_ids"] == [1, 3, 4]
 
 

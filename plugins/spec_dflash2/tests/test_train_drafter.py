@@ -38,9 +38,9 @@ def test_tiny_cpu_run(tmp_path: Path) -> None:
     drafter = load_drafter(str(tmp_path / "a"))
     assert drafter.config.target_model_type == "deepseek_v3"
     assert os.path.getsize(tmp_path / "a" / "model.safetensors") < 2_000_000
-    stats = json.loads((tmp_path / "a" / "training.json").read_text())
+    stats = json.loads((tmp_path / "a" / "training.json").read_text(encoding="utf-8"))
     assert stats["steps"] == 2 and stats["tau_greedy"] >= 1.0
-    assert "tau =" in (tmp_path / "a" / "README.md").read_text()
+    assert "tau =" in (tmp_path / "a" / "README.md").read_text(encoding="utf-8")
     other = load_drafter(str(tmp_path / "b")).state_dict()
     for name, tensor in drafter.state_dict().items():
         assert torch.equal(tensor, other[name]), name

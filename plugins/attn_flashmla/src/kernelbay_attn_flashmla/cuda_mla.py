@@ -218,7 +218,7 @@ def key_slot_bytes(build: DecodeBuild) -> int:
 @functools.cache
 def _source() -> str:
     return (importlib.resources.files("kernelbay_attn_flashmla") / "cuda"
-            / "mla_decode_mx.cu").read_text()
+            / "mla_decode_mx.cu").read_text(encoding="utf-8")
 
 
 @functools.cache

@@ -138,8 +138,8 @@ def cuda_source(file: str, prelude: str = "") -> str:
               f"#define E2M1_GATHER_MASK {GATHER_MASK:#x}u\n"
               f"#define E2M1_GATHER_MULTIPLIER {GATHER_MULTIPLIER:#x}u")
     folder = resources.files("kernelbay_quant_nvfp4") / "cuda"
-    return "\n".join([layout, (folder / "nvfp4_lanes.cuh").read_text(), prelude,
-                      (folder / file).read_text()])
+    return "\n".join([layout, (folder / "nvfp4_lanes.cuh").read_text(encoding="utf-8"), prelude,
+                      (folder / file).read_text(encoding="utf-8")])
 
 
 @functools.cache
