@@ -113,7 +113,8 @@ def headers() -> dict[str, str]:
     from importlib import resources
 
     folder = resources.files("kernelbay") / "cuda"
-    return {include: (folder / file).read_text(encoding="utf-8") for include, file in HEADERS.items()}
+    return {include: (folder / file).read_text(encoding="utf-8")
+            for include, file in HEADERS.items()}
 
 
 def compile_cubin(source: str, name: str, arch: str, options: Sequence[str] = ()) -> bytes:

@@ -34,9 +34,8 @@ def writer_rows(registry: Registry) -> list[list[str]]:
 
     rows = []
     for output_format, (cls, plugin) in available_writers(registry).items():
-        summary = getattr(cls, "summary", "")
         rows.append([output_format, plugin, registry.record(plugin).version or "-",
-                     f"{cls.name}: {summary}" if summary else cls.name])
+                     f"{cls.name}: {cls.summary}" if cls.summary else cls.name])
     return rows
 
 
